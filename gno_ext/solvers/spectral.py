@@ -1,0 +1,42 @@
+"""Fourier helpers for periodic boxes (real FFTs over the last ``d`` axes)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from gno_ext.schema import Grid
+
+
+def wavenumbers(grid: Grid, dtype: torch.dtype = torch.float64,
+                device: torch.device | str | None = None) -> list[Tensor]:
+    """Angular wavenumbers ``2 pi n / L`` of an ``rfftn`` over ``grid``, broadcastable to its
+    spectrum shape (the last axis is the half spectrum)."""
+    ks = []
+    for axis, (n, length) in enumerate(zip(grid.shape, grid.extent)):
+        last = axis == grid.ndim - 1
+        freq = torch.fft.rfftfreq(n, d=length / n) if last else torch.fft.fftfreq(n, d=length / n)
+        shape = [1] * grid.ndim
+        shape[axis] = freq.numel()
+        ks.append((2 * math.pi * freq).to(device=device, dtype=dtype).view(shape))
+    return ks
+
+
+def dealias_mask(grid: Grid, device: torch.device | str | None = None) -> Tensor:
+    """Boolean mask of the rfft spectrum keeping modes with ``|n_a| < N_a / 3`` (2/3 rule)."""
+    mask = None
+    for axis, n in enumerate(grid.shape):
+        last = axis == grid.ndim - 1
+        idx = torch.fft.rfftfreq(n, d=1 / n) if last else torch.fft.fftfreq(n, d=1 / n)
+        shape = [1] * grid.ndim
+        shape[axis] = idx.numel()
+        keep = (idx.abs() < n / 3).view(shape).to(device)
+        mask = keep if mask is None else mask & keep
+    return mask
+
+
+def spectral_dims(grid: Grid) -> tuple[int, ...]:
+    """The spatial axes of a ``(B, C, *S)`` tensor."""
+    return tuple(range(-grid.ndim, 0))
