@@ -313,6 +313,9 @@ class BoundarySpec:
         pick = lambda t: None if t is None else t[index]
         return BoundarySpec(pick(self.kind), pick(self.values), pick(self.coeffs))
 
+    def __bool__(self) -> bool:
+        return True
+
     def __len__(self) -> int:
         if not self.batched:
             raise TypeError("BoundarySpec: an unbatched spec has no length")

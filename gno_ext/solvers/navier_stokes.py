@@ -13,6 +13,8 @@ the advection (third order) and Crank-Nicolson for viscosity within each stage (
 order, A-stable). Step: :math:`\Delta t = \mathrm{cfl} / \sum_a (\max|u_a| / h_a)` per sample,
 recomputed at every output interval.
 
+Nyquist modes of the initial vorticity are dropped: they have no real velocity.
+
 Default forcing (that of the FNO Navier-Stokes benchmark, Li et al. 2021):
 :math:`f(x, y) = 0.1\,(\sin 2\pi(x + y) + \cos 2\pi(x + y))`, steady. Pass ``forcing=None``
 for decaying turbulence or any ``(B or 1, 1, H, W)`` tensor.
@@ -163,5 +165,11 @@ def solve_navier_stokes(w0: Tensor, nu: float | Tensor, times: Sequence[float] |
         record = lambda w_hat: torch.fft.irfft2(w_hat, s=grid.shape, dim=DIMS)
     else:
         record = lambda w_hat: _streamfunction_velocity(w_hat, kx, ky, grid)
-    frames = march(torch.fft.rfft2(w0, dim=DIMS), t_out, max_dt, step, dt, record)
+    w_hat = torch.fft.rfft2(w0, dim=DIMS)
+    # Nyquist modes carry no real velocity (odd derivatives there are not real): drop them so
+    # that the returned velocity and vorticity describe the same flow.
+    for axis, n in enumerate(grid.shape):
+        if n % 2 == 0:
+            w_hat.select(axis - 2, n // 2 if axis == 0 else -1).zero_()
+    frames = march(w_hat, t_out, max_dt, step, dt, record)
     return torch.stack(frames, 1)

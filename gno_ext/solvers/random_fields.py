@@ -102,8 +102,6 @@ def _derivative(f: Tensor, axis: int, grid: Grid, periodic: bool) -> Tensor:
     if periodic:
         n = grid.shape[axis]
         k = torch.fft.fftfreq(n, d=grid.spacing[axis] / (2 * math.pi), dtype=torch.float64)
-        if n % 2 == 0:
-            k[n // 2] = 0.0  # the Nyquist mode has no well-defined odd derivative
         shape = [1] * f.ndim
         shape[dim] = n
         return torch.fft.ifft(1j * k.view(shape) * torch.fft.fft(f, dim=dim), dim=dim).real
@@ -139,6 +137,15 @@ def random_velocity(grid: Grid, seeds: Sequence[int], *, length_scale: float = 0
     channels = 1 if grid.ndim == 2 else 3
     pot = gaussian_random_field(grid, seeds, channels=channels, length_scale=length_scale,
                                 gamma=gamma, periodic=periodic, dtype=torch.float64)
+    if periodic:
+        # Drop Nyquist modes: their odd derivatives are not real, and without them the curl is
+        # exactly divergence-free under any spectral derivative.
+        dims = tuple(range(2, 2 + grid.ndim))
+        spec = torch.fft.fftn(pot, dim=dims)
+        for axis, n in enumerate(grid.shape):
+            if n % 2 == 0:
+                spec.select(axis + 2, n // 2).zero_()
+        pot = torch.fft.ifftn(spec, dim=dims).real
     d = lambda c, a: _derivative(pot[:, c], a, grid, periodic)
     if grid.ndim == 2:
         v = torch.stack([d(0, 1), -d(0, 0)], 1)

@@ -17,7 +17,8 @@ def wavenumbers(grid: Grid, dtype: torch.dtype = torch.float64,
     ks = []
     for axis, (n, length) in enumerate(zip(grid.shape, grid.extent)):
         last = axis == grid.ndim - 1
-        freq = torch.fft.rfftfreq(n, d=length / n) if last else torch.fft.fftfreq(n, d=length / n)
+        kw = {"d": length / n, "dtype": torch.float64}
+        freq = torch.fft.rfftfreq(n, **kw) if last else torch.fft.fftfreq(n, **kw)
         shape = [1] * grid.ndim
         shape[axis] = freq.numel()
         ks.append((2 * math.pi * freq).to(device=device, dtype=dtype).view(shape))
