@@ -1,18 +1,18 @@
 r"""The one data schema of gno_ext.
 
-Every adapter yields :class:`PDESample` objects and every model consumes
-:class:`PDEBatch` objects (``collate`` turns a list of the first into the second).
+Every adapter yields `PDESample` objects and every model consumes
+`PDEBatch` objects (``collate`` turns a list of the first into the second).
 
 Conventions
 -----------
 * Fields are stored as ``(T, C, *S)`` per sample and ``(B, T, C, *S)`` per batch, where
   ``S`` are the spatial axes in the order x, y[, z] (the layout of The Well).
-* The domain is the box :math:`[0, L_x] \times [0, L_y] (\times [0, L_z])` sampled at
-  cell centres :math:`x_i = (i + 1/2) h`, :math:`h = L / N` (see :class:`Grid`).
+* The domain is the box $[0, L_x] \times [0, L_y] (\times [0, L_z])$ sampled at
+  cell centres $x_i = (i + 1/2) h$, $h = L / N$ (see `Grid`).
 * A box in ``d`` dimensions has ``F = 2 d`` faces, ordered ``x-, x+, y-, y+, z-, z+``.
-  :class:`BoundarySpec` holds one boundary condition per face.
-* Neumann data is the *outward* normal derivative :math:`\partial u / \partial n`;
-  Robin data ``g`` means :math:`a u + b\, \partial u / \partial n = g` with ``coeffs = (a, b)``.
+  `BoundarySpec` holds one boundary condition per face.
+* Neumann data is the *outward* normal derivative $\partial u / \partial n$;
+  Robin data ``g`` means $a u + b\, \partial u / \partial n = g$ with ``coeffs = (a, b)``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ __all__ = [
     "PDESample",
     "PDEBatch",
     "collate",
+    "face_view",
 ]
 
 FACE_NAMES: tuple[str, ...] = ("x-", "x+", "y-", "y+", "z-", "z+")
@@ -81,7 +82,7 @@ def _shape_error(name: str, expected: str, got: Sequence[int]) -> ValueError:
 
 @dataclass(frozen=True)
 class Grid:
-    r"""A uniform cell-centred grid on the box :math:`\prod_a [0, L_a]`.
+    r"""A uniform cell-centred grid on the box $\prod_a [0, L_a]$.
 
     Parameters
     ----------
@@ -150,7 +151,7 @@ class Grid:
         """Coordinates of the points of ``face`` (on the face itself), shape ``(d, N_face)``.
 
         The points are the cell centres of the adjacent layer projected onto the face,
-        flattened in C order, which is the order of :attr:`BoundarySpec.values`.
+        flattened in C order, which is the order of `BoundarySpec.values`.
         """
         axis = face // 2
         coords = self.coordinates(dtype, device)
@@ -170,14 +171,14 @@ class BoundarySpec:
     Parameters
     ----------
     kind : Tensor, shape (F,) or (B, F), long
-        :class:`BCType` value of each face.
+        `BCType` value of each face.
     values : Tensor, shape (F, T_bc, N_face) or (B, F, T_bc, N_face)
         Boundary data along each face at ``T_bc`` times (``T_bc = 1``: constant in time).
         ``N_face = 1`` is constant along the face; otherwise the points of
-        :meth:`Grid.face_coordinates`, zero-padded to the longest face. Dirichlet: the value;
+        `Grid.face_coordinates`, zero-padded to the longest face. Dirichlet: the value;
         Neumann: the outward normal derivative; Robin: ``g``; periodic: ignored (zero).
     coeffs : Tensor, shape (F, 2) or (B, F, 2), optional
-        Robin coefficients ``(a, b)`` of :math:`a u + b\,\partial_n u = g`. ``None`` means
+        Robin coefficients ``(a, b)`` of $a u + b\,\partial_n u = g$. ``None`` means
         ``(1, 0)`` for Dirichlet faces and ``(0, 1)`` for Neumann faces.
     """
 
@@ -284,7 +285,7 @@ class BoundarySpec:
     def robin_coeffs(self) -> Tensor:
         """Coefficients ``(a, b)`` of every face, shape ``(..., F, 2)``.
 
-        Filled from the type where :attr:`coeffs` is ``None`` or the face is not Robin:
+        Filled from the type where `coeffs` is ``None`` or the face is not Robin:
         Dirichlet and WALL ``(1, 0)``, Neumann and OPEN ``(0, 1)``, periodic ``(0, 0)``.
         """
         dtype = self.values.dtype
@@ -326,15 +327,7 @@ class BoundarySpec:
 
         Constant data (``N_face = 1``) is broadcast; padded data is cut to the face's length.
         """
-        fshape = grid.face_shape(face)
-        n = math.prod(fshape)
-        v = self.values[..., face, time_index, :]
-        if v.shape[-1] == 1:
-            v = v.expand(*v.shape[:-1], n)
-        elif v.shape[-1] < n:
-            raise ValueError(f"BoundarySpec.values: face {FACE_NAMES[face]} needs {n} points, "
-                             f"got {v.shape[-1]}")
-        return v[..., :n].reshape(*v.shape[:-1], *fshape)
+        return face_view(self.values[..., time_index, :], face, grid)
 
     def check_grid(self, grid: Grid) -> None:
         """Raise ``ValueError`` unless the spec fits ``grid`` (faces and data lengths)."""
@@ -351,6 +344,31 @@ class BoundarySpec:
         if (lo != hi).any():
             raise ValueError("BoundarySpec.kind: a periodic face must be paired with a periodic "
                              "opposite face (x-/x+, y-/y+, z-/z+)")
+
+
+def face_view(values: Tensor, face: int, grid: Grid) -> Tensor:
+    """Reshape the data of one face onto the face's grid.
+
+    Parameters
+    ----------
+    values : Tensor, shape (..., F, N_face)
+        Boundary data of every face (``N_face`` 1 or `Grid.n_face_max`).
+    face : int
+        Face index (``0 = x-, 1 = x+, ...``).
+    grid : Grid
+
+    Returns
+    -------
+    Tensor, shape (..., *grid.face_shape(face))
+    """
+    fshape = grid.face_shape(face)
+    n = math.prod(fshape)
+    v = values[..., face, :]
+    if v.shape[-1] == 1:
+        v = v.expand(*v.shape[:-1], n)
+    elif v.shape[-1] < n:
+        raise ValueError(f"BoundarySpec.values: face {FACE_NAMES[face]} needs {n} points, got {v.shape[-1]}")
+    return v[..., :n].reshape(*v.shape[:-1], *fshape)
 
 
 def _move(value: Any, device: torch.device | str | None, non_blocking: bool) -> Any:
@@ -401,7 +419,7 @@ class PDESample:
 
 @dataclass
 class PDEBatch:
-    r"""A batch of :class:`PDESample` (leading axis ``B`` on every tensor).
+    r"""A batch of `PDESample` (leading axis ``B`` on every tensor).
 
     Parameters
     ----------
@@ -516,7 +534,7 @@ def _stack_padded(tensors: Sequence[Tensor], name: str) -> Tensor:
 
 
 def collate(samples: Sequence[PDESample]) -> PDEBatch:
-    """Stack samples into a :class:`PDEBatch`; usable as a ``DataLoader`` ``collate_fn``.
+    """Stack samples into a `PDEBatch`; usable as a ``DataLoader`` ``collate_fn``.
 
     Boundary data with ``T_bc = 1`` or ``N_face = 1`` is broadcast to the largest in the
     batch. All samples must share the grid and the shapes of their fields.

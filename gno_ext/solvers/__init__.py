@@ -8,7 +8,11 @@ the trajectory at the requested output times, ``(B, T, C, *S)``.
 from gno_ext.solvers.advection import solve_advection
 from gno_ext.solvers.burgers import solve_burgers
 from gno_ext.solvers.heat import heat_max_dt, solve_heat
-from gno_ext.solvers.navier_stokes import kolmogorov_forcing, solve_navier_stokes, velocity_from_vorticity
+from gno_ext.solvers.navier_stokes import (
+    kolmogorov_forcing,
+    solve_navier_stokes,
+    velocity_from_vorticity,
+)
 from gno_ext.solvers.random_fields import gaussian_random_field, random_velocity
 
 __all__ = [

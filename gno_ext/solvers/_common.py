@@ -72,7 +72,7 @@ def check_boundary(bc: BoundarySpec, grid: Grid, batch: int, supported: Iterable
 
 def march(state: Tensor, times: Tensor, max_dt: Callable[[Tensor], Tensor],
           step: Callable[[Tensor, Tensor, float], Tensor], dt: float | None = None,
-          record: Callable[[Tensor], Tensor] = lambda s: s) -> list[Tensor]:
+          record: Callable[[Tensor], Tensor] = lambda s: s, stats: dict | None = None) -> list[Tensor]:
     """Advance a batched state to each output time with per-sample substeps.
 
     Every sample ``b`` goes from one output time to the next in ``n_b`` equal substeps,
@@ -84,7 +84,7 @@ def march(state: Tensor, times: Tensor, max_dt: Callable[[Tensor], Tensor],
     state : Tensor, shape (B, ...)
         State at time 0.
     times : Tensor, shape (T,)
-        Output times (from :func:`check_times`).
+        Output times (from `check_times`).
     max_dt : callable
         ``max_dt(state) -> Tensor (B,)``: the largest stable step of each sample.
     step : callable
@@ -93,6 +93,8 @@ def march(state: Tensor, times: Tensor, max_dt: Callable[[Tensor], Tensor],
         A fixed step; it is checked against ``max_dt`` and the interval is split evenly.
     record : callable
         Maps the state to the recorded output frame.
+    stats : dict, optional
+        ``stats["steps"]`` is increased by the number of steps taken (largest over the batch).
     """
     out: list[Tensor] = []
     t_now = 0.0
@@ -111,6 +113,8 @@ def march(state: Tensor, times: Tensor, max_dt: Callable[[Tensor], Tensor],
             real = state.real.dtype if state.is_complex() else state.dtype
             h = (interval / n_sub.double()).to(device=state.device, dtype=real)
             n_max = int(n_sub.max())
+            if stats is not None:
+                stats["steps"] = stats.get("steps", 0) + n_max
             n_sub = n_sub.to(state.device)
             for k in range(n_max):
                 active = k < n_sub

@@ -1,16 +1,16 @@
-r"""Batched linear advection :math:`u_t + v(x) \cdot \nabla u = 0` in 2-D and 3-D (1-D too).
+r"""Batched linear advection $u_t + v(x) \cdot \nabla u = 0$ in 2-D and 3-D (1-D too).
 
 The advective (non-conservative) form is solved, as in the paper; for a divergence-free
 velocity it equals the conservative form. Space: WENO-Z (fifth order) or MUSCL face
-reconstruction in the flux-difference form of :mod:`gno_ext.solvers.reconstruction`; time:
-SSP-RK3 with a per-sample CFL step :math:`\Delta t = \mathrm{cfl} / \sum_a (\max|v_a| / h_a)`.
+reconstruction in the flux-difference form of `gno_ext.solvers.reconstruction`; time:
+SSP-RK3 with a per-sample CFL step $\Delta t = \mathrm{cfl} / \sum_a (\max|v_a| / h_a)$.
 
 Boundaries (per face, per sample), with three ghost cells:
 
 * periodic: wrap-around;
 * Dirichlet ``g``: imposed where the flow *enters* (``v . n < 0``: ghost cells equal ``g``);
 * Neumann ``q = du/dn``: imposed where the flow enters, by the reflected ghost cells
-  :math:`u_{-k} = u_{k-1} + (2k - 1) h q`;
+  $u_{-k} = u_{k-1} + (2k - 1) h q$;
 * at outflow points (``v . n >= 0``) a hyperbolic equation admits no boundary condition: the
   data is ignored there and ghost cells copy the boundary cell (zero-gradient extrapolation).
 
@@ -25,11 +25,17 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from gno_ext.schema import BCType, BoundarySpec, Grid
-from gno_ext.solvers._common import batch_parameter, check_boundary, check_field, check_times, march
+from gno_ext.schema import BCType, BoundarySpec, Grid, face_view
+from gno_ext.solvers._common import (
+    batch_parameter,
+    check_boundary,
+    check_field,
+    check_times,
+    march,
+)
 from gno_ext.solvers.reconstruction import N_GHOST, SCHEMES, ssp_rk3, transport
 
-__all__ = ["solve_advection", "advection_max_dt", "face_velocities"]
+__all__ = ["solve_advection", "advection_max_dt", "face_velocities", "GhostCells"]
 
 ADVECTION_BC = (BCType.PERIODIC, BCType.DIRICHLET, BCType.NEUMANN)
 MAX_CFL = 1.0
@@ -73,42 +79,62 @@ def advection_max_dt(face_vel: list[Tensor], grid: Grid, cfl: float) -> Tensor:
     return cfl / rate.clamp_min(1e-12)
 
 
-def pad_with_ghosts(u: Tensor, axis: int, grid: Grid, bc: BoundarySpec, data: Tensor,
-                    face_vel: Tensor) -> Tensor:
-    """``u`` (B, C, *S) with :data:`N_GHOST` ghost cells on both ends of ``axis``."""
-    dim = axis + 2
-    n = u.shape[dim]
-    h = grid.spacing[axis]
-    spec = BoundarySpec(bc.kind, data.unsqueeze(2), bc.coeffs)
-    shape = (-1,) + (1,) * (u.ndim - 1)
-    layers = []
-    for face in (2 * axis, 2 * axis + 1):
-        lo = face % 2 == 0
-        kind = bc.kind[:, face].view(shape)
-        g = spec.face_data(face, grid).unsqueeze(1).unsqueeze(dim)
-        edge = u.narrow(dim, 0 if lo else n - 1, 1)
-        wrap = u.narrow(dim, n - N_GHOST, N_GHOST) if lo else u.narrow(dim, 0, N_GHOST)
-        # Reflected cells in array order: lo -> u_2, u_1, u_0; hi -> u_{N-1}, u_{N-2}, u_{N-3}.
-        mirror = u.narrow(dim, 0, N_GHOST).flip(dim) if lo else u.narrow(dim, n - N_GHOST, N_GHOST).flip(dim)
-        dist = torch.arange(2 * N_GHOST - 1, 0, -2, dtype=u.dtype, device=u.device) * h
-        if not lo:
-            dist = dist.flip(0)
-        dist = dist.view([N_GHOST if k == dim else 1 for k in range(u.ndim)])
-        neumann = mirror + dist * g
-        vel = face_vel.narrow(dim, 0 if lo else n, 1)
-        inflow = vel > 0 if lo else vel < 0
-        outflow = edge.expand_as(wrap)
-        bounded = torch.where(kind == BCType.DIRICHLET, g.expand_as(wrap), neumann)
-        ghost = torch.where(kind == BCType.PERIODIC, wrap, torch.where(inflow, bounded, outflow))
-        layers.append(ghost)
-    return torch.cat([layers[0], u, layers[1]], dim)
+class GhostCells:
+    """Fills `N_GHOST` ghost cells per face; everything fixed in time is precomputed.
+
+    Parameters
+    ----------
+    grid : Grid
+    bc : BoundarySpec
+        Batched spec (types fixed in time).
+    face_vel : list of Tensor
+        Face velocities from `face_velocities` (steady), which fix inflow and outflow.
+    """
+
+    def __init__(self, grid: Grid, bc: BoundarySpec, face_vel: list[Tensor]) -> None:
+        self.grid = grid
+        dtype, device = face_vel[0].dtype, face_vel[0].device
+        shape = (-1,) + (1,) * (grid.ndim + 1)
+        self.faces = []
+        for face in range(grid.n_faces):
+            axis, lo = face // 2, face % 2 == 0
+            dim = axis + 2
+            n = grid.shape[axis]
+            kind = bc.kind[:, face].view(shape)
+            vel = face_vel[axis].narrow(dim, 0 if lo else n, 1)
+            dist = torch.arange(2 * N_GHOST - 1, 0, -2, dtype=dtype, device=device) * grid.spacing[axis]
+            dist = (dist if lo else dist.flip(0)).view([N_GHOST if k == dim else 1 for k in range(grid.ndim + 2)])
+            self.faces.append({
+                "periodic": kind == BCType.PERIODIC,
+                "dirichlet": kind == BCType.DIRICHLET,
+                "inflow": (vel > 0) if lo else (vel < 0),
+                "dist": dist,
+            })
+
+    def pad(self, u: Tensor, axis: int, values: Tensor) -> Tensor:
+        """``u`` (B, C, *S) with ghost cells on both ends of ``axis``; data ``values`` (B, F, N_face)."""
+        dim = axis + 2
+        n = u.shape[dim]
+        layers = []
+        for face in (2 * axis, 2 * axis + 1):
+            lo = face % 2 == 0
+            f = self.faces[face]
+            g = face_view(values, face, self.grid).unsqueeze(1).unsqueeze(dim)
+            wrap = u.narrow(dim, n - N_GHOST, N_GHOST) if lo else u.narrow(dim, 0, N_GHOST)
+            # Reflected cells in array order: lo -> u_2, u_1, u_0; hi -> u_{N-1}, u_{N-2}, u_{N-3}.
+            mirror = (u.narrow(dim, 0, N_GHOST) if lo else u.narrow(dim, n - N_GHOST, N_GHOST)).flip(dim)
+            edge = u.narrow(dim, 0 if lo else n - 1, 1).expand_as(wrap)
+            bounded = torch.where(f["dirichlet"], g.expand_as(wrap), mirror + f["dist"] * g)
+            layers.append(torch.where(f["periodic"], wrap, torch.where(f["inflow"], bounded, edge)))
+        return torch.cat([layers[0], u, layers[1]], dim)
 
 
 def solve_advection(u0: Tensor, velocity: Tensor, bc: BoundarySpec, times: Sequence[float] | Tensor,
                     *, grid: Grid | None = None, scheme: str = "weno5", cfl: float = 0.5,
                     dt: float | None = None,
-                    boundary_fn: Callable[[float], Tensor] | None = None) -> Tensor:
-    r"""Solve :math:`u_t + v \cdot \nabla u = 0` for a batch.
+                    boundary_fn: Callable[[float], Tensor] | None = None,
+                    stats: dict | None = None) -> Tensor:
+    r"""Solve $u_t + v \cdot \nabla u = 0$ for a batch.
 
     Parameters
     ----------
@@ -131,6 +157,9 @@ def solve_advection(u0: Tensor, velocity: Tensor, bc: BoundarySpec, times: Seque
     boundary_fn : callable, optional
         ``boundary_fn(t) -> Tensor (B, F, N_face)``: time-dependent data (then all samples
         share the smallest step so that data is sampled at one time).
+    stats : dict, optional
+        If given, ``stats["steps"]`` receives the number of time steps taken (largest over the
+        batch).
 
     Returns
     -------
@@ -166,13 +195,16 @@ def solve_advection(u0: Tensor, velocity: Tensor, bc: BoundarySpec, times: Seque
                              f"got {tuple(v.shape)}")
         return v
 
+    ghosts = GhostCells(grid, bc, fvel)
+
     def rhs(u: Tensor, t: Tensor) -> Tensor:
         data = data_at(t)
-        padded = [pad_with_ghosts(u, a, grid, bc, data, fvel[a]) for a in range(grid.ndim)]
+        padded = [ghosts.pad(u, a, data) for a in range(grid.ndim)]
         return -transport(u, padded, fvel, grid.spacing, scheme)
 
     limit = advection_max_dt(fvel, grid, cfl if dt is None else MAX_CFL)
     if boundary_fn is not None and dt is None:
         dt = float(limit.min())
-    frames = march(u0, t_out, lambda u: limit, lambda u, h, t: ssp_rk3(u, rhs, h, t), dt)
+    frames = march(u0, t_out, lambda u: limit, lambda u, h, t: ssp_rk3(u, rhs, h, t), dt,
+                   stats=stats)
     return torch.stack(frames, 1)

@@ -1,19 +1,19 @@
-r"""Batched viscous Burgers equation :math:`u_t + (u \cdot \nabla) u = \nu \Delta u`, periodic.
+r"""Batched viscous Burgers equation $u_t + (u \cdot \nabla) u = \nu \Delta u$, periodic.
 
 ``u`` is a vector field with one component per spatial axis (2-D in the paper). Each step is a
 Strang splitting
 
-.. math::
+$$
+u^{n+1} = D_{\Delta t/2}\; C_{\Delta t}\; D_{\Delta t/2}\; u^n,
+$$
 
-    u^{n+1} = D_{\Delta t/2}\; C_{\Delta t}\; D_{\Delta t/2}\; u^n,
-
-where :math:`D` is the exact viscous decay in Fourier space (no step restriction from
-viscosity) and :math:`C` is one SSP-RK3 step of the transport term with WENO-Z upwind
+where $D$ is the exact viscous decay in Fourier space (no step restriction from
+viscosity) and $C$ is one SSP-RK3 step of the transport term with WENO-Z upwind
 reconstruction (each component advected by the velocity itself, advective form). The scheme is
 second order in time and shock-capturing, so it stays stable and non-oscillatory at the
-smallest viscosity of the paper (:math:`\nu = 5 \times 10^{-4}` at :math:`128^2`), where a
-pseudo-spectral scheme would ring. Step: :math:`\Delta t = \mathrm{cfl} / \sum_a
-(\max|u_a| / h_a)` per sample.
+smallest viscosity of the paper ($\nu = 5 \times 10^{-4}$ at $128^2$), where a
+pseudo-spectral scheme would ring. Step: $\Delta t = \mathrm{cfl} / \sum_a
+(\max|u_a| / h_a)$ per sample.
 """
 
 from __future__ import annotations
@@ -24,7 +24,13 @@ import torch
 from torch import Tensor
 
 from gno_ext.schema import BCType, BoundarySpec, Grid
-from gno_ext.solvers._common import batch_parameter, check_boundary, check_field, check_times, march
+from gno_ext.solvers._common import (
+    batch_parameter,
+    check_boundary,
+    check_field,
+    check_times,
+    march,
+)
 from gno_ext.solvers.advection import MAX_CFL, advection_max_dt, face_velocities
 from gno_ext.solvers.reconstruction import N_GHOST, SCHEMES, ssp_rk3, transport
 from gno_ext.solvers.spectral import spectral_dims, wavenumbers
@@ -40,7 +46,8 @@ def _wrap(u: Tensor, axis: int) -> Tensor:
 
 def solve_burgers(u0: Tensor, nu: float | Tensor, times: Sequence[float] | Tensor, *,
                   grid: Grid | None = None, bc: BoundarySpec | None = None,
-                  scheme: str = "weno5", cfl: float = 0.4, dt: float | None = None) -> Tensor:
+                  scheme: str = "weno5", cfl: float = 0.4, dt: float | None = None,
+                  stats: dict | None = None) -> Tensor:
     r"""Solve the viscous Burgers equation on a periodic box.
 
     Parameters
@@ -61,6 +68,9 @@ def solve_burgers(u0: Tensor, nu: float | Tensor, times: Sequence[float] | Tenso
         Courant number of the automatic step, in (0, 1].
     dt : float, optional
         Fixed step; rejected if its Courant number exceeds 1 for the initial data.
+    stats : dict, optional
+        If given, ``stats["steps"]`` receives the number of time steps taken (largest over the
+        batch).
 
     Returns
     -------
@@ -100,4 +110,4 @@ def solve_burgers(u0: Tensor, nu: float | Tensor, times: Sequence[float] | Tenso
 
     courant = cfl if dt is None else MAX_CFL
     max_dt = lambda u: advection_max_dt(face_velocities(u, periodic_axes), grid, courant)
-    return torch.stack(march(u0, t_out, max_dt, step, dt), 1)
+    return torch.stack(march(u0, t_out, max_dt, step, dt, stats=stats), 1)

@@ -1,17 +1,17 @@
-r"""Batched heat equation :math:`u_t = \alpha \Delta u` in 1-D, 2-D and 3-D boxes.
+r"""Batched heat equation $u_t = \alpha \Delta u$ in 1-D, 2-D and 3-D boxes.
 
 Space: periodic axes are Fourier-spectral; bounded axes use the second-order cell-centred
-finite-difference Laplacian with ghost cells (:mod:`gno_ext.solvers.operators`), so every
+finite-difference Laplacian with ghost cells (`gno_ext.solvers.operators`), so every
 face may carry its own periodic / Dirichlet / Neumann / Robin condition, per sample.
 
 Time, ``method="exact"`` (default): the semi-discrete system
-:math:`\dot u = \alpha (A u + b)` is diagonalised axis by axis, :math:`A = \sum_a Q_a
-\Lambda_a Q_a^T`, and integrated exactly,
+$\dot u = \alpha (A u + b)$ is diagonalised axis by axis, $A = \sum_a Q_a
+\Lambda_a Q_a^T$, and integrated exactly,
 
-.. math::
-
-    \hat u(t) = e^{\alpha \Lambda t} \hat u(0) + \alpha t\, \varphi_1(\alpha \Lambda t)\, \hat b,
-    \qquad \varphi_1(z) = (e^z - 1)/z,
+$$
+\hat u(t) = e^{\alpha \Lambda t} \hat u(0) + \alpha t\, \varphi_1(\alpha \Lambda t)\, \hat b,
+\qquad \varphi_1(z) = (e^z - 1)/z,
+$$
 
 which is the lifting by the steady state, written so that it also holds for the singular
 (pure Neumann or periodic) case. There is no time error and no step to choose. With
@@ -21,7 +21,7 @@ unconditionally stable).
 
 ``method="ftcs"``: explicit forward Euler with the finite-difference stencil on every axis
 (periodic ones too), a cheap runtime baseline; its step must satisfy
-:math:`\alpha\, dt \sum_a h_a^{-2} \le 1/2`.
+$\alpha\, dt \sum_a h_a^{-2} \le 1/2$.
 """
 
 from __future__ import annotations
@@ -32,9 +32,20 @@ import torch
 from torch import Tensor
 
 from gno_ext.schema import BCType, BoundarySpec, Grid
-from gno_ext.solvers._common import batch_parameter, check_boundary, check_field, check_times, march
-from gno_ext.solvers.operators import (AxisEigenbasis, apply_along_axis, boundary_source,
-                                       fd_laplacian, ghost_coefficients)
+from gno_ext.solvers._common import (
+    batch_parameter,
+    check_boundary,
+    check_field,
+    check_times,
+    march,
+)
+from gno_ext.solvers.operators import (
+    AxisEigenbasis,
+    apply_along_axis,
+    boundary_source,
+    fd_laplacian,
+    ghost_coefficients,
+)
 
 __all__ = ["solve_heat", "heat_max_dt"]
 
@@ -55,14 +66,14 @@ def _phi2(z: Tensor) -> Tensor:
 
 
 def heat_max_dt(alpha: Tensor, grid: Grid) -> Tensor:
-    r"""Largest stable FTCS step per sample, :math:`1 / (2 \alpha \sum_a h_a^{-2})`."""
+    r"""Largest stable FTCS step per sample, $1 / (2 \alpha \sum_a h_a^{-2})$."""
     return 0.5 / (alpha * sum(h ** -2 for h in grid.spacing))
 
 
 def solve_heat(u0: Tensor, alpha: float | Tensor, bc: BoundarySpec, times: Sequence[float] | Tensor,
                *, grid: Grid | None = None, method: str = "exact", dt: float | None = None,
-               boundary_fn: BoundaryFn | None = None) -> Tensor:
-    r"""Solve :math:`u_t = \alpha \Delta u` for a batch of initial conditions.
+               boundary_fn: BoundaryFn | None = None, stats: dict | None = None) -> Tensor:
+    r"""Solve $u_t = \alpha \Delta u$ for a batch of initial conditions.
 
     Parameters
     ----------
@@ -84,6 +95,9 @@ def solve_heat(u0: Tensor, alpha: float | Tensor, bc: BoundarySpec, times: Seque
         twentieth of the smallest output interval; FTCS to its stability limit.
     boundary_fn : callable, optional
         ``boundary_fn(t) -> Tensor (B, F, N_face)``: time-dependent boundary data.
+    stats : dict, optional
+        If given, ``stats["steps"]`` receives the number of time steps taken (0 for the exact path with constant data) (largest over the
+        batch).
 
     Returns
     -------
@@ -118,11 +132,11 @@ def solve_heat(u0: Tensor, alpha: float | Tensor, bc: BoundarySpec, times: Seque
         if boundary_fn is not None and dt is None:
             # One common step keeps every sample at the same time, where boundary_fn is sampled.
             dt = float(heat_max_dt(alpha_b, grid).min())
-        return _solve_ftcs(u0, alpha_b, bc, grid, t_out, dt, r, s, data_at)
-    return _solve_spectral(u0, alpha_b, bc, grid, t_out, dt, r, s, data_at, boundary_fn is not None)
+        return _solve_ftcs(u0, alpha_b, bc, grid, t_out, dt, r, s, data_at, stats)
+    return _solve_spectral(u0, alpha_b, bc, grid, t_out, dt, r, s, data_at, boundary_fn is not None, stats)
 
 
-def _solve_spectral(u0, alpha, bc, grid, t_out, dt, r, s, data_at, time_dependent) -> Tensor:
+def _solve_spectral(u0, alpha, bc, grid, t_out, dt, r, s, data_at, time_dependent, stats) -> Tensor:
     batch, channels = u0.shape[:2]
     periodic = (bc.kind == BCType.PERIODIC).cpu()
     bases = [AxisEigenbasis(grid, a, r.cpu(), periodic, u0.dtype, u0.device) for a in range(grid.ndim)]
@@ -151,6 +165,7 @@ def _solve_spectral(u0, alpha, bc, grid, t_out, dt, r, s, data_at, time_dependen
 
     u_hat = forward(fold(u0))
     frames = []
+    n_steps = 0
     if not time_dependent:
         b_hat = source(0.0)
         for t in t_out.tolist():
@@ -166,22 +181,25 @@ def _solve_spectral(u0, alpha, bc, grid, t_out, dt, r, s, data_at, time_dependen
             if t_next > t_now:
                 z = alpha_bc * lam * h
                 e, p1, p2 = torch.exp(z), _phi1(z), _phi2(z)
+                n_steps += n_sub
                 for k in range(n_sub):
                     b_next = source(t_now + (k + 1) * h)
                     u_hat = e * u_hat + alpha_bc * h * (p1 * b_now + p2 * (b_next - b_now))
                     b_now = b_next
             frames.append(inverse(u_hat))
             t_now = t_next
+    if stats is not None:
+        stats["steps"] = stats.get("steps", 0) + n_steps
     out = torch.stack(frames, 1)
     return out.reshape(batch, channels, len(frames), *grid.shape).transpose(1, 2).contiguous()
 
 
-def _solve_ftcs(u0, alpha, bc, grid, t_out, dt, r, s, data_at) -> Tensor:
+def _solve_ftcs(u0, alpha, bc, grid, t_out, dt, r, s, data_at, stats) -> Tensor:
     shape = (-1,) + (1,) * (grid.ndim + 1)
 
     def step(u: Tensor, h: Tensor, t: Tensor) -> Tensor:
         lap = fd_laplacian(u, grid, r, s, data_at(float(t[0])), bc)
         return u + (h * alpha).view(shape) * lap
 
-    frames = march(u0, t_out, lambda u: heat_max_dt(alpha, grid), step, dt)
+    frames = march(u0, t_out, lambda u: heat_max_dt(alpha, grid), step, dt, stats=stats)
     return torch.stack(frames, 1)

@@ -1,22 +1,22 @@
 r"""Batched incompressible Navier-Stokes in 2-D, vorticity form, periodic box.
 
-.. math::
+$$
+\omega_t + u \cdot \nabla \omega = \nu \Delta \omega + f, \qquad
+u = (\partial_y \psi, -\partial_x \psi), \qquad -\Delta \psi = \omega,
+$$
 
-    \omega_t + u \cdot \nabla \omega = \nu \Delta \omega + f, \qquad
-    u = (\partial_y \psi, -\partial_x \psi), \qquad -\Delta \psi = \omega,
-
-with :math:`\nu = 1 / \mathrm{Re}` (unit velocity and length scales, box :math:`[0, 1]^2`).
+with $\nu = 1 / \mathrm{Re}$ (unit velocity and length scales, box $[0, 1]^2$).
 
 Scheme: pseudo-spectral in space with the 2/3 rule on the nonlinear term; in time the
 low-storage IMEX Runge-Kutta of Spalart, Moser & Rogers (1991): three explicit RK stages for
 the advection (third order) and Crank-Nicolson for viscosity within each stage (second
-order, A-stable). Step: :math:`\Delta t = \mathrm{cfl} / \sum_a (\max|u_a| / h_a)` per sample,
+order, A-stable). Step: $\Delta t = \mathrm{cfl} / \sum_a (\max|u_a| / h_a)$ per sample,
 recomputed at every output interval.
 
 Nyquist modes of the initial vorticity are dropped: they have no real velocity.
 
 Default forcing (that of the FNO Navier-Stokes benchmark, Li et al. 2021):
-:math:`f(x, y) = 0.1\,(\sin 2\pi(x + y) + \cos 2\pi(x + y))`, steady. Pass ``forcing=None``
+$f(x, y) = 0.1\,(\sin 2\pi(x + y) + \cos 2\pi(x + y))$, steady. Pass ``forcing=None``
 for decaying turbulence or any ``(B or 1, 1, H, W)`` tensor.
 """
 
@@ -29,7 +29,13 @@ import torch
 from torch import Tensor
 
 from gno_ext.schema import BCType, BoundarySpec, Grid
-from gno_ext.solvers._common import batch_parameter, check_boundary, check_field, check_times, march
+from gno_ext.solvers._common import (
+    batch_parameter,
+    check_boundary,
+    check_field,
+    check_times,
+    march,
+)
 from gno_ext.solvers.spectral import dealias_mask, wavenumbers
 
 __all__ = ["solve_navier_stokes", "velocity_from_vorticity", "kolmogorov_forcing"]
@@ -45,7 +51,7 @@ DIMS = (-2, -1)
 
 def kolmogorov_forcing(grid: Grid, dtype: torch.dtype = torch.float32,
                        device: torch.device | str | None = None) -> Tensor:
-    r"""The default forcing :math:`0.1 (\sin 2\pi(x+y) + \cos 2\pi(x+y))`, shape ``(1, 1, H, W)``."""
+    r"""The default forcing $0.1 (\sin 2\pi(x+y) + \cos 2\pi(x+y))$, shape ``(1, 1, H, W)``."""
     x = grid.coordinates(torch.float64)
     phase = 2 * math.pi * (x[0] / grid.extent[0] + x[1] / grid.extent[1])
     return (0.1 * (torch.sin(phase) + torch.cos(phase)))[None, None].to(device=device, dtype=dtype)
@@ -80,7 +86,8 @@ def velocity_from_vorticity(w: Tensor, grid: Grid | None = None) -> Tensor:
 def solve_navier_stokes(w0: Tensor, nu: float | Tensor, times: Sequence[float] | Tensor, *,
                         grid: Grid | None = None, bc: BoundarySpec | None = None,
                         forcing: Tensor | None | str = "kolmogorov", cfl: float = 0.4,
-                        dt: float | None = None, output: str = "vorticity") -> Tensor:
+                        dt: float | None = None, output: str = "vorticity",
+                        stats: dict | None = None) -> Tensor:
     r"""Solve 2-D incompressible Navier-Stokes from an initial vorticity.
 
     Parameters
@@ -103,6 +110,9 @@ def solve_navier_stokes(w0: Tensor, nu: float | Tensor, times: Sequence[float] |
         Fixed step; rejected if its Courant number exceeds 0.8 at any output interval.
     output : {"vorticity", "velocity"}
         Which field to return.
+    stats : dict, optional
+        If given, ``stats["steps"]`` receives the number of time steps taken (largest over the
+        batch).
 
     Returns
     -------
@@ -171,5 +181,5 @@ def solve_navier_stokes(w0: Tensor, nu: float | Tensor, times: Sequence[float] |
     for axis, n in enumerate(grid.shape):
         if n % 2 == 0:
             w_hat.select(axis - 2, n // 2 if axis == 0 else -1).zero_()
-    frames = march(w_hat, t_out, max_dt, step, dt, record)
+    frames = march(w_hat, t_out, max_dt, step, dt, record, stats)
     return torch.stack(frames, 1)

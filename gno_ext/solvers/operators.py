@@ -1,12 +1,12 @@
 r"""Per-axis Laplacians with boundary conditions, and their eigen-decompositions.
 
-On a cell-centred grid a face condition :math:`a u + b\,\partial_n u = g` is imposed through a
+On a cell-centred grid a face condition $a u + b\,\partial_n u = g$ is imposed through a
 ghost cell beyond the face, linear in the first interior cell:
 
-.. math::
-
-    u_{\text{ghost}} = r\, u_0 + s\, g, \qquad
-    r = \frac{b/h - a/2}{b/h + a/2}, \qquad s = \frac{1}{b/h + a/2},
+$$
+u_{\text{ghost}} = r\, u_0 + s\, g, \qquad
+r = \frac{b/h - a/2}{b/h + a/2}, \qquad s = \frac{1}{b/h + a/2},
+$$
 
 which is second-order accurate (Dirichlet: ``r = -1, s = 2``; Neumann: ``r = 1, s = h``).
 The 1-D operator is then the symmetric matrix ``(tridiag(1, -2, 1) + r_lo e_0 e_0^T +
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gno_ext.schema import BCType, BoundarySpec, Grid
+from gno_ext.schema import BCType, BoundarySpec, Grid, face_view
 
 
 def ghost_coefficients(bc: BoundarySpec, grid: Grid) -> tuple[Tensor, Tensor]:
@@ -99,19 +99,17 @@ def apply_along_axis(u: Tensor, mat: Tensor, axis: int) -> Tensor:
     return out.reshape(*shape[:-1], mat.shape[-1]).movedim(-1, axis + 1)
 
 
-def boundary_source(bc: BoundarySpec, grid: Grid, s: Tensor, values: Tensor | None = None) -> Tensor:
+def boundary_source(bc: BoundarySpec, grid: Grid, s: Tensor, values: Tensor) -> Tensor:
     """The source ``s g / h^2`` in the boundary cells, shape ``(B, *S)``.
 
-    ``values`` overrides ``bc.values[:, :, 0, :]`` (shape ``(B, F, N_face)``), e.g. with
-    time-dependent data.
+    ``values`` (shape ``(B, F, N_face)``) is the data at the current time.
     """
-    spec = bc if values is None else BoundarySpec(bc.kind, values.unsqueeze(2), bc.coeffs)
-    src = torch.zeros(len(bc), *grid.shape, dtype=bc.values.dtype, device=bc.values.device)
+    src = torch.zeros(len(bc), *grid.shape, dtype=values.dtype, device=values.device)
     for face in range(grid.n_faces):
         if (bc.kind[:, face] == BCType.PERIODIC).all():
             continue
         axis = face // 2
-        g = spec.face_data(face, grid)
+        g = face_view(values, face, grid)
         coef = (s[:, face] / grid.spacing[axis] ** 2).to(src.dtype)
         index = [slice(None)] * (grid.ndim + 1)
         index[axis + 1] = 0 if face % 2 == 0 else grid.shape[axis] - 1
@@ -122,10 +120,10 @@ def boundary_source(bc: BoundarySpec, grid: Grid, s: Tensor, values: Tensor | No
 def fd_laplacian(u: Tensor, grid: Grid, r: Tensor, s: Tensor, bc_values: Tensor, bc: BoundarySpec) -> Tensor:
     """Second-order finite-difference Laplacian of ``u`` (B, C, *S) with ghost cells.
 
-    Periodic axes wrap around; other faces use ``ghost = r u_0 + s g``.
+    Periodic axes wrap around; other faces use ``ghost = r u_0 + s g`` with ``g`` taken from
+    ``bc_values`` (B, F, N_face).
     """
     periodic = bc.kind == BCType.PERIODIC
-    spec = BoundarySpec(bc.kind, bc_values.unsqueeze(2), bc.coeffs)
     out = torch.zeros_like(u)
     for axis in range(grid.ndim):
         dim = axis + 2
@@ -135,7 +133,7 @@ def fd_laplacian(u: Tensor, grid: Grid, r: Tensor, s: Tensor, bc_values: Tensor,
         shape = (-1, 1) + (1,) * grid.ndim
 
         def ghost(face: int, inner: Tensor) -> Tensor:
-            g = spec.face_data(face, grid).unsqueeze(1).unsqueeze(dim)
+            g = face_view(bc_values, face, grid).unsqueeze(1).unsqueeze(dim)
             per = periodic[:, face].view(shape)
             wrap = last if face % 2 == 0 else first
             lin = r[:, face].to(u.dtype).view(shape) * inner + s[:, face].to(u.dtype).view(shape) * g

@@ -2,12 +2,12 @@ r"""Gaussian random fields for initial conditions and velocity fields.
 
 A field is drawn in Fourier space with the Matérn-like spectrum
 
-.. math::
-
-    \sqrt{S(k)} \propto \left(\tau^2 + |k|^2\right)^{-\gamma/2}, \qquad k = 2\pi n / L,
+$$
+\sqrt{S(k)} \propto \left(\tau^2 + |k|^2\right)^{-\gamma/2}, \qquad k = 2\pi n / L,
+$$
 
 then rescaled so that its sample standard deviation is ``sigma`` (per sample, mean removed).
-``length_scale`` sets :math:`\tau = 2\pi / \ell`; larger ``gamma`` gives smoother fields.
+``length_scale`` sets $\tau = 2\pi / \ell$; larger ``gamma`` gives smoother fields.
 
 * ``periodic=True``: the field lives on the torus of the box (for periodic boundaries).
 * ``periodic=False``: the field is drawn on a box twice as large in every direction and the
@@ -16,9 +16,9 @@ then rescaled so that its sample standard deviation is ``sigma`` (per sample, me
 Reproducibility: sample ``i`` is drawn from its own generator seeded with ``seeds[i]`` on the
 CPU, so the same seed gives the same field in any batch and on any device.
 
-Velocities (:func:`random_velocity`) are the curl of a random stream function
-(2-D, :math:`v = (\partial_y \psi, -\partial_x \psi)`) or of a random vector potential
-(3-D, :math:`v = \nabla \times A`): divergence-free in the continuum. Derivatives are spectral
+Velocities (`random_velocity`) are the curl of a random stream function
+(2-D, $v = (\partial_y \psi, -\partial_x \psi)$) or of a random vector potential
+(3-D, $v = \nabla \times A$): divergence-free in the continuum. Derivatives are spectral
 on periodic boxes and second-order central differences (one-sided at the faces) otherwise.
 """
 
@@ -58,7 +58,7 @@ def gaussian_random_field(grid: Grid, seeds: Sequence[int], *, channels: int = 1
     channels : int
         Independent fields per sample.
     length_scale : float
-        Correlation length :math:`\ell` (same units as ``grid.extent``), > 0.
+        Correlation length $\ell$ (same units as ``grid.extent``), > 0.
     gamma : float
         Spectral decay exponent, > ``grid.ndim / 2`` for a well-defined field.
     sigma : float
@@ -121,9 +121,9 @@ def random_velocity(grid: Grid, seeds: Sequence[int], *, length_scale: float = 0
     seeds : sequence of int, length B
         One seed per sample.
     length_scale, gamma : float
-        Spectrum of the potential (see :func:`gaussian_random_field`).
+        Spectrum of the potential (see `gaussian_random_field`).
     speed : float
-        Root-mean-square of :math:`|v|` over the box, per sample.
+        Root-mean-square of $|v|$ over the box, per sample.
     periodic : bool
         Periodic potential and spectral derivatives, or non-periodic.
 

@@ -1,21 +1,21 @@
 r"""High-resolution face reconstruction and the advective transport operator.
 
-Face states at :math:`x_{i+1/2}` are reconstructed from cell averages padded with three ghost
+Face states at $x_{i+1/2}$ are reconstructed from cell averages padded with three ghost
 cells on each side:
 
 * ``weno5``: fifth-order WENO-Z (Borges et al. 2008) on the three-point candidate stencils;
 * ``muscl``: second-order MUSCL with the monotonised-central limiter.
 
-The transport term :math:`v \cdot \nabla u` is discretised in flux-difference form
+The transport term $v \cdot \nabla u$ is discretised in flux-difference form
 
-.. math::
+$$
+(v \cdot \nabla u)_i \approx \sum_a \frac{1}{h_a}\Big[v_{i+1/2}\,(u^*_{i+1/2} - u_i)
+- v_{i-1/2}\,(u^*_{i-1/2} - u_i)\Big],
+$$
 
-    (v \cdot \nabla u)_i \approx \sum_a \frac{1}{h_a}\Big[v_{i+1/2}\,(u^*_{i+1/2} - u_i)
-    - v_{i-1/2}\,(u^*_{i-1/2} - u_i)\Big],
-
-with the upwind state :math:`u^*` chosen by the sign of the face velocity. For constant
+with the upwind state $u^*$ chosen by the sign of the face velocity. For constant
 velocity this is the usual conservative scheme; in general it is consistent with the
-advective (non-conservative) form and conserves :math:`\sum_i u_i` whenever the face
+advective (non-conservative) form and conserves $\sum_i u_i$ whenever the face
 velocities are discretely divergence-free.
 """
 
@@ -58,7 +58,7 @@ def face_states(padded: Tensor, dim: int, scheme: str) -> tuple[Tensor, Tensor]:
     Parameters
     ----------
     padded : Tensor
-        Cell values with :data:`N_GHOST` ghost cells on both sides of ``dim`` (length ``N + 6``).
+        Cell values with `N_GHOST` ghost cells on both sides of ``dim`` (length ``N + 6``).
     dim : int
         The axis to reconstruct along.
     scheme : {"weno5", "muscl"}
@@ -84,7 +84,7 @@ def face_states(padded: Tensor, dim: int, scheme: str) -> tuple[Tensor, Tensor]:
 
 def transport(u: Tensor, padded: list[Tensor], face_velocity: list[Tensor],
               spacing: tuple[float, ...], scheme: str) -> Tensor:
-    r"""The discrete :math:`v \cdot \nabla u` of the module docstring.
+    r"""The discrete $v \cdot \nabla u$ of the module docstring.
 
     Parameters
     ----------

@@ -6,29 +6,9 @@ import torch
 from gno_ext.schema import BoundarySpec, Grid
 from gno_ext.solvers import gaussian_random_field, solve_burgers
 
-from .conftest import F64, orders, rms
+from .conftest import F64
 
 PI = math.pi
-
-
-def cole_hopf(x, y, t, nu):
-    """u = -2 nu grad(log phi) with phi a positive solution of phi_t = nu Lap phi."""
-    k1, k2 = 2 * PI, 4 * PI
-    e1, e2 = math.exp(-nu * k1 ** 2 * t), math.exp(-nu * (k1 ** 2 + k2 ** 2) * t)
-    phi = 2.5 + e1 * torch.cos(k1 * x) + e2 * torch.sin(k1 * x + k2 * y)
-    px = -k1 * e1 * torch.sin(k1 * x) + k1 * e2 * torch.cos(k1 * x + k2 * y)
-    py = k2 * e2 * torch.cos(k1 * x + k2 * y)
-    return torch.stack([-2 * nu * px / phi, -2 * nu * py / phi])
-
-
-def test_cole_hopf_exact_solution_second_order():
-    nu, ns, errs = 0.05, [32, 64, 128], []
-    for n in ns:
-        grid = Grid((n, n))
-        x, y = grid.coordinates(F64)
-        u = solve_burgers(cole_hopf(x, y, 0.0, nu)[None], nu, [0.1], grid=grid)
-        errs.append(rms(u[0, 0], cole_hopf(x, y, 0.1, nu)))
-    assert errs[-1] < 1e-4 and all(p > 1.8 for p in orders(errs, ns)), errs
 
 
 def test_low_viscosity_is_stable_and_respects_the_maximum_principle():
