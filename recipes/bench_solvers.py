@@ -3,7 +3,7 @@
 Each case solves ``FRAMES`` output frames for a batch; one warm-up run, then the median of
 ``--repeats`` timed runs (CUDA synchronised). A *cell update* is one cell advanced by one time
 step (``cells x steps x batch``); the exact heat path takes no steps, so for it the table
-counts one update per cell and output frame.
+counts one update per cell and output frame ("steps" = frames, "ms/step" = ms per frame).
 
 Examples
 --------
@@ -48,17 +48,23 @@ def heat_case(method: str, bounded: bool) -> Callable:
     return run
 
 
-def advection_case(grid: Grid, batch: int, device: str, stats: dict) -> torch.Tensor:
-    u0 = gaussian_random_field(grid, range(batch), device=device)
-    vel = random_velocity(grid, range(10_000, 10_000 + batch), device=device)
-    bc = BoundarySpec.periodic(grid.ndim, batch).to(device)
-    return solve_advection(u0, vel, bc, [0.01 * (k + 1) for k in range(FRAMES)], grid=grid, stats=stats)
+def advection_case(compile: bool) -> Callable:
+    def run(grid: Grid, batch: int, device: str, stats: dict) -> torch.Tensor:
+        u0 = gaussian_random_field(grid, range(batch), device=device)
+        vel = random_velocity(grid, range(10_000, 10_000 + batch), device=device)
+        bc = BoundarySpec.periodic(grid.ndim, batch).to(device)
+        return solve_advection(u0, vel, bc, [0.01 * (k + 1) for k in range(FRAMES)], grid=grid,
+                               stats=stats, compile=compile)
+    return run
 
 
-def burgers_case(grid: Grid, batch: int, device: str, stats: dict) -> torch.Tensor:
-    u0 = gaussian_random_field(grid, range(batch), channels=2, length_scale=0.3, device=device)
-    nu = torch.logspace(math.log10(5e-4), math.log10(5e-2), batch, device=device)
-    return solve_burgers(u0, nu, [0.01 * (k + 1) for k in range(FRAMES)], grid=grid, stats=stats)
+def burgers_case(compile: bool) -> Callable:
+    def run(grid: Grid, batch: int, device: str, stats: dict) -> torch.Tensor:
+        u0 = gaussian_random_field(grid, range(batch), channels=2, length_scale=0.3, device=device)
+        nu = torch.logspace(math.log10(5e-4), math.log10(5e-2), batch, device=device)
+        return solve_burgers(u0, nu, [0.01 * (k + 1) for k in range(FRAMES)], grid=grid, stats=stats,
+                             compile=compile)
+    return run
 
 
 def ns_case(grid: Grid, batch: int, device: str, stats: dict) -> torch.Tensor:
@@ -71,8 +77,10 @@ CASES: dict[str, tuple[Callable, tuple[int, ...]]] = {
     "heat exact, periodic": (heat_case("exact", False), (2, 3)),
     "heat exact, Dirichlet/Neumann": (heat_case("exact", True), (2, 3)),
     "heat FTCS, Dirichlet/Neumann": (heat_case("ftcs", True), (2,)),
-    "advection WENO5": (advection_case, (2, 3)),
-    "Burgers WENO5": (burgers_case, (2,)),
+    "advection WENO5": (advection_case(False), (2, 3)),
+    "advection WENO5, compiled": (advection_case(True), (2, 3)),
+    "Burgers WENO5": (burgers_case(False), (2,)),
+    "Burgers WENO5, compiled": (burgers_case(True), (2,)),
     "Navier-Stokes": (ns_case, (2,)),
 }
 
@@ -84,7 +92,7 @@ def sync(device: str) -> None:
 
 def bench(run: Callable, grid: Grid, batch: int, device: str, repeats: int) -> dict:
     stats: dict = {}
-    run(grid, batch, device, stats)  # warm-up (also caches eigenbases, cuFFT plans)
+    run(grid, batch, device, stats)  # warm-up: cuFFT plans, cuBLAS handles, torch.compile
     times = []
     for _ in range(repeats):
         stats = {}
@@ -97,7 +105,8 @@ def bench(run: Callable, grid: Grid, batch: int, device: str, repeats: int) -> d
     seconds = statistics.median(times)
     steps = stats.get("steps", 0) or FRAMES
     cells = math.prod(grid.shape)
-    return {"seconds": seconds, "steps": steps, "traj_per_s": batch / seconds,
+    return {"seconds": seconds, "steps": steps, "ms_per_step": 1e3 * seconds / steps,
+            "traj_per_s": batch / seconds,
             "cell_updates_per_s": cells * steps * batch / seconds}
 
 
@@ -115,7 +124,7 @@ def main() -> None:
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
     rows = []
     print(f"device: {args.device} ({device_name}), torch {torch.__version__}, threads {torch.get_num_threads()}")
-    print(f"{'case':32s} {'grid':>10s} {'batch':>6s} {'steps':>6s} {'s/run':>9s} {'traj/s':>10s} {'cell upd/s':>11s}")
+    print(f"{'case':32s} {'grid':>10s} {'batch':>6s} {'steps':>6s} {'s/run':>9s} {'ms/step':>8s} {'traj/s':>10s} {'cell upd/s':>11s}")
     for name in args.cases:
         run, dims = CASES[name]
         grids = [Grid((n, n)) for n in args.sizes] if 2 in dims else []
@@ -126,7 +135,7 @@ def main() -> None:
                 r = bench(run, grid, batch, args.device, args.repeats)
                 r.update(case=name, grid="x".join(map(str, grid.shape)), batch=batch)
                 rows.append(r)
-                print(f"{name:32s} {r['grid']:>10s} {batch:6d} {r['steps']:6d} {r['seconds']:9.4f} "
+                print(f"{name:32s} {r['grid']:>10s} {batch:6d} {r['steps']:6d} {r['seconds']:9.4f} {r['ms_per_step']:8.3f} "
                       f"{r['traj_per_s']:10.2f} {r['cell_updates_per_s']:11.3e}", flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,7 @@ from gno_ext.solvers._common import (
     check_times,
     march,
 )
-from gno_ext.solvers.reconstruction import N_GHOST, SCHEMES, ssp_rk3, transport
+from gno_ext.solvers.reconstruction import N_GHOST, SCHEMES, ssp_rk3, transport_fn
 
 __all__ = ["solve_advection", "advection_max_dt", "face_velocities", "GhostCells"]
 
@@ -133,7 +133,7 @@ def solve_advection(u0: Tensor, velocity: Tensor, bc: BoundarySpec, times: Seque
                     *, grid: Grid | None = None, scheme: str = "weno5", cfl: float = 0.5,
                     dt: float | None = None,
                     boundary_fn: Callable[[float], Tensor] | None = None,
-                    stats: dict | None = None) -> Tensor:
+                    stats: dict | None = None, compile: bool = False) -> Tensor:
     r"""Solve $u_t + v \cdot \nabla u = 0$ for a batch.
 
     Parameters
@@ -160,6 +160,8 @@ def solve_advection(u0: Tensor, velocity: Tensor, bc: BoundarySpec, times: Seque
     stats : dict, optional
         If given, ``stats["steps"]`` receives the number of time steps taken (largest over the
         batch).
+    compile : bool
+        ``torch.compile`` the transport operator (see `gno_ext.solvers.reconstruction.transport_fn`).
 
     Returns
     -------
@@ -196,11 +198,12 @@ def solve_advection(u0: Tensor, velocity: Tensor, bc: BoundarySpec, times: Seque
         return v
 
     ghosts = GhostCells(grid, bc, fvel)
+    transport_op = transport_fn(compile)
 
     def rhs(u: Tensor, t: Tensor) -> Tensor:
         data = data_at(t)
         padded = [ghosts.pad(u, a, data) for a in range(grid.ndim)]
-        return -transport(u, padded, fvel, grid.spacing, scheme)
+        return -transport_op(u, padded, fvel, grid.spacing, scheme)
 
     limit = advection_max_dt(fvel, grid, cfl if dt is None else MAX_CFL)
     if boundary_fn is not None and dt is None:

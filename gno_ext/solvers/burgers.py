@@ -32,7 +32,7 @@ from gno_ext.solvers._common import (
     march,
 )
 from gno_ext.solvers.advection import MAX_CFL, advection_max_dt, face_velocities
-from gno_ext.solvers.reconstruction import N_GHOST, SCHEMES, ssp_rk3, transport
+from gno_ext.solvers.reconstruction import N_GHOST, SCHEMES, ssp_rk3, transport_fn
 from gno_ext.solvers.spectral import spectral_dims, wavenumbers
 
 __all__ = ["solve_burgers"]
@@ -47,7 +47,7 @@ def _wrap(u: Tensor, axis: int) -> Tensor:
 def solve_burgers(u0: Tensor, nu: float | Tensor, times: Sequence[float] | Tensor, *,
                   grid: Grid | None = None, bc: BoundarySpec | None = None,
                   scheme: str = "weno5", cfl: float = 0.4, dt: float | None = None,
-                  stats: dict | None = None) -> Tensor:
+                  stats: dict | None = None, compile: bool = False) -> Tensor:
     r"""Solve the viscous Burgers equation on a periodic box.
 
     Parameters
@@ -71,6 +71,8 @@ def solve_burgers(u0: Tensor, nu: float | Tensor, times: Sequence[float] | Tenso
     stats : dict, optional
         If given, ``stats["steps"]`` receives the number of time steps taken (largest over the
         batch).
+    compile : bool
+        ``torch.compile`` the transport operator (see `gno_ext.solvers.reconstruction.transport_fn`).
 
     Returns
     -------
@@ -93,6 +95,7 @@ def solve_burgers(u0: Tensor, nu: float | Tensor, times: Sequence[float] | Tenso
     k2 = sum(k ** 2 for k in wavenumbers(grid, u0.dtype, u0.device))
     periodic_axes = torch.ones(batch, grid.ndim, dtype=torch.bool, device=u0.device)
     view = (-1,) + (1,) * (grid.ndim + 1)
+    transport_op = transport_fn(compile)
 
     def diffuse(u: Tensor, h: Tensor) -> Tensor:
         decay = torch.exp(-(nu_b * h).view(view) * k2)
@@ -101,7 +104,7 @@ def solve_burgers(u0: Tensor, nu: float | Tensor, times: Sequence[float] | Tenso
     def rhs(u: Tensor, t: Tensor) -> Tensor:
         fvel = face_velocities(u, periodic_axes)
         padded = [_wrap(u, a) for a in range(grid.ndim)]
-        return -transport(u, padded, fvel, grid.spacing, scheme)
+        return -transport_op(u, padded, fvel, grid.spacing, scheme)
 
     def step(u: Tensor, h: Tensor, t: Tensor) -> Tensor:
         u = diffuse(u, 0.5 * h)

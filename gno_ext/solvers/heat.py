@@ -41,9 +41,8 @@ from gno_ext.solvers._common import (
 )
 from gno_ext.solvers.operators import (
     AxisEigenbasis,
-    apply_along_axis,
+    FDLaplacian,
     boundary_source,
-    fd_laplacian,
     ghost_coefficients,
 )
 
@@ -144,19 +143,18 @@ def _solve_spectral(u0, alpha, bc, grid, t_out, dt, r, s, data_at, time_dependen
     def fold(x: Tensor) -> Tensor:  # (B, C, *S) -> (B*C, *S) with bases repeated per channel
         return x.reshape(batch * channels, *grid.shape)
 
-    q = [b.q.repeat_interleave(channels, 0) for b in bases]
     lam = sum(b.lam.repeat_interleave(channels, 0).view(
         -1, *[grid.shape[a] if a == ax else 1 for a in range(grid.ndim)]) for ax, b in enumerate(bases))
     alpha_bc = alpha.repeat_interleave(channels).view(-1, *([1] * grid.ndim))
 
     def forward(x: Tensor) -> Tensor:
-        for a in range(grid.ndim):
-            x = apply_along_axis(x, q[a], a)
+        for a, basis in enumerate(bases):
+            x = basis.transform(x, a, repeat=channels)
         return x
 
     def inverse(x: Tensor) -> Tensor:
-        for a in range(grid.ndim):
-            x = apply_along_axis(x, q[a].transpose(1, 2), a)
+        for a, basis in enumerate(bases):
+            x = basis.transform(x, a, inverse=True, repeat=channels)
         return x
 
     def source(t: float) -> Tensor:
@@ -196,10 +194,10 @@ def _solve_spectral(u0, alpha, bc, grid, t_out, dt, r, s, data_at, time_dependen
 
 def _solve_ftcs(u0, alpha, bc, grid, t_out, dt, r, s, data_at, stats) -> Tensor:
     shape = (-1,) + (1,) * (grid.ndim + 1)
+    laplacian = FDLaplacian(grid, bc, r, s)
 
     def step(u: Tensor, h: Tensor, t: Tensor) -> Tensor:
-        lap = fd_laplacian(u, grid, r, s, data_at(float(t[0])), bc)
-        return u + (h * alpha).view(shape) * lap
+        return u + (h * alpha).view(shape) * laplacian(u, data_at(float(t[0])))
 
     frames = march(u0, t_out, lambda u: heat_max_dt(alpha, grid), step, dt, stats=stats)
     return torch.stack(frames, 1)

@@ -67,14 +67,18 @@ def laplacian_matrix_1d(n: int, h: float, r_lo: float, r_hi: float, periodic: bo
 class AxisEigenbasis:
     """Eigen-decomposition ``A = Q diag(lam) Q^T`` of each sample's operator on one axis.
 
-    Samples that share the operator (the usual case) share one decomposition.
+    Only the distinct operators of the batch are decomposed (``U`` of them, usually one);
+    samples index into them, and a batch that shares one operator is transformed with a
+    single matrix product.
 
     Attributes
     ----------
-    q : Tensor, shape (B, N, N)
-        Orthonormal eigenvectors (columns) per sample.
+    q : Tensor, shape (U, N, N)
+        Orthonormal eigenvectors (columns) of each distinct operator.
     lam : Tensor, shape (B, N)
-        Eigenvalues per sample (all <= 0 for admissible conditions).
+        Eigenvalues of each sample's operator (all <= 0 for admissible conditions).
+    index : Tensor, shape (B,)
+        Which of the ``U`` operators each sample uses.
     """
 
     def __init__(self, grid: Grid, axis: int, r: Tensor, periodic: Tensor, dtype: torch.dtype,
@@ -87,16 +91,24 @@ class AxisEigenbasis:
             lam, q = torch.linalg.eigh(laplacian_matrix_1d(n, h, r_lo, r_hi, bool(per)))
             qs.append(q)
             lams.append(lam)
-        self.q = torch.stack(qs)[inverse].to(device=device, dtype=dtype)
-        self.lam = torch.stack(lams)[inverse].to(device=device, dtype=dtype)
+        self.q = torch.stack(qs).to(device=device, dtype=dtype)
+        self.index = inverse.to(device)
+        self.lam = torch.stack(lams).to(device=device, dtype=dtype)[self.index]
 
+    def transform(self, u: Tensor, axis: int, inverse: bool = False, repeat: int = 1) -> Tensor:
+        """Apply ``Q^T`` (or ``Q`` if ``inverse``) along spatial ``axis`` of ``u`` (B * repeat, *S).
 
-def apply_along_axis(u: Tensor, mat: Tensor, axis: int) -> Tensor:
-    """Contract spatial axis ``axis`` of ``u`` (B, *S) with per-sample ``mat`` (B, N, M)."""
-    moved = u.movedim(axis + 1, -1)
-    shape = moved.shape
-    out = torch.bmm(moved.reshape(shape[0], -1, shape[-1]), mat)
-    return out.reshape(*shape[:-1], mat.shape[-1]).movedim(-1, axis + 1)
+        ``repeat`` consecutive rows of ``u`` share a sample's operator (e.g. channels).
+        """
+        q = self.q.transpose(1, 2) if inverse else self.q
+        moved = u.movedim(axis + 1, -1)
+        if q.shape[0] == 1:
+            out = moved @ q[0]  # u_hat_k = sum_i u_i Q_ik: one GEMM for the whole batch
+        else:
+            mats = q[self.index.repeat_interleave(repeat)]
+            shape = moved.shape
+            out = torch.bmm(moved.reshape(shape[0], -1, shape[-1]), mats).reshape(shape)
+        return out.movedim(-1, axis + 1)
 
 
 def boundary_source(bc: BoundarySpec, grid: Grid, s: Tensor, values: Tensor) -> Tensor:
@@ -117,28 +129,49 @@ def boundary_source(bc: BoundarySpec, grid: Grid, s: Tensor, values: Tensor) -> 
     return src
 
 
-def fd_laplacian(u: Tensor, grid: Grid, r: Tensor, s: Tensor, bc_values: Tensor, bc: BoundarySpec) -> Tensor:
-    """Second-order finite-difference Laplacian of ``u`` (B, C, *S) with ghost cells.
+class FDLaplacian:
+    """Second-order finite-difference Laplacian of ``(B, C, *S)`` fields with ghost cells.
 
-    Periodic axes wrap around; other faces use ``ghost = r u_0 + s g`` with ``g`` taken from
-    ``bc_values`` (B, F, N_face).
+    The stencil is applied with periodic wrap-around on every axis; in the boundary layers of
+    non-periodic faces the wrapped neighbour is then replaced by the ghost value
+    ``r u_0 + s g``. Coefficients are prepared once per solve.
+
+    Parameters
+    ----------
+    grid : Grid
+    bc : BoundarySpec
+        Batched spec.
+    r, s : Tensor, shape (B, F)
+        Ghost coefficients from `ghost_coefficients`.
     """
-    periodic = bc.kind == BCType.PERIODIC
-    out = torch.zeros_like(u)
-    for axis in range(grid.ndim):
-        dim = axis + 2
-        h2 = grid.spacing[axis] ** 2
-        n = u.shape[dim]
-        first, last = u.narrow(dim, 0, 1), u.narrow(dim, n - 1, 1)
-        shape = (-1, 1) + (1,) * grid.ndim
 
-        def ghost(face: int, inner: Tensor) -> Tensor:
-            g = face_view(bc_values, face, grid).unsqueeze(1).unsqueeze(dim)
-            per = periodic[:, face].view(shape)
-            wrap = last if face % 2 == 0 else first
-            lin = r[:, face].to(u.dtype).view(shape) * inner + s[:, face].to(u.dtype).view(shape) * g
-            return torch.where(per, wrap, lin)
+    def __init__(self, grid: Grid, bc: BoundarySpec, r: Tensor, s: Tensor) -> None:
+        self.grid = grid
+        dtype = bc.values.dtype
+        view = (-1, 1) + (1,) * (grid.ndim - 1)
+        self.faces = []
+        for face in range(grid.n_faces):
+            bounded = bc.kind[:, face] != BCType.PERIODIC
+            if not bounded.any():
+                continue
+            # On periodic rows r = s = 0 and the mask removes the wrapped value: no correction.
+            self.faces.append((face, r[:, face].to(dtype).view(view), s[:, face].to(dtype).view(view),
+                               bounded.to(dtype).view(view)))
 
-        padded = torch.cat([ghost(2 * axis, first), u, ghost(2 * axis + 1, last)], dim)
-        out = out + (padded.narrow(dim, 0, n) - 2 * u + padded.narrow(dim, 2, n)) / h2
-    return out
+    def __call__(self, u: Tensor, values: Tensor) -> Tensor:
+        """Laplacian of ``u`` with boundary data ``values`` (B, F, N_face)."""
+        grid = self.grid
+        out = torch.zeros_like(u)
+        for axis, h in enumerate(grid.spacing):
+            dim = axis + 2
+            out += (u.roll(1, dim) + u.roll(-1, dim) - 2 * u) / h ** 2
+        for face, r, s, bounded in self.faces:
+            axis = face // 2
+            dim, n = axis + 2, grid.shape[axis]
+            lo = face % 2 == 0
+            edge = u.select(dim, 0 if lo else n - 1)
+            wrapped = u.select(dim, n - 1 if lo else 0)
+            g = face_view(values, face, grid).unsqueeze(1)
+            ghost = r * edge + s * g
+            out.select(dim, 0 if lo else n - 1).add_(bounded * (ghost - wrapped) / grid.spacing[axis] ** 2)
+        return out

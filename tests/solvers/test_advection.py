@@ -89,3 +89,14 @@ def test_bad_input_errors():
         solve_advection(u0, v, bc, [0.1], scheme="eno")
     with pytest.raises(ValueError, match="velocity: contains NaN"):
         solve_advection(u0, v * float("nan"), bc, [0.1])
+
+
+def test_compiled_transport_matches_eager():
+    grid = Grid((16, 16))
+    x, y = grid.coordinates(torch.float32)
+    u0 = (torch.sin(2 * PI * x) * torch.cos(2 * PI * y))[None, None]
+    velocity = torch.stack([torch.cos(2 * PI * y), torch.sin(2 * PI * x)])[None]
+    bc = BoundarySpec.periodic(2, 1)
+    eager = solve_advection(u0, velocity, bc, [0.05], grid=grid)
+    compiled = solve_advection(u0, velocity, bc, [0.05], grid=grid, compile=True)
+    assert torch.allclose(eager, compiled, atol=1e-5)

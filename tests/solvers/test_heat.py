@@ -127,3 +127,18 @@ def test_bad_input_errors():
         solve_heat(u0, 0.1, BoundarySpec.periodic(2), [0.1])
     with pytest.raises(ValueError, match="alpha: expected a scalar or 1 values"):
         solve_heat(u0, torch.tensor([0.1, 0.2]), bc, [0.1])
+
+
+def test_ftcs_mixed_batch_equals_individual_solves():
+    grid = Grid((12, 10))
+    x, y = grid.coordinates(F64)
+    u0 = torch.stack([torch.sin(PI * x) * torch.cos(2 * PI * y), torch.cos(2 * PI * x)])[:, None]
+    bc = BoundarySpec(torch.tensor([[1, 2, 0, 0], [0, 0, 0, 0]]),
+                      torch.tensor([[2.0, -1, 0, 0], [0, 0, 0, 0]], dtype=F64)[:, :, None, None])
+    both = solve_heat(u0, 0.05, bc, [0.01, 0.02], grid=grid, method="ftcs", dt=1e-4)
+    for i in range(2):
+        one = solve_heat(u0[i : i + 1], 0.05, bc[i : i + 1], [0.01, 0.02], grid=grid, method="ftcs", dt=1e-4)
+        assert torch.allclose(both[i : i + 1], one, atol=1e-13, rtol=0)
+    # the periodic sample is a pure 2 pi mode: FTCS decays it at its discrete rate
+    lam = 4 / grid.spacing[0] ** 2 * math.sin(PI / 12) ** 2
+    assert torch.allclose(both[1, -1, 0], u0[1, 0] * (1 - 0.05 * 1e-4 * lam) ** 200, atol=1e-12)
