@@ -16,6 +16,8 @@ axes use the Fourier spectral second derivative instead (exact for band-limited 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -64,6 +66,12 @@ def laplacian_matrix_1d(n: int, h: float, r_lo: float, r_hi: float, periodic: bo
     return (torch.diag(main) + torch.diag(off, 1) + torch.diag(off, -1)) / h ** 2
 
 
+@functools.lru_cache(maxsize=64)
+def _eigh(n: int, h: float, r_lo: float, r_hi: float, periodic: bool) -> tuple[Tensor, Tensor]:
+    """Cached eigen-decomposition of `laplacian_matrix_1d` (float64, CPU)."""
+    return torch.linalg.eigh(laplacian_matrix_1d(n, h, r_lo, r_hi, periodic))
+
+
 class AxisEigenbasis:
     """Eigen-decomposition ``A = Q diag(lam) Q^T`` of each sample's operator on one axis.
 
@@ -88,7 +96,7 @@ class AxisEigenbasis:
         uniq, inverse = torch.unique(key.cpu(), dim=0, return_inverse=True)
         qs, lams = [], []
         for r_lo, r_hi, per in uniq.tolist():
-            lam, q = torch.linalg.eigh(laplacian_matrix_1d(n, h, r_lo, r_hi, bool(per)))
+            lam, q = _eigh(n, h, r_lo, r_hi, bool(per))
             qs.append(q)
             lams.append(lam)
         self.q = torch.stack(qs).to(device=device, dtype=dtype)

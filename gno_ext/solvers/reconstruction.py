@@ -117,11 +117,12 @@ def transport(u: Tensor, padded: list[Tensor], face_velocity: list[Tensor],
 
 @functools.cache
 def _compiled_transport() -> Callable[..., Tensor]:
-    return torch.compile(transport, dynamic=False)
+    return torch.compile(transport)
 
 
 def transport_fn(compile: bool) -> Callable[..., Tensor]:
-    """`transport`, or its ``torch.compile``d version (compiled once per process and shape).
+    """`transport`, or its ``torch.compile``d version (compiled once per process; shapes that
+    change between calls are compiled dynamically).
 
     Compiling fuses the few hundred element-wise operations of WENO into a handful of kernels:
     worth it on GPUs for long runs (data generation); it costs tens of seconds up front.
