@@ -142,3 +142,13 @@ def test_ftcs_mixed_batch_equals_individual_solves():
     # the periodic sample is a pure 2 pi mode: FTCS decays it at its discrete rate
     lam = 4 / grid.spacing[0] ** 2 * math.sin(PI / 12) ** 2
     assert torch.allclose(both[1, -1, 0], u0[1, 0] * (1 - 0.05 * 1e-4 * lam) ** 200, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["exact", "ftcs"])
+def test_periodic_heat_conserves_the_mean(method):
+    grid = Grid((16, 12))
+    u0 = torch.rand(2, 1, 16, 12, dtype=F64, generator=torch.Generator().manual_seed(5))
+    u = solve_heat(u0, torch.tensor([0.01, 0.3]), BoundarySpec.periodic(2, 2, F64), [0.05, 0.5], grid=grid,
+                   method=method)
+    assert torch.allclose(u.mean((-1, -2)), u0.mean((-1, -2))[:, None], atol=1e-13, rtol=0)
+    assert (u[:, -1].std((-1, -2)) < u0.std((-1, -2))).all()
