@@ -1,0 +1,45 @@
+"""Reusable GNO building blocks.
+
+`GatedSpectralConv` (and `condition_on`) need the optional ``neuraloperator`` package and are
+imported on first use.
+"""
+
+from gno_ext.layers.attention import AttentionKernel
+from gno_ext.layers.boundary import BoundaryTransfer, boundary_features, edge_tokens
+from gno_ext.layers.embeddings import (
+    ParameterNormalizer,
+    PatchEmbed,
+    PatchProject,
+    sincos_position,
+    token_shape,
+)
+from gno_ext.layers.gate import ParameterGate, Routing
+from gno_ext.layers.mixture import GatedKernelMixture, dispatch
+
+__all__ = [
+    "AttentionKernel",
+    "BoundaryTransfer",
+    "GatedKernelMixture",
+    "GatedSpectralConv",
+    "ParameterGate",
+    "ParameterNormalizer",
+    "PatchEmbed",
+    "PatchProject",
+    "Routing",
+    "boundary_features",
+    "condition_on",
+    "dispatch",
+    "edge_tokens",
+    "sincos_position",
+    "token_shape",
+]
+
+_LAZY = {"GatedSpectralConv", "condition_on"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from gno_ext.layers import spectral
+
+        return getattr(spectral, name)
+    raise AttributeError(f"module 'gno_ext.layers' has no attribute {name!r}")

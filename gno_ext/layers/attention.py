@@ -1,0 +1,62 @@
+r"""Self-attention as a kernel integral over the domain and context tokens.
+
+$$
+\int_{\Omega \cup X_{ctx}} \kappa(x, y)\, \xi(y)\, d\mu(y)
+\;\approx\; \operatorname{softmax}\!\Big(\frac{q(x) \cdot k(y)}{\sqrt{d_h}}\Big) v(y),
+$$
+
+with queries on the spatial tokens only and keys/values on the spatial tokens plus the
+context tokens (the embedded parameters and the latent boundary tokens).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["AttentionKernel"]
+
+
+class AttentionKernel(nn.Module):
+    """Multi-head attention with queries from ``x`` and keys/values from ``x`` and a context.
+
+    Parameters
+    ----------
+    dim : int
+        Token width ``D``.
+    heads : int
+        Number of heads (``dim`` must be divisible by it).
+    bias : bool
+        Bias in the projections.
+    """
+
+    def __init__(self, dim: int, heads: int = 8, bias: bool = True) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim={dim} is not divisible by heads={heads}")
+        self.heads = heads
+        self.q = nn.Linear(dim, dim, bias=bias)
+        self.kv = nn.Linear(dim, 2 * dim, bias=bias)
+        self.out = nn.Linear(dim, dim, bias=bias)
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """Attend.
+
+        Parameters
+        ----------
+        x : Tensor, shape (B, N, D)
+            Spatial tokens (queries, keys, values).
+        context : Tensor, shape (B, M, D), optional
+            Context tokens (keys and values only).
+
+        Returns
+        -------
+        Tensor, shape (B, N, D)
+        """
+        b, n, d = x.shape
+        source = x if context is None else torch.cat([x, context], 1)
+        q = self.q(x).view(b, n, self.heads, -1).transpose(1, 2)
+        k, v = self.kv(source).view(b, source.shape[1], 2, self.heads, -1).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v)
+        return self.out(y.transpose(1, 2).reshape(b, n, d))

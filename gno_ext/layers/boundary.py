@@ -1,0 +1,143 @@
+r"""The generalized boundary transfer operator $\mathcal{T}_\lambda(\mathcal{B}, v_\ell) \to h_\ell$.
+
+Every face of the box is cut into patches aligned with the token grid. Each boundary patch
+becomes one token built from
+
+* the boundary type (a learned embedding per `BCType`) and the face (a learned embedding),
+* its data: the mean over the patch of the data at the input time and at the target time,
+  and the Robin coefficients ``(a, b)`` (Dirichlet ``(1, 0)``, Neumann ``(0, 1)``),
+* its position along the face,
+* the layer's latent state next to the boundary (the adjacent token of $v_\ell$).
+
+A light single-head self-attention over these tokens (plus an MLP) mixes faces and types and
+returns $h_\ell$: latent *Dirichlet* tokens, one per boundary patch, that the kernels use as
+context. Any number of faces (1-D, 2-D, 3-D boxes) and every boundary type are accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gno_ext.schema import BCType, BoundarySpec, Grid, face_view
+
+__all__ = ["BoundaryTransfer", "boundary_features"]
+
+N_DATA_FEATURES = 4  # data now, data at target time, a, b
+
+
+def boundary_features(bc: BoundarySpec, grid: Grid, patch: int, scale: Tensor | float = 1.0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-boundary-patch inputs of `BoundaryTransfer`.
+
+    Parameters
+    ----------
+    bc : BoundarySpec
+        Batched spec. ``values[:, :, 0]`` is taken as the data at the input time and
+        ``values[:, :, -1]`` as the data at the target time.
+    grid : Grid
+    patch : int
+        Patch side (the grid must be divisible by it).
+    scale : float or Tensor
+        Data are divided by it (the field scale of the model).
+
+    Returns
+    -------
+    data : Tensor, shape (B, M, 4)
+        ``(g_now, g_target, a, b)`` per boundary patch.
+    kind : Tensor, shape (B, M), long
+    face : Tensor, shape (M,), long
+    position : Tensor, shape (M, max(d - 1, 1))
+        Patch centre along the face, in ``[0, 1]``.
+    """
+    d = grid.ndim
+    tokens = [n // patch for n in grid.shape]
+    coeffs = bc.robin_coeffs()
+    datas, kinds, faces, positions = [], [], [], []
+    for f in range(grid.n_faces):
+        axis = f // 2
+        other = [a for a in range(d) if a != axis]
+        pooled = []
+        for t in (0, -1):
+            g = face_view(bc.values[:, :, t, :], f, grid)  # (B, *face_shape)
+            if d > 1:
+                g = F.avg_pool1d(g[:, None], patch)[:, 0] if d == 2 else F.avg_pool2d(g[:, None], patch)[:, 0]
+            pooled.append(g.reshape(g.shape[0], -1) / scale)
+        n_tok = pooled[0].shape[1]
+        ab = coeffs[:, f, None, :].expand(-1, n_tok, 2)
+        datas.append(torch.cat([pooled[0][..., None], pooled[1][..., None], ab], -1))
+        kinds.append(bc.kind[:, f, None].expand(-1, n_tok))
+        faces.append(torch.full((n_tok,), f, dtype=torch.long, device=bc.kind.device))
+        if other:
+            axes = [(torch.arange(tokens[a], device=bc.kind.device) + 0.5) / tokens[a] for a in other]
+            pos = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, len(other))
+        else:
+            pos = torch.zeros(1, 1, device=bc.kind.device)
+        positions.append(pos)
+    return torch.cat(datas, 1), torch.cat(kinds, 1), torch.cat(faces), torch.cat(positions)
+
+
+def edge_tokens(tokens: Tensor, grid_tokens: Sequence[int]) -> Tensor:
+    """Latent tokens adjacent to each boundary patch, in the order of `boundary_features`.
+
+    ``tokens`` (B, N, D) on the token grid ``grid_tokens``; returns ``(B, M, D)``.
+    """
+    b, _, dim = tokens.shape
+    grid = tokens.view(b, *grid_tokens, dim)
+    out = []
+    for f in range(2 * len(grid_tokens)):
+        axis = f // 2
+        layer = grid.select(axis + 1, 0 if f % 2 == 0 else grid_tokens[axis] - 1)
+        out.append(layer.reshape(b, -1, dim))
+    return torch.cat(out, 1)
+
+
+class BoundaryTransfer(nn.Module):
+    """Boundary description and near-boundary latent state to latent Dirichlet tokens.
+
+    Parameters
+    ----------
+    dim : int
+        Token width ``D``.
+    ndim : int
+        Spatial dimension of the box.
+    hidden_ratio : float
+        Width of the MLP after the attention, relative to ``dim``.
+    """
+
+    def __init__(self, dim: int, ndim: int, hidden_ratio: float = 2.0) -> None:
+        super().__init__()
+        self.ndim = ndim
+        self.type_embedding = nn.Embedding(len(BCType), dim)
+        self.face_embedding = nn.Embedding(2 * ndim, dim)
+        self.data = nn.Linear(N_DATA_FEATURES, dim)
+        self.position = nn.Linear(max(ndim - 1, 1), dim)
+        self.state = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, int(hidden_ratio * dim)), nn.GELU(),
+                                 nn.Linear(int(hidden_ratio * dim), dim))
+
+    def forward(self, features: tuple[Tensor, Tensor, Tensor, Tensor], state: Tensor) -> Tensor:
+        """Latent Dirichlet tokens.
+
+        Parameters
+        ----------
+        features : tuple
+            From `boundary_features` (computed once per forward pass of the model).
+        state : Tensor, shape (B, M, D)
+            Latent tokens next to each boundary patch (`edge_tokens` of $v_\\ell$).
+
+        Returns
+        -------
+        Tensor, shape (B, M, D)
+        """
+        data, kind, face, position = features
+        x = (self.type_embedding(kind) + self.face_embedding(face) + self.data(data.to(state.dtype))
+             + self.position(position.to(state.dtype)) + self.state(state))
+        q, k, v = self.qkv(self.norm(x)).chunk(3, -1)
+        x = x + self.out(F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0])
+        return x + self.mlp(x)

@@ -1,0 +1,132 @@
+r"""Lifting and projection on patches, positional encodings and parameter embeddings."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["PatchEmbed", "PatchProject", "sincos_position", "ParameterNormalizer", "token_shape"]
+
+
+def token_shape(spatial: Sequence[int], patch: int) -> tuple[int, ...]:
+    """Token grid of a field of shape ``spatial`` cut into ``patch``-sized cubes.
+
+    Raises
+    ------
+    ValueError
+        If an axis is not divisible by ``patch``.
+    """
+    if any(n % patch for n in spatial):
+        raise ValueError(f"grid {tuple(spatial)} is not divisible by the patch size {patch}")
+    return tuple(n // patch for n in spatial)
+
+
+class PatchEmbed(nn.Module):
+    r"""Lifting $\mathcal{E}$: non-overlapping patches to tokens (a strided convolution).
+
+    Parameters
+    ----------
+    in_channels : int
+    dim : int
+        Token width.
+    patch : int
+        Patch side.
+    ndim : int
+        Spatial dimension (1, 2 or 3).
+    """
+
+    def __init__(self, in_channels: int, dim: int, patch: int, ndim: int) -> None:
+        super().__init__()
+        conv = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[ndim]
+        self.proj = conv(in_channels, dim, kernel_size=patch, stride=patch)
+        self.patch, self.ndim = patch, ndim
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, C, *S)`` to tokens ``(B, N, D)`` with ``N = prod(S) / patch^d``."""
+        token_shape(x.shape[2:], self.patch)
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class PatchProject(nn.Module):
+    r"""Projection $\mathcal{Q}$: each token back to a patch of ``out_channels`` values."""
+
+    def __init__(self, dim: int, out_channels: int, patch: int, ndim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.proj = nn.Linear(dim, out_channels * patch ** ndim)
+        self.out_channels, self.patch, self.ndim = out_channels, patch, ndim
+
+    def forward(self, tokens: Tensor, grid_tokens: Sequence[int]) -> Tensor:
+        """Tokens ``(B, N, D)`` on the token grid ``grid_tokens`` to ``(B, C_out, *S)``."""
+        b, p, d = tokens.shape[0], self.patch, self.ndim
+        y = self.proj(self.norm(tokens)).view(b, *grid_tokens, self.out_channels, *([p] * d))
+        # (B, g1, .., gd, C, p1, .., pd) -> (B, C, g1, p1, .., gd, pd)
+        perm = [0, d + 1] + [i for a in range(d) for i in (1 + a, d + 2 + a)]
+        return y.permute(perm).reshape(b, self.out_channels, *[g * p for g in grid_tokens])
+
+
+def sincos_position(grid_tokens: Sequence[int], dim: int, device: torch.device | None = None,
+                    dtype: torch.dtype = torch.float32) -> Tensor:
+    """Fixed sine-cosine encoding of token positions in ``[0, 1)^d``, shape ``(N, dim)``.
+
+    Positions are relative to the domain, so the same encoding serves any resolution.
+    """
+    d = len(grid_tokens)
+    n_freq = math.ceil(dim / (2 * d))
+    # wavelengths from the domain size down to 1/64 of it, geometrically spaced
+    freqs = 2 * math.pi * torch.logspace(0, math.log10(64), n_freq, device=device)
+    axes = [(torch.arange(g, device=device, dtype=torch.float32) + 0.5) / g for g in grid_tokens]
+    coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, d)
+    angles = coords[:, :, None] * freqs
+    enc = torch.cat([angles.sin(), angles.cos()], -1).reshape(coords.shape[0], -1)
+    return enc[:, :dim].to(dtype)
+
+
+class ParameterNormalizer(nn.Module):
+    r"""Affine normalisation of raw physical parameters, optionally on a log scale.
+
+    $\tilde\theta_i = (f_i(\theta_i) - \mu_i) / \sigma_i$ with $f_i = \log$ for parameters
+    marked ``log_scale`` (positive quantities such as a diffusivity or viscosity spanning
+    decades) and the identity otherwise. ``mu`` and ``sigma`` are buffers (saved with the
+    model), set by `fit` from training data.
+
+    Parameters
+    ----------
+    n_params : int
+    log_scale : sequence of bool, optional
+        Per parameter; default all False.
+    """
+
+    def __init__(self, n_params: int, log_scale: Sequence[bool] | None = None) -> None:
+        super().__init__()
+        log_scale = list(log_scale) if log_scale is not None else [False] * n_params
+        if len(log_scale) != n_params:
+            raise ValueError(f"log_scale: expected {n_params} flags, got {len(log_scale)}")
+        self.n_params = n_params
+        self.register_buffer("log_scale", torch.tensor(log_scale, dtype=torch.bool))
+        self.register_buffer("mu", torch.zeros(n_params))
+        self.register_buffer("sigma", torch.ones(n_params))
+
+    def _transform(self, theta: Tensor) -> Tensor:
+        if self.log_scale.any():
+            if ((theta <= 0) & self.log_scale).any():
+                raise ValueError("theta: a log-scaled parameter must be positive")
+            theta = torch.where(self.log_scale, theta.clamp_min(1e-30).log(), theta)
+        return theta
+
+    @torch.no_grad()
+    def fit(self, theta: Tensor) -> ParameterNormalizer:
+        """Set ``mu`` and ``sigma`` from samples ``theta`` of shape ``(N, n_params)``."""
+        t = self._transform(theta.to(self.mu))
+        self.mu.copy_(t.mean(0))
+        self.sigma.copy_(t.std(0, unbiased=False).clamp_min(1e-6) if len(t) > 1 else torch.ones_like(self.mu))
+        return self
+
+    def forward(self, theta: Tensor) -> Tensor:
+        """Normalise ``theta`` of shape ``(B, n_params)``."""
+        if theta.ndim != 2 or theta.shape[1] != self.n_params:
+            raise ValueError(f"theta: expected shape (B, {self.n_params}), got {tuple(theta.shape)}")
+        return (self._transform(theta.to(self.mu)) - self.mu) / self.sigma

@@ -1,0 +1,103 @@
+r"""The parameter gate: a score MLP over PDE parameters with a hard arg-max choice.
+
+$$
+\tilde g_k(\theta) = \operatorname{softmax}_k s_k(\theta), \qquad
+g_k(\theta) = [k = \arg\max_j \tilde g_j(\theta)] .
+$$
+
+Gradient path through the hard choice (straight-through): the selected kernel's output is
+multiplied by $w = 1 + \tilde g_{k^*} - \operatorname{sg}(\tilde g_{k^*})$, which is exactly 1
+in the forward pass (so a sample's output *is* its kernel's output) and has derivative 1 with
+respect to $\tilde g_{k^*}$ in the backward pass, so the score MLP learns to raise the
+probability of kernels that lower the loss and to lower it for those that do not.
+
+Guards against collapse onto one kernel: the Switch-Transformer load-balance term
+$K \sum_k f_k P_k$ (``f_k``: fraction of the batch routed to ``k``; ``P_k``: mean probability of
+``k``; equal to 1 for a uniform load), returned with every routing for the training loss, and
+optional Gaussian noise on the scores during training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["ParameterGate", "Routing"]
+
+
+@dataclass
+class Routing:
+    """The gate's decision for a batch.
+
+    Attributes
+    ----------
+    probs : Tensor, shape (B, K)
+        Softmax probabilities $\\tilde g$.
+    index : Tensor, shape (B,), long
+        Selected kernel per sample.
+    weight : Tensor, shape (B,)
+        Straight-through gate value of the selected kernel (exactly 1 in the forward pass).
+    balance_loss : Tensor, shape ()
+        Load-balance term (1 for a uniform load, ``K`` when all samples pick one kernel).
+    """
+
+    probs: Tensor
+    index: Tensor
+    weight: Tensor
+    balance_loss: Tensor
+
+
+class ParameterGate(nn.Module):
+    r"""Score MLP $s(\theta)$ with softmax probabilities and a hard arg-max.
+
+    Parameters
+    ----------
+    n_params : int
+        Size of the (normalised) parameter vector the gate reads.
+    n_kernels : int
+        Number of kernels ``K`` to choose from.
+    hidden : int
+        Hidden width of the score MLP (paper: 32).
+    noise_std : float
+        Standard deviation of Gaussian noise added to the scores in training mode only.
+
+    Examples
+    --------
+    >>> gate = ParameterGate(n_params=1, n_kernels=4)
+    >>> routing = gate(torch.rand(8, 1))
+    >>> routing.probs.shape, routing.index.shape
+    (torch.Size([8, 4]), torch.Size([8]))
+    """
+
+    def __init__(self, n_params: int, n_kernels: int, hidden: int = 32, noise_std: float = 0.0) -> None:
+        super().__init__()
+        if n_params < 1:
+            raise ValueError(f"n_params: the gate needs at least one input, got {n_params}")
+        if n_kernels < 1:
+            raise ValueError(f"n_kernels: expected >= 1, got {n_kernels}")
+        self.n_params, self.n_kernels, self.noise_std = n_params, n_kernels, noise_std
+        self.score = nn.Sequential(nn.Linear(n_params, hidden), nn.GELU(), nn.Linear(hidden, n_kernels))
+
+    def forward(self, theta: Tensor) -> Routing:
+        r"""Route a batch.
+
+        Parameters
+        ----------
+        theta : Tensor, shape (B, n_params)
+            Normalised parameters (and pooled field features, if any).
+        """
+        if theta.ndim != 2 or theta.shape[1] != self.n_params:
+            raise ValueError(f"theta: expected shape (B, {self.n_params}), got {tuple(theta.shape)}")
+        scores = self.score(theta)
+        probs = scores.float().softmax(-1)
+        choice = scores
+        if self.training and self.noise_std > 0:
+            choice = scores + self.noise_std * torch.randn_like(scores)
+        index = choice.argmax(-1)
+        picked = probs.gather(1, index[:, None]).squeeze(1)
+        weight = 1.0 + picked - picked.detach()
+        load = torch.bincount(index, minlength=self.n_kernels).to(probs.dtype) / max(len(index), 1)
+        balance = self.n_kernels * (load * probs.mean(0)).sum()
+        return Routing(probs, index, weight, balance)

@@ -1,0 +1,106 @@
+r"""A parameter-gated mixture of kernels that runs only the selected kernel per sample.
+
+$$
+y(x) = \sum_{k=1}^K g_k(\theta)\, \kappa_k[x], \qquad g \in \{0, 1\}^K \text{ one-hot},
+$$
+
+evaluated by dispatch: the batch is split by selected kernel, each kernel runs once on its
+own samples, and the outputs are put back in batch order. Unselected kernels do not run (their
+parameters get no gradient in that step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from gno_ext.layers.gate import ParameterGate, Routing
+
+__all__ = ["GatedKernelMixture", "dispatch"]
+
+
+def dispatch(kernels: Sequence[nn.Module], routing: Routing, x: Tensor, **kernel_kwargs: Any) -> Tensor:
+    """Run kernel ``routing.index[i]`` on sample ``i`` of ``x``, once per kernel.
+
+    Tensor keyword arguments whose first axis has the batch size are split with ``x``; all
+    other arguments are passed unchanged. Each output is scaled by the straight-through gate
+    value (exactly 1 in the forward pass).
+
+    Parameters
+    ----------
+    kernels : sequence of nn.Module
+        ``K`` modules with the same output shape per sample.
+    routing : Routing
+        From `ParameterGate`.
+    x : Tensor, shape (B, ...)
+        Input of the kernels.
+    """
+    batch = x.shape[0]
+    order, outputs = [], []
+    for k, kernel in enumerate(kernels):
+        idx = torch.nonzero(routing.index == k).squeeze(1)
+        if idx.numel() == 0:
+            continue
+        kwargs = {name: value.index_select(0, idx) if torch.is_tensor(value) and value.ndim > 0
+                  and value.shape[0] == batch else value for name, value in kernel_kwargs.items()}
+        y = kernel(x if idx.numel() == batch else x.index_select(0, idx), **kwargs)
+        outputs.append(y * routing.weight.index_select(0, idx).to(y.dtype).view(-1, *([1] * (y.ndim - 1))))
+        order.append(idx)
+    if len(outputs) == 1:
+        return outputs[0]
+    perm = torch.cat(order)
+    return torch.cat(outputs).index_select(0, torch.argsort(perm))
+
+
+class GatedKernelMixture(nn.Module):
+    r"""``K`` kernels behind a `ParameterGate`; only each sample's selected kernel runs.
+
+    Parameters
+    ----------
+    kernels : sequence of nn.Module
+        Any modules with a common output shape: `AttentionKernel`, neuraloperator's
+        ``SpectralConv``, or your own.
+    gate : ParameterGate
+        Its ``n_kernels`` must equal ``len(kernels)``.
+
+    Attributes
+    ----------
+    kernels : nn.ModuleList
+    last_routing : Routing or None
+        Routing of the latest forward pass (for inspection and the load-balance loss).
+
+    Examples
+    --------
+    >>> mix = GatedKernelMixture([nn.Linear(4, 4) for _ in range(3)], ParameterGate(2, 3))
+    >>> mix(torch.randn(5, 4), torch.randn(5, 2)).shape
+    torch.Size([5, 4])
+    """
+
+    def __init__(self, kernels: Sequence[nn.Module], gate: ParameterGate) -> None:
+        super().__init__()
+        if len(kernels) != gate.n_kernels:
+            raise ValueError(f"kernels: the gate chooses among {gate.n_kernels} kernels, got {len(kernels)}")
+        self.kernels = nn.ModuleList(kernels)
+        self.gate = gate
+        self.last_routing: Routing | None = None
+
+    def forward(self, x: Tensor, theta: Tensor, routing: Routing | None = None, **kernel_kwargs: Any) -> Tensor:
+        """Apply the mixture.
+
+        Parameters
+        ----------
+        x : Tensor, shape (B, ...)
+            Kernel input.
+        theta : Tensor, shape (B, n_params)
+            Gate input (ignored if ``routing`` is given).
+        routing : Routing, optional
+            A precomputed routing to reuse.
+        **kernel_kwargs
+            Passed to the kernels (batch tensors are split per kernel).
+        """
+        routing = routing if routing is not None else self.gate(theta)
+        self.last_routing = routing
+        return dispatch(self.kernels, routing, x, **kernel_kwargs)

@@ -1,0 +1,188 @@
+r"""Losses and metrics: nMSE, relative L2, group DRO and the training curriculum.
+
+Group DRO with the log-sum-exp relaxation (the paper's objective):
+
+$$
+\mathcal{L}_{\text{DRO}} = \frac{1}{\tau} \log\Big(\frac{1}{|G|} \sum_{g \in G}
+\exp\big(\tau\, \bar\ell_g\big)\Big), \qquad \bar\ell_g = \frac{1}{|g|}\sum_{i \in g} \ell_i,
+$$
+
+over the groups $G$ present in the batch. It lies between the mean and the maximum of the group
+means, tends to the mean as $\tau \to 0$ and to the worst group as $\tau \to \infty$.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["mse_per_sample", "nmse", "relative_l2", "group_sums", "dro_from_group_sums", "group_dro_loss",
+           "bin_parameters", "Curriculum"]
+
+
+def _check_pair(pred: Tensor, target: Tensor) -> None:
+    if pred.shape != target.shape:
+        raise ValueError(f"pred and target shapes differ: {tuple(pred.shape)} vs {tuple(target.shape)}")
+    if pred.ndim < 2:
+        raise ValueError(f"expected a batch (B, ...), got shape {tuple(pred.shape)}")
+
+
+def mse_per_sample(pred: Tensor, target: Tensor) -> Tensor:
+    """Mean squared error of each sample, shape ``(B,)``."""
+    _check_pair(pred, target)
+    return (pred - target).pow(2).flatten(1).mean(1)
+
+
+def nmse(pred: Tensor, target: Tensor, eps: float = 1e-12) -> Tensor:
+    r"""Normalised MSE per sample, $\|\hat u - u\|^2 / \|u - \bar u\|^2$, shape ``(B,)``.
+
+    Sums run over every non-batch axis (a whole rollout: time, channels, space), $\bar u$ is the
+    sample's mean over those axes.
+    """
+    _check_pair(pred, target)
+    err = (pred - target).pow(2).flatten(1).sum(1)
+    centred = target.flatten(1)
+    var = (centred - centred.mean(1, keepdim=True)).pow(2).sum(1)
+    return err / var.clamp_min(eps)
+
+
+def relative_l2(pred: Tensor, target: Tensor, eps: float = 1e-12) -> Tensor:
+    r"""Relative L2 error per sample, $\|\hat u - u\| / \|u\|$, shape ``(B,)``."""
+    _check_pair(pred, target)
+    return (pred - target).flatten(1).norm(dim=1) / target.flatten(1).norm(dim=1).clamp_min(eps)
+
+
+def group_sums(per_sample_loss: Tensor, groups: Tensor, n_groups: int | None = None) -> tuple[Tensor, Tensor]:
+    """Per-group loss sums and sample counts, each of shape ``(n_groups,)``.
+
+    These are what processes all-reduce before `dro_from_group_sums`, so that ``N`` processes
+    optimise the objective of one process over the global batch.
+    """
+    if per_sample_loss.ndim != 1 or groups.shape != per_sample_loss.shape:
+        raise ValueError(f"per_sample_loss and groups: expected matching shapes (B,), got "
+                         f"{tuple(per_sample_loss.shape)} and {tuple(groups.shape)}")
+    if groups.numel() and groups.min() < 0:
+        raise ValueError("groups: ids must be >= 0")
+    n = int(n_groups if n_groups is not None else (int(groups.max()) + 1 if groups.numel() else 0))
+    sums = torch.zeros(n, dtype=per_sample_loss.dtype, device=per_sample_loss.device)
+    sums = sums.index_add(0, groups, per_sample_loss)
+    counts = torch.bincount(groups, minlength=n).to(per_sample_loss.dtype)
+    return sums, counts
+
+
+def dro_from_group_sums(sums: Tensor, counts: Tensor, tau: float) -> Tensor:
+    """Log-sum-exp group DRO from group sums and counts; empty groups are left out of ``|G|``."""
+    if not tau > 0:
+        raise ValueError(f"tau: must be positive, got {tau}")
+    present = counts > 0
+    if not present.any():
+        raise ValueError("group DRO: no group has a sample")
+    means = sums[present] / counts[present]
+    centre = means.mean()
+    dev = tau * (means - centre)
+    if float(dev.abs().max()) < 1.0:
+        # small tau: log(mean(exp(dev))) by expm1/log1p, free of the cancellation of logsumexp - log n
+        return centre + torch.log1p(torch.expm1(dev).mean()) / tau
+    return centre + (torch.logsumexp(dev, 0) - math.log(int(present.sum()))) / tau
+
+
+def group_dro_loss(per_sample_loss: Tensor, groups: Tensor, tau: float) -> Tensor:
+    r"""Group DRO loss of one batch (see the module docstring).
+
+    Parameters
+    ----------
+    per_sample_loss : Tensor, shape (B,)
+        Per-sample losses $\ell_i$ (e.g. `mse_per_sample`).
+    groups : Tensor, shape (B,), long
+        Group id of each sample.
+    tau : float
+        Temperature, > 0.
+    """
+    sums, counts = group_sums(per_sample_loss, groups)
+    return dro_from_group_sums(sums, counts, tau)
+
+
+def bin_parameters(theta: Tensor, edges: Sequence[Sequence[float]], boundary_type: Tensor | None = None,
+                   n_boundary_types: int = 6) -> Tensor:
+    """Group ids from continuous parameters: one bin per parameter, combined, per boundary type.
+
+    Parameters
+    ----------
+    theta : Tensor, shape (B, P)
+        Raw parameters.
+    edges : sequence of sequences of float, length P
+        Increasing bin edges per parameter (values outside go to the first or last bin);
+        ``len(edges[p]) - 1`` bins for parameter ``p``. Use log-spaced edges for parameters
+        that span decades.
+    boundary_type : Tensor, shape (B,), optional
+        A boundary-type id per sample (e.g. the type of face 0): groups are then separate per
+        type, as in the paper's curriculum.
+    n_boundary_types : int
+        Number of boundary-type ids.
+
+    Returns
+    -------
+    Tensor, shape (B,), long
+    """
+    if theta.ndim != 2 or theta.shape[1] != len(edges):
+        raise ValueError(f"theta: expected shape (B, {len(edges)}) to match edges, got {tuple(theta.shape)}")
+    group = torch.zeros(theta.shape[0], dtype=torch.long, device=theta.device)
+    for p, e in enumerate(edges):
+        e_t = torch.as_tensor(e, dtype=theta.dtype, device=theta.device)
+        if e_t.numel() < 2 or (e_t[1:] <= e_t[:-1]).any():
+            raise ValueError(f"edges[{p}]: expected at least two increasing edges, got {list(e)}")
+        n_bins = e_t.numel() - 1
+        idx = (torch.bucketize(theta[:, p].contiguous(), e_t[1:-1], right=True)).clamp(0, n_bins - 1)
+        group = group * n_bins + idx
+    if boundary_type is not None:
+        group = boundary_type.long() * int(math.prod(len(e) - 1 for e in edges)) + group
+    return group
+
+
+@dataclass
+class Curriculum:
+    """The paper's two-stage curriculum (Algorithm 1).
+
+    For ``warmup_epochs`` epochs the loss is the plain mean of the per-sample losses (MSE),
+    then group DRO with temperature ``tau``. Every epoch iterates over the boundary types in
+    turn (each update uses samples of one type).
+
+    Parameters
+    ----------
+    warmup_epochs : int
+        ``P`` (paper: 70 of 100).
+    tau : float
+        DRO temperature.
+    boundary_types : sequence of int
+        The boundary-type ids to iterate over.
+    """
+
+    warmup_epochs: int
+    tau: float = 1.0
+    boundary_types: Sequence[int] = (0,)
+
+    def __post_init__(self) -> None:
+        if self.warmup_epochs < 0:
+            raise ValueError(f"warmup_epochs: must be >= 0, got {self.warmup_epochs}")
+        if not self.tau > 0:
+            raise ValueError(f"tau: must be positive, got {self.tau}")
+        if len(self.boundary_types) == 0:
+            raise ValueError("boundary_types: expected at least one type")
+
+    def uses_dro(self, epoch: int) -> bool:
+        """Whether epoch ``epoch`` (counted from 0) trains with group DRO."""
+        return epoch >= self.warmup_epochs
+
+    def boundary_order(self, epoch: int) -> list[int]:
+        """The boundary types of epoch ``epoch``, in the order they are visited."""
+        return list(self.boundary_types)
+
+    def loss(self, per_sample_loss: Tensor, groups: Tensor, epoch: int) -> Tensor:
+        """The objective of epoch ``epoch`` for one batch."""
+        if self.uses_dro(epoch):
+            return group_dro_loss(per_sample_loss, groups, self.tau)
+        return per_sample_loss.mean()

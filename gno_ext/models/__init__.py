@@ -1,0 +1,30 @@
+"""Complete models behind one registry: `get_model(name, **kwargs)`.
+
+`GatedFNO` needs the optional ``neuraloperator`` package and is imported on first use.
+"""
+
+from gno_ext.models.gno import GNO, GNOBlock
+from gno_ext.models.registry import (
+    available_models,
+    from_checkpoint,
+    get_model,
+    register_lazy,
+    save_checkpoint,
+)
+
+
+def _load_gated_fno() -> None:
+    import gno_ext.models.gated_fno  # noqa: F401  (registers "gated_fno")
+
+
+register_lazy("gated_fno", _load_gated_fno)
+
+__all__ = ["GNO", "GNOBlock", "GatedFNO", "available_models", "from_checkpoint", "get_model", "save_checkpoint"]
+
+
+def __getattr__(name: str):
+    if name == "GatedFNO":
+        from gno_ext.models.gated_fno import GatedFNO
+
+        return GatedFNO
+    raise AttributeError(f"module 'gno_ext.models' has no attribute {name!r}")

@@ -1,0 +1,83 @@
+r"""GatedFNO: neuraloperator's FNO whose spectral convolutions are parameter-gated mixtures.
+
+A subclass of ``neuralop.models.FNO`` built with ``conv_module=GatedSpectralConv``: it
+registers with neuraloperator's model registry (``GatedFNO``) as well as ours
+(``gated_fno``), and works with neuraloperator's ``Trainer``, which calls
+``model(**sample)`` (``theta`` is read from the sample; other keys such as ``y`` are ignored).
+
+Requires the optional dependency ``neuraloperator``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from neuralop.models import FNO
+from torch import Tensor
+
+from gno_ext.layers.embeddings import ParameterNormalizer
+from gno_ext.layers.spectral import GatedSpectralConv, condition_on
+from gno_ext.models.registry import register_model
+
+__all__ = ["GatedFNO"]
+
+
+@register_model("gated_fno")
+class GatedFNO(FNO, name="GatedFNO"):
+    r"""FNO with ``K`` spectral kernels per layer, one selected per sample from $\theta$.
+
+    Parameters
+    ----------
+    n_modes : sequence of int
+        Fourier modes kept per axis.
+    in_channels, out_channels, hidden_channels : int
+        As for ``FNO``.
+    n_params : int
+        Number of scalar parameters in ``theta``.
+    n_kernels : int
+        Spectral kernels per layer ``K``.
+    gate_hidden : int
+        Hidden width of each gate.
+    log_params : sequence of bool, optional
+        Parameters normalised on a log scale.
+    **fno_kwargs
+        Any other ``FNO`` argument (``n_layers``, ``positional_embedding``, ...).
+
+    Examples
+    --------
+    >>> model = GatedFNO(n_modes=(8, 8), in_channels=1, out_channels=1, hidden_channels=16, n_params=1)
+    >>> model(torch.randn(2, 1, 32, 32), theta=torch.rand(2, 1)).shape
+    torch.Size([2, 1, 32, 32])
+    """
+
+    def __init__(self, n_modes: Sequence[int], in_channels: int, out_channels: int, hidden_channels: int,
+                 n_params: int = 1, n_kernels: int = 4, gate_hidden: int = 32,
+                 log_params: Sequence[bool] | None = None, **fno_kwargs: Any) -> None:
+        if "conv_module" in fno_kwargs:
+            raise ValueError("conv_module: GatedFNO sets it (GatedSpectralConv); use FNO for another module")
+        conv = functools.partial(GatedSpectralConv, n_kernels=n_kernels, n_params=n_params, gate_hidden=gate_hidden)
+        super().__init__(tuple(n_modes), in_channels, out_channels, hidden_channels, conv_module=conv, **fno_kwargs)
+        self.param_norm = ParameterNormalizer(n_params, log_params)
+
+    def forward(self, x: Tensor, output_shape: Any = None, *, theta: Tensor, **kwargs: Any) -> Tensor:
+        """Apply the FNO with every gated convolution routed by ``theta``.
+
+        Parameters
+        ----------
+        x : Tensor, shape (B, in_channels, *S)
+        output_shape : optional
+            As for ``FNO.forward``.
+        theta : Tensor, shape (B, n_params)
+            Raw physical parameters (normalised inside).
+        **kwargs
+            Ignored (neuraloperator's ``Trainer`` passes the whole sample, ``y`` included).
+        """
+        with condition_on(self, self.param_norm(theta).to(x.dtype)):
+            return super().forward(x, output_shape=output_shape)
+
+    def balance_loss(self) -> Tensor:
+        """Sum of the gates' load-balance terms of the latest forward pass."""
+        convs = [m for m in self.modules() if isinstance(m, GatedSpectralConv) and m.last_routing is not None]
+        return sum(c.last_routing.balance_loss for c in convs)

@@ -1,0 +1,277 @@
+r"""The Generalized Neural Operator.
+
+$$
+\mathcal{M}_\phi = \mathcal{Q} \circ \Phi_L \circ \dots \circ \Phi_1 \circ \mathcal{E},
+$$
+
+* $\mathcal{E}$: patch embedding of the input frames (normalised), plus a fixed positional
+  encoding and, for field parameters $v(x)$, a patch embedding of the field.
+* $\Phi_\ell$ (`GNOBlock`): the boundary transfer operator turns the boundary description and
+  the near-boundary latent state into latent Dirichlet tokens $h_\ell$; a parameter-gated
+  mixture of attention kernels integrates over the domain tokens and the context tokens
+  $(\tilde\theta, h_\ell)$, running only each sample's selected kernel; the local term
+  $W\langle\tilde\theta, \bar h_\ell, v\rangle + b$ and an MLP complete the block.
+* $\mathcal{Q}$: each token back to its patch. The model predicts the increment over the last
+  input frame (next-frame prediction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from gno_ext.layers.attention import AttentionKernel
+from gno_ext.layers.boundary import BoundaryTransfer, boundary_features, edge_tokens
+from gno_ext.layers.embeddings import (
+    ParameterNormalizer,
+    PatchEmbed,
+    PatchProject,
+    sincos_position,
+    token_shape,
+)
+from gno_ext.layers.gate import ParameterGate
+from gno_ext.layers.mixture import GatedKernelMixture
+from gno_ext.models.registry import register_model
+from gno_ext.schema import BoundarySpec, Grid, PDEBatch
+
+__all__ = ["GNO", "GNOBlock"]
+
+
+class GNOBlock(nn.Module):
+    r"""One layer $\Phi_\ell$ of the GNO.
+
+    Parameters
+    ----------
+    dim, heads, mlp_ratio : int, int, float
+        Token width, attention heads, MLP width ratio.
+    n_kernels : int
+        Kernels in the mixture (1: a single attention kernel, no gate).
+    gate_inputs : int
+        Size of the gate's input.
+    gate_hidden : int
+        Hidden width of the gate.
+    gate_noise : float
+        Training-time noise on the gate scores.
+    boundary : bool
+        Whether the block has a boundary transfer operator.
+    ndim : int
+        Spatial dimension.
+    """
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float, n_kernels: int, gate_inputs: int,
+                 gate_hidden: int, gate_noise: float, boundary: bool, ndim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.context_norm = nn.LayerNorm(dim)
+        kernels = [AttentionKernel(dim, heads) for _ in range(n_kernels)]
+        if n_kernels > 1:
+            self.mixture = GatedKernelMixture(kernels, ParameterGate(gate_inputs, n_kernels, gate_hidden, gate_noise))
+        else:
+            self.mixture = None
+            self.kernel = kernels[0]
+        self.boundary = BoundaryTransfer(dim, ndim) if boundary else None
+        self.local_state = nn.Linear(dim, dim)
+        self.local_context = nn.Linear(2 * dim, dim)
+        self.mlp_norm = nn.LayerNorm(dim)
+        hidden = int(mlp_ratio * dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, x: Tensor, theta_token: Tensor, gate_input: Tensor | None,
+                boundary: tuple[Tensor, ...] | None, grid_tokens: Sequence[int]) -> Tensor:
+        """Update tokens ``x`` (B, N, D) given the parameter token (B, 1, D) and boundary features."""
+        context = theta_token
+        h_mean = torch.zeros_like(theta_token)
+        if self.boundary is not None and boundary is not None:
+            h = self.boundary(boundary, edge_tokens(x, grid_tokens))
+            context = torch.cat([theta_token, h], 1)
+            h_mean = h.mean(1, keepdim=True)
+        context = self.context_norm(context)
+        xn = self.norm(x)
+        if self.mixture is not None:
+            integral = self.mixture(xn, gate_input, context=context)
+        else:
+            integral = self.kernel(xn, context)
+        local = self.local_state(xn) + self.local_context(torch.cat([theta_token, h_mean], -1))
+        x = x + integral + local
+        return x + self.mlp(self.mlp_norm(x))
+
+
+@register_model("gno")
+class GNO(nn.Module):
+    r"""Generalized Neural Operator for next-frame prediction.
+
+    Defaults are the paper's (Appendix D): latent 256, patch 16, 8 blocks, 8 heads, MLP
+    ratio 4, ``K = 4`` kernels, gate hidden size 32.
+
+    Parameters
+    ----------
+    in_channels : int
+        Channels ``C`` of the field.
+    out_channels : int, optional
+        Output channels (default ``in_channels``; then the model predicts an increment).
+    n_params : int
+        Number of scalar parameters ``P`` in ``theta``.
+    field_channels : int
+        Channels of ``theta_field`` (e.g. 2 for a 2-D velocity), 0 if none.
+    ndim : int
+        Spatial dimension (1, 2 or 3).
+    t_in : int
+        Input frames ``T_in`` (1 in the paper).
+    latent, patch, depth, heads, mlp_ratio : int, int, int, int, float
+        Backbone sizes.
+    n_kernels : int
+        Kernels per block ``K``; 1 disables the mixture (ablation).
+    gate_hidden : int
+        Hidden width of each gate.
+    gate_noise : float
+        Standard deviation of training-time noise on the gate scores.
+    boundary_transfer : bool
+        False disables the boundary transfer operator (ablation).
+    log_params : sequence of bool, optional
+        Which parameters are normalised on a log scale (e.g. ``[True]`` for a diffusivity).
+
+    Examples
+    --------
+    >>> model = GNO(latent=32, patch=8, depth=2, heads=4)
+    >>> u = torch.randn(2, 1, 1, 32, 32)
+    >>> model(u, theta=torch.rand(2, 1), bc=BoundarySpec.periodic(2, batch_size=2)).shape
+    torch.Size([2, 1, 1, 32, 32])
+    """
+
+    def __init__(self, in_channels: int = 1, out_channels: int | None = None, n_params: int = 1,
+                 field_channels: int = 0, ndim: int = 2, t_in: int = 1, latent: int = 256, patch: int = 16,
+                 depth: int = 8, heads: int = 8, mlp_ratio: float = 4.0, n_kernels: int = 4,
+                 gate_hidden: int = 32, gate_noise: float = 0.0, boundary_transfer: bool = True,
+                 log_params: Sequence[bool] | None = None) -> None:
+        super().__init__()
+        out_channels = out_channels or in_channels
+        gate_inputs = n_params + 2 * field_channels
+        if n_kernels > 1 and gate_inputs == 0:
+            raise ValueError("n_kernels > 1 needs something to gate on: n_params or field_channels must be > 0")
+        self.in_channels, self.out_channels, self.n_params = in_channels, out_channels, n_params
+        self.field_channels, self.ndim, self.t_in, self.patch = field_channels, ndim, t_in, patch
+        self.boundary_transfer = boundary_transfer
+        self.register_buffer("u_mean", torch.zeros(in_channels))
+        self.register_buffer("u_std", torch.ones(in_channels))
+        self.param_norm = ParameterNormalizer(n_params, log_params) if n_params else None
+        self.embed = PatchEmbed(t_in * in_channels, latent, patch, ndim)
+        self.field_embed = PatchEmbed(field_channels, latent, patch, ndim) if field_channels else None
+        self.theta_embed = nn.Sequential(nn.Linear(max(gate_inputs, 1), latent), nn.GELU(), nn.Linear(latent, latent))
+        self.blocks = nn.ModuleList(
+            GNOBlock(latent, heads, mlp_ratio, n_kernels, gate_inputs, gate_hidden, gate_noise, boundary_transfer, ndim)
+            for _ in range(depth))
+        self.project = PatchProject(latent, out_channels, patch, ndim)
+
+    @torch.no_grad()
+    def fit_normalization(self, u: Tensor, theta: Tensor | None = None) -> GNO:
+        """Set the field and parameter normalisation from training data.
+
+        Parameters
+        ----------
+        u : Tensor, shape (N, T, C, *S) or (N, C, *S)
+            Field samples.
+        theta : Tensor, shape (N, P), optional
+            Parameter samples.
+        """
+        c = self.in_channels
+        flat = u.transpose(0, -self.ndim - 1).reshape(c, -1) if u.shape[-self.ndim - 1] == c else None
+        if flat is None:
+            raise ValueError(f"u: expected {c} channels at axis {-self.ndim - 1}, got shape {tuple(u.shape)}")
+        self.u_mean.copy_(flat.mean(1))
+        self.u_std.copy_(flat.std(1).clamp_min(1e-6))
+        if theta is not None and self.param_norm is not None:
+            self.param_norm.fit(theta)
+        return self
+
+    def _inputs(self, u_in: Tensor, theta: Tensor | None, theta_field: Tensor | None) -> None:
+        want = f"(B, {self.t_in}, {self.in_channels}, *S) with {self.ndim} spatial axes"
+        if u_in.ndim != 3 + self.ndim or u_in.shape[1] != self.t_in or u_in.shape[2] != self.in_channels:
+            raise ValueError(f"u_in: expected shape {want}, got {tuple(u_in.shape)}")
+        if self.n_params and (theta is None or theta.shape != (u_in.shape[0], self.n_params)):
+            got = None if theta is None else tuple(theta.shape)
+            raise ValueError(f"theta: expected shape ({u_in.shape[0]}, {self.n_params}), got {got}")
+        if self.field_channels and (theta_field is None or theta_field.shape[:2] != (u_in.shape[0], self.field_channels)):
+            got = None if theta_field is None else tuple(theta_field.shape)
+            raise ValueError(f"theta_field: expected shape ({u_in.shape[0]}, {self.field_channels}, *S), got {got}")
+
+    def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
+                bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:
+        r"""Predict the next frame.
+
+        Parameters
+        ----------
+        u_in : Tensor, shape (B, T_in, C, *S), or PDEBatch
+            Input frames (or a whole batch, whose fields are then used).
+        theta : Tensor, shape (B, P)
+            Raw physical parameters.
+        theta_field : Tensor, shape (B, C_f, *S), optional
+            Field parameters.
+        bc : BoundarySpec, optional
+            Batched boundary spec; ``values[:, :, 0]`` is the data at the input time and
+            ``values[:, :, -1]`` at the target time. Default: all faces periodic.
+        grid : Grid, optional
+            Default: the unit box of ``u_in``'s shape.
+
+        Returns
+        -------
+        Tensor, shape (B, 1, C_out, *S)
+        """
+        if isinstance(u_in, PDEBatch):
+            batch = u_in
+            u_in, theta, theta_field, bc, grid = batch.u_in, batch.theta, batch.theta_field, batch.bc, batch.grid
+        self._inputs(u_in, theta, theta_field)
+        b, spatial = u_in.shape[0], tuple(u_in.shape[3:])
+        grid = grid or Grid(spatial)
+        grid_tokens = token_shape(spatial, self.patch)
+        std = self.u_std.view(1, 1, -1, *([1] * self.ndim))
+        x = ((u_in - self.u_mean.view_as(std)) / std).flatten(1, 2)
+        tokens = self.embed(x) + sincos_position(grid_tokens, self.embed.proj.out_channels, x.device, x.dtype)
+        gate_parts = []
+        if self.param_norm is not None:
+            gate_parts.append(self.param_norm(theta).to(x.dtype))
+        if self.field_embed is not None:
+            tokens = tokens + self.field_embed(theta_field.to(x.dtype))
+            dims = tuple(range(2, 2 + self.ndim))
+            gate_parts += [theta_field.mean(dims).to(x.dtype), theta_field.pow(2).mean(dims).sqrt().to(x.dtype)]
+        gate_input = torch.cat(gate_parts, 1) if gate_parts else None
+        theta_token = self.theta_embed(gate_input if gate_input is not None else x.new_zeros(b, 1))[:, None]
+        features = None
+        if self.boundary_transfer:
+            bc = bc if bc is not None else BoundarySpec.periodic(self.ndim, b).to(x.device)
+            features = boundary_features(bc.to(x.device), grid, self.patch, self.u_std.mean())
+        for block in self.blocks:
+            tokens = block(tokens, theta_token, gate_input, features, grid_tokens)
+        delta = self.project(tokens, grid_tokens)[:, None]
+        if self.out_channels == self.in_channels:
+            return u_in[:, -1:] + delta * std
+        return delta * std + self.u_mean.view_as(std)
+
+    def balance_loss(self) -> Tensor:
+        """Sum of the gates' load-balance terms of the latest forward pass (0 without gates)."""
+        losses = [blk.mixture.last_routing.balance_loss for blk in self.blocks
+                  if blk.mixture is not None and blk.mixture.last_routing is not None]
+        return torch.stack(losses).sum() if losses else torch.zeros((), device=self.u_std.device)
+
+    @torch.no_grad()
+    def rollout(self, batch: PDEBatch, steps: int) -> Tensor:
+        """Autoregressive prediction of ``steps`` frames from ``batch.u_in``.
+
+        Boundary data for step ``k`` is read at ``bc.values[:, :, k]`` (input time) and
+        ``bc.values[:, :, k + 1]`` (target time), clamped to the last available time, so
+        time-dependent data for the whole horizon is given with ``T_bc = steps + 1``.
+
+        Returns
+        -------
+        Tensor, shape (B, steps, C, *S)
+        """
+        u, frames = batch.u_in, []
+        t_bc = batch.bc.values.shape[2]
+        for k in range(steps):
+            idx = torch.tensor([min(k, t_bc - 1), min(k + 1, t_bc - 1)], device=batch.bc.values.device)
+            bc = BoundarySpec(batch.bc.kind, batch.bc.values.index_select(2, idx), batch.bc.coeffs)
+            nxt = self(u, batch.theta, batch.theta_field, bc, batch.grid)
+            frames.append(nxt)
+            u = torch.cat([u[:, 1:], nxt], 1)
+        return torch.cat(frames, 1)

@@ -1,0 +1,153 @@
+"""Models by name, and checkpoints that rebuild a model from the file alone.
+
+A checkpoint is a folder holding ``model.safetensors`` (weights and buffers) and
+``config.json`` (the registered name and the constructor arguments). Loading never unpickles
+anything: JSON and safetensors only.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+from torch import nn
+
+__all__ = ["register_model", "get_model", "available_models", "save_checkpoint", "from_checkpoint"]
+
+_MODELS: dict[str, type[nn.Module]] = {}
+_LAZY: dict[str, Callable[[], None]] = {}
+CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+
+
+def register_model(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
+    """Class decorator: register a model under ``name`` and record its constructor arguments.
+
+    After ``__init__`` the instance carries ``model_config = {"name": ..., "kwargs": {...}}``
+    (every argument, defaults included), which `save_checkpoint` writes.
+    """
+    def decorate(cls: type[nn.Module]) -> type[nn.Module]:
+        if name in _MODELS:
+            raise ValueError(f"a model named {name!r} is already registered ({_MODELS[name].__name__})")
+        init = cls.__init__
+        sig = inspect.signature(init)
+
+        @functools.wraps(init)
+        def wrapped(self: nn.Module, *args: Any, **kwargs: Any) -> None:
+            bound = sig.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            config: dict[str, Any] = {}
+            for key, value in list(bound.arguments.items())[1:]:
+                if sig.parameters[key].kind is inspect.Parameter.VAR_KEYWORD:
+                    config.update(value)
+                elif sig.parameters[key].kind is not inspect.Parameter.VAR_POSITIONAL:
+                    config[key] = value
+            init(self, *args, **kwargs)
+            self.model_config = {"name": name, "kwargs": config}
+
+        cls.__init__ = wrapped
+        _MODELS[name] = cls
+        return cls
+    return decorate
+
+
+def register_lazy(name: str, loader: Callable[[], None]) -> None:
+    """Declare a model whose module is imported on first use (optional dependencies)."""
+    _LAZY[name] = loader
+
+
+def available_models() -> list[str]:
+    """Names accepted by `get_model`."""
+    return sorted(set(_MODELS) | set(_LAZY))
+
+
+def get_model(name: str, **kwargs: Any) -> nn.Module:
+    """Build the model registered as ``name`` with ``kwargs``.
+
+    Raises
+    ------
+    KeyError
+        If no model has that name; the message lists the available ones.
+    """
+    if name not in _MODELS and name in _LAZY:
+        _LAZY[name]()
+    if name not in _MODELS:
+        raise KeyError(f"unknown model {name!r}; available: {', '.join(available_models())}")
+    return _MODELS[name](**kwargs)
+
+
+def _tensor_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors of the state dict, contiguous, with shared storage copied (safetensors
+    refuses aliases). Non-tensor entries (neuraloperator adds ``_metadata``) are left out:
+    the constructor arguments travel in ``config.json``."""
+    state, seen = {}, set()
+    for key, value in model.state_dict().items():
+        if not torch.is_tensor(value):
+            continue
+        value = value.detach().contiguous()
+        ptr = value.untyped_storage().data_ptr()
+        state[key] = value.clone() if ptr in seen else value
+        seen.add(ptr)
+    return state
+
+
+def save_checkpoint(model: nn.Module, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``model`` to the folder ``path`` atomically.
+
+    The folder is written under a temporary name and renamed into place, so an interrupted
+    save never leaves a folder that looks complete. An existing checkpoint at ``path`` is
+    replaced.
+
+    Parameters
+    ----------
+    model : nn.Module
+        A model built through the registry (it has ``model_config``).
+    path : str or Path
+        Destination folder.
+    extra : dict, optional
+        JSON-serialisable metadata stored beside the config (e.g. the training step).
+    """
+    config = getattr(model, "model_config", None)
+    if config is None:
+        raise ValueError(f"{type(model).__name__} was not built through the model registry: no model_config")
+    try:
+        text = json.dumps({**config, "extra": extra or {}}, indent=1)
+    except TypeError as err:
+        raise ValueError(f"model_config of {config['name']!r} is not JSON-serialisable: {err}") from err
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        safetensors.torch.save_file(_tensor_state(model), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        (tmp / CONFIG_FILE).write_text(text)
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def from_checkpoint(path: str | Path, device: str = "cpu") -> nn.Module:
+    """Rebuild a model from a folder written by `save_checkpoint` (no other input needed)."""
+    path = Path(path)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (path / name).is_file():
+            raise FileNotFoundError(f"{path}: not a checkpoint folder (missing {name})")
+    config = json.loads((path / CONFIG_FILE).read_text())
+    model = get_model(config["name"], **config["kwargs"])
+    model.load_state_dict(safetensors.torch.load_file(str(path / WEIGHTS_FILE), device=device), strict=True)
+    return model.to(device)

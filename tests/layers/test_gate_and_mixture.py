@@ -1,0 +1,125 @@
+import pytest
+import torch
+from torch import nn
+
+from gno_ext.layers import AttentionKernel, GatedKernelMixture, ParameterGate
+
+
+class Counting(nn.Module):
+    """Wraps a kernel and records the batch sizes it was called with."""
+
+    def __init__(self, kernel):
+        super().__init__()
+        self.kernel, self.calls = kernel, []
+
+    def forward(self, x, **kw):
+        self.calls.append(x.shape[0])
+        return self.kernel(x, **kw)
+
+
+def test_routing_outputs():
+    torch.manual_seed(0)
+    gate = ParameterGate(2, 4)
+    r = gate(torch.randn(16, 2))
+    assert r.probs.shape == (16, 4) and torch.allclose(r.probs.sum(1), torch.ones(16))
+    assert torch.equal(r.index, r.probs.argmax(1))
+    assert torch.equal(r.weight, torch.ones(16))  # exactly one in the forward pass
+    assert 1.0 - 1e-6 <= r.balance_loss.item() <= 4.0 + 1e-6
+    with pytest.raises(ValueError, match=r"theta: expected shape \(B, 2\)"):
+        gate(torch.randn(3, 3))
+
+
+def test_balance_loss_is_k_when_all_samples_pick_one_kernel():
+    gate = ParameterGate(1, 4)
+    with torch.no_grad():
+        gate.score[-1].bias.copy_(torch.tensor([50.0, 0, 0, 0]))
+    assert torch.isclose(gate(torch.randn(32, 1)).balance_loss, torch.tensor(4.0), atol=1e-3)
+
+
+def test_only_selected_kernels_run_once_each_and_output_is_the_selected_kernel():
+    torch.manual_seed(1)
+    kernels = [Counting(nn.Linear(6, 6)) for _ in range(4)]
+    mix = GatedKernelMixture(kernels, ParameterGate(1, 4))
+    x, theta = torch.randn(20, 6), torch.linspace(-3, 3, 20)[:, None]
+    y = mix(x, theta)
+    index = mix.last_routing.index
+    for k, kernel in enumerate(kernels):
+        n_k = int((index == k).sum())
+        assert kernel.calls == ([n_k] if n_k else [])
+        sel = index == k
+        if n_k:
+            assert torch.equal(y[sel], kernel.kernel(x[sel]))
+
+
+def test_gradients_reach_selected_kernels_and_the_gate_but_not_unselected_kernels():
+    torch.manual_seed(2)
+    kernels = [nn.Linear(4, 4) for _ in range(3)]
+    gate = ParameterGate(1, 3)
+    gate.score = nn.Linear(1, 3)  # scores (-theta, -100, theta): kernel 0 for theta < 0, 2 for theta > 0
+    with torch.no_grad():
+        gate.score.weight.copy_(torch.tensor([[-1.0], [0.0], [1.0]]))
+        gate.score.bias.copy_(torch.tensor([0.0, -100.0, 0.0]))
+    mix = GatedKernelMixture(kernels, gate)
+    theta = torch.cat([torch.full((4, 1), -5.0), torch.full((4, 1), 5.0)])
+    mix(torch.randn(8, 4), theta).pow(2).sum().backward()
+    used = set(mix.last_routing.index.tolist())
+    assert 1 not in used and len(used) == 2
+    for k, kernel in enumerate(kernels):
+        assert (kernel.weight.grad is not None) == (k in used)
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in gate.parameters())
+
+
+def test_kernel_keyword_tensors_are_split_with_the_batch():
+    torch.manual_seed(3)
+    kernels = [AttentionKernel(8, 2) for _ in range(2)]
+    mix = GatedKernelMixture(kernels, ParameterGate(1, 2)).eval()
+    x, ctx = torch.randn(6, 5, 8), torch.randn(6, 3, 8)
+    theta = torch.linspace(-4, 4, 6)[:, None]
+    y = mix(x, theta, context=ctx)
+    for i in range(6):
+        k = int(mix.last_routing.index[i])
+        assert torch.allclose(y[i], kernels[k](x[i : i + 1], ctx[i : i + 1])[0], atol=1e-6)
+
+
+def test_gate_learns_to_route_two_regimes_to_two_kernels():
+    torch.manual_seed(4)
+
+    class Scale(nn.Module):
+        def __init__(self, s):
+            super().__init__()
+            self.s = s
+
+        def forward(self, x):
+            return self.s * x
+
+    mix = GatedKernelMixture([Scale(1.0), Scale(-1.0)], ParameterGate(1, 2, hidden=16))
+    opt = torch.optim.Adam(mix.gate.parameters(), lr=1e-2)
+    for _ in range(300):
+        theta = torch.rand(64, 1) * 2 - 1
+        x = torch.randn(64, 3)
+        target = torch.where(theta < 0, x, -x)  # regime theta < 0 -> kernel 0, else kernel 1
+        loss = (mix(x, theta) - target).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    theta = torch.linspace(-1, 1, 41)[:, None]
+    index = mix.gate(theta).index
+    far = theta[:, 0].abs() > 0.1
+    assert torch.equal(index[far], (theta[far, 0] > 0).long())
+
+
+def test_mismatched_kernel_count():
+    with pytest.raises(ValueError, match="chooses among 3 kernels, got 2"):
+        GatedKernelMixture([nn.Identity(), nn.Identity()], ParameterGate(1, 3))
+
+
+def test_attention_kernel_uses_context_and_is_batch_independent():
+    torch.manual_seed(5)
+    att = AttentionKernel(16, 4)
+    x, ctx = torch.randn(3, 7, 16), torch.randn(3, 2, 16)
+    y = att(x, ctx)
+    assert y.shape == (3, 7, 16)
+    assert not torch.allclose(y, att(x, ctx + 1.0))
+    assert torch.allclose(y[0], att(x[:1], ctx[:1])[0], atol=1e-6)
+    with pytest.raises(ValueError, match="not divisible"):
+        AttentionKernel(10, 3)

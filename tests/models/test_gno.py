@@ -1,0 +1,191 @@
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+
+from gno_ext.models import (
+    GNO,
+    available_models,
+    from_checkpoint,
+    get_model,
+    save_checkpoint,
+)
+from gno_ext.schema import BoundarySpec, Grid, PDEBatch
+
+REFERENCE = Path(__file__).parent / "data" / "gno_reference.safetensors"
+
+
+def tiny(**kw):
+    args = dict(latent=32, patch=8, depth=2, heads=4, mlp_ratio=2.0, n_kernels=3, gate_hidden=8)
+    args.update(kw)
+    return GNO(**args)
+
+
+def bc_mixed(batch, values=(1.0, -2.0, 0.0, 0.5)):
+    return BoundarySpec.from_types(["dirichlet", "neumann", "robin", "periodic"][:2] + ["dirichlet", "neumann"],
+                                   list(values), batch_size=batch)
+
+
+@pytest.mark.parametrize("ndim,shape", [(2, (32, 32)), (2, (64, 32)), (2, (16, 48)), (3, (16, 16, 16)), (3, (8, 16, 8))])
+def test_shapes_in_2d_and_3d(ndim, shape):
+    torch.manual_seed(0)
+    model = tiny(ndim=ndim, patch=8 if ndim == 2 else 4, in_channels=2, n_params=2, field_channels=ndim)
+    b = 3
+    u = torch.randn(b, 1, 2, *shape)
+    kinds = ["dirichlet", "neumann"] * ndim
+    y = model(u, theta=torch.rand(b, 2), theta_field=torch.randn(b, ndim, *shape),
+              bc=BoundarySpec.from_types(kinds, 1.0, batch_size=b))
+    assert y.shape == (b, 1, 2, *shape)
+
+
+def test_forward_accepts_a_batch_and_rolls_out():
+    torch.manual_seed(1)
+    model = tiny().eval()
+    grid = Grid((32, 32))
+    batch = PDEBatch(u_in=torch.randn(2, 1, 1, 32, 32), u_out=torch.randn(2, 1, 1, 32, 32), theta=torch.rand(2, 1),
+                     bc=bc_mixed(2), grid=grid, dt=torch.ones(2))
+    y = model(batch)
+    assert torch.equal(y, model(batch.u_in, batch.theta, None, batch.bc, grid))
+    roll = model.rollout(batch, 3)
+    assert roll.shape == (2, 3, 1, 32, 32) and torch.equal(roll[:, :1], y)
+
+
+def test_every_parameter_gets_a_gradient_except_unselected_kernels():
+    torch.manual_seed(2)
+    model = tiny(field_channels=2)
+    b = 8
+    u = torch.randn(b, 1, 1, 32, 32)
+    y = model(u, theta=torch.linspace(0.1, 10, b)[:, None], theta_field=torch.randn(b, 2, 32, 32), bc=bc_mixed(b))
+    (y.pow(2).mean() + 0.01 * model.balance_loss()).backward()
+    allowed = set()
+    for blk in model.blocks:
+        used = set(blk.mixture.last_routing.index.tolist())
+        for k, kernel in enumerate(blk.mixture.kernels):
+            if k not in used:
+                allowed |= {id(p) for p in kernel.parameters()}
+    missing = [n for n, p in model.named_parameters() if p.grad is None and id(p) not in allowed]
+    assert missing == []
+    for n, p in model.named_parameters():
+        if id(p) in allowed:
+            assert p.grad is None, n
+
+
+def test_batch_independence():
+    torch.manual_seed(3)
+    model = tiny(n_params=1).eval()
+    u, theta = torch.randn(4, 1, 1, 32, 32), torch.rand(4, 1)
+    bc = bc_mixed(4)
+    y = model(u, theta=theta, bc=bc)
+    u2 = u.clone()
+    u2[1:] = torch.randn(3, 1, 1, 32, 32)
+    theta2 = theta.clone()
+    theta2[1:] = torch.rand(3, 1)
+    y2 = model(u2, theta=theta2, bc=bc)
+    assert torch.allclose(y[0], y2[0], atol=1e-6)
+
+
+def test_different_parameters_route_to_different_kernels_and_change_the_output():
+    torch.manual_seed(4)
+    model = tiny(n_kernels=4, log_params=[True]).eval()
+    model.param_norm.fit(torch.logspace(-2, 0, 50)[:, None])
+    theta = torch.logspace(-2, 0, 64)[:, None]
+    u = torch.randn(1, 1, 1, 32, 32).expand(64, -1, -1, -1, -1)
+    y = model(u, theta=theta, bc=BoundarySpec.periodic(2, 64))
+    routes = [set(blk.mixture.last_routing.index.tolist()) for blk in model.blocks]
+    assert any(len(r) > 1 for r in routes)
+    assert (y[0] - y[-1]).abs().max() > 1e-4
+
+
+def test_changing_only_boundary_data_changes_the_output_near_that_boundary():
+    torch.manual_seed(5)
+    model = tiny().eval()
+    u, theta = torch.randn(1, 1, 1, 32, 32), torch.rand(1, 1)
+    base = model(u, theta=theta, bc=bc_mixed(1, (1.0, 0.0, 0.0, 0.0)))
+    moved = model(u, theta=theta, bc=bc_mixed(1, (5.0, 0.0, 0.0, 0.0)))  # only the x- Dirichlet value
+    near = (moved - base)[..., :8, :].abs().mean()  # the patch column at x-
+    assert near > 1e-4
+    ablated = tiny(boundary_transfer=False).eval()
+    a = ablated(u, theta=theta, bc=bc_mixed(1, (1.0, 0.0, 0.0, 0.0)))
+    assert torch.equal(a, ablated(u, theta=theta, bc=bc_mixed(1, (5.0, 0.0, 0.0, 0.0))))
+
+
+def test_tiny_gno_overfits_a_handful_of_samples():
+    torch.manual_seed(6)
+    model = tiny(latent=48, depth=2)
+    u = torch.randn(4, 1, 1, 16, 16)
+    theta = torch.tensor([[0.1], [0.2], [0.8], [0.9]])
+    target = u + 0.3 * torch.roll(u, 1, -1) * theta[:, :, None, None, None]
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    bc = BoundarySpec.periodic(2, 4)
+    first = None
+    for _ in range(300):
+        loss = (model(u, theta=theta, bc=bc) - target).pow(2).mean()
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.01 * first
+
+
+def test_checkpoint_round_trip(tmp_path):
+    torch.manual_seed(7)
+    model = tiny(n_params=2, log_params=[True, False]).eval()
+    model.fit_normalization(torch.randn(10, 1, 1, 32, 32) * 3 + 1, torch.rand(10, 2) + 0.1)
+    path = save_checkpoint(model, tmp_path / "step_10", extra={"step": 10})
+    loaded = from_checkpoint(path).eval()
+    assert loaded.model_config == model.model_config
+    u, theta, bc = torch.randn(2, 1, 1, 32, 32), torch.rand(2, 2) + 0.1, bc_mixed(2)
+    assert torch.equal(model(u, theta=theta, bc=bc), loaded(u, theta=theta, bc=bc))
+    assert torch.equal(loaded.u_std, model.u_std)
+    save_checkpoint(model, path)  # overwriting keeps one complete folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_10"]
+    with pytest.raises(FileNotFoundError, match="missing config.json"):
+        from_checkpoint(tmp_path)
+
+
+def test_registry():
+    assert {"gno", "gated_fno"} <= set(available_models())
+    assert isinstance(get_model("gno", latent=32, patch=8, depth=1, heads=4), GNO)
+    with pytest.raises(KeyError, match="unknown model 'gnoo'; available: .*gno"):
+        get_model("gnoo")
+
+
+def test_paper_defaults():
+    model = GNO()
+    assert len(model.blocks) == 8 and model.patch == 16
+    blk = model.blocks[0]
+    assert len(blk.mixture.kernels) == 4 and blk.mixture.kernels[0].heads == 8
+    assert blk.mixture.gate.score[0].out_features == 32
+    assert blk.mlp[0].out_features == 4 * 256
+
+
+def test_bad_input():
+    model = tiny()
+    with pytest.raises(ValueError, match=r"u_in: expected shape \(B, 1, 1, \*S\)"):
+        model(torch.randn(2, 1, 32, 32), theta=torch.rand(2, 1))
+    with pytest.raises(ValueError, match=r"theta: expected shape \(2, 1\), got None"):
+        model(torch.randn(2, 1, 1, 32, 32))
+    with pytest.raises(ValueError, match="not divisible by the patch size 8"):
+        model(torch.randn(2, 1, 1, 30, 32), theta=torch.rand(2, 1))
+    with pytest.raises(ValueError, match="needs something to gate on"):
+        GNO(n_params=0, n_kernels=2)
+
+
+def reference_case():
+    torch.manual_seed(1234)
+    model = tiny(n_params=1).eval()
+    g = torch.Generator().manual_seed(99)
+    u = torch.randn(2, 1, 1, 16, 16, generator=g)
+    theta = torch.rand(2, 1, generator=g)
+    with torch.no_grad():
+        return model(u, theta=theta, bc=bc_mixed(2))
+
+
+def test_committed_reference_output():
+    expected = safetensors.torch.load_file(REFERENCE)["output"]
+    assert torch.allclose(reference_case(), expected, atol=1e-5, rtol=1e-4)
+
+
+if __name__ == "__main__":  # regenerate after an intended change of the model
+    safetensors.torch.save_file({"output": reference_case()}, REFERENCE)
