@@ -84,7 +84,7 @@ def dro_from_group_sums(sums: Tensor, counts: Tensor, tau: float) -> Tensor:
     means = sums[present] / counts[present]
     centre = means.mean()
     dev = tau * (means - centre)
-    if float(dev.abs().max()) < 1.0:
+    if float(dev.detach().abs().max()) < 1.0:
         # small tau: log(mean(exp(dev))) by expm1/log1p, free of the cancellation of logsumexp - log n
         return centre + torch.log1p(torch.expm1(dev).mean()) / tau
     return centre + (torch.logsumexp(dev, 0) - math.log(int(present.sum()))) / tau

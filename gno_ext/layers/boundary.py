@@ -97,29 +97,36 @@ def edge_tokens(tokens: Tensor, grid_tokens: Sequence[int]) -> Tensor:
 class BoundaryTransfer(nn.Module):
     """Boundary description and near-boundary latent state to latent Dirichlet tokens.
 
+    The operator is light: it works at width ``width`` (default ``dim / 4``) and projects to
+    ``dim`` at the end, so it costs about one ``dim x dim`` product per boundary token.
+
     Parameters
     ----------
     dim : int
-        Token width ``D``.
+        Token width ``D`` of the model.
     ndim : int
         Spatial dimension of the box.
+    width : int, optional
+        Inner width of the attention and MLP (default ``max(dim // 4, 16)``).
     hidden_ratio : float
-        Width of the MLP after the attention, relative to ``dim``.
+        Width of the MLP after the attention, relative to ``width``.
     """
 
-    def __init__(self, dim: int, ndim: int, hidden_ratio: float = 2.0) -> None:
+    def __init__(self, dim: int, ndim: int, width: int | None = None, hidden_ratio: float = 2.0) -> None:
         super().__init__()
+        w = width or max(dim // 4, 16)
         self.ndim = ndim
-        self.type_embedding = nn.Embedding(len(BCType), dim)
-        self.face_embedding = nn.Embedding(2 * ndim, dim)
-        self.data = nn.Linear(N_DATA_FEATURES, dim)
-        self.position = nn.Linear(max(ndim - 1, 1), dim)
-        self.state = nn.Linear(dim, dim)
-        self.norm = nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.out = nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, int(hidden_ratio * dim)), nn.GELU(),
-                                 nn.Linear(int(hidden_ratio * dim), dim))
+        self.type_embedding = nn.Embedding(len(BCType), w)
+        self.face_embedding = nn.Embedding(2 * ndim, w)
+        self.data = nn.Linear(N_DATA_FEATURES, w)
+        self.position = nn.Linear(max(ndim - 1, 1), w)
+        self.state = nn.Linear(dim, w)
+        self.norm = nn.LayerNorm(w)
+        self.qkv = nn.Linear(w, 3 * w)
+        self.attn_out = nn.Linear(w, w)
+        self.mlp = nn.Sequential(nn.LayerNorm(w), nn.Linear(w, int(hidden_ratio * w)), nn.GELU(),
+                                 nn.Linear(int(hidden_ratio * w), w))
+        self.out = nn.Linear(w, dim)
 
     def forward(self, features: tuple[Tensor, Tensor, Tensor, Tensor], state: Tensor) -> Tensor:
         """Latent Dirichlet tokens.
@@ -139,5 +146,5 @@ class BoundaryTransfer(nn.Module):
         x = (self.type_embedding(kind) + self.face_embedding(face) + self.data(data.to(state.dtype))
              + self.position(position.to(state.dtype)) + self.state(state))
         q, k, v = self.qkv(self.norm(x)).chunk(3, -1)
-        x = x + self.out(F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0])
-        return x + self.mlp(x)
+        x = x + self.attn_out(F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0])
+        return self.out(x + self.mlp(x))

@@ -1,0 +1,132 @@
+"""Speed, memory and achieved TFLOP/s of the GNO (paper size) against a single-kernel stand-in.
+
+For each model, batch size and mode (eager / ``torch.compile``) it times, in bf16 autocast:
+the forward pass (no grad) and a full training step (forward, backward, AdamW step). One
+warm-up, then the median of ``--repeats`` CUDA-synchronised runs. FLOPs are counted once per
+configuration with ``torch.utils.flop_counter.FlopCounterMode`` on a training step; TFLOP/s is
+that count over the median step time.
+
+Models:
+* ``gno``: paper defaults (K = 4 kernels, boundary transfer).
+* ``vit-standin``: the same backbone with one kernel and no boundary transfer.
+
+The parameters of the batch are spread over [0.01, 1] (log scale) and the boundaries mix
+Dirichlet and Neumann faces; the table reports how many kernels each block actually used.
+
+    python recipes/bench_model.py --device cuda --batch 1 256 --out docs/benchmarks/model_h100.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from gno_ext.models import GNO
+from gno_ext.schema import BoundarySpec
+
+MODELS = {
+    "gno": {},
+    "vit-standin": {"n_kernels": 1, "boundary_transfer": False},
+}
+
+
+def make_inputs(batch: int, size: int, device: str) -> dict:
+    g = torch.Generator().manual_seed(0)
+    theta = torch.logspace(-2, 0, batch)[:, None] if batch > 1 else torch.tensor([[0.1]])
+    kinds = torch.tensor([1, 1, 2, 2]).repeat(batch, 1)
+    values = (torch.rand(batch, 4, 2, 1, generator=g) * 20 - 10)
+    return {"u": torch.randn(batch, 1, 1, size, size, generator=g).to(device), "theta": theta.to(device),
+            "bc": BoundarySpec(kinds, values).to(device)}
+
+
+def timed(fn, repeats: int, device: str) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench(name: str, batch: int, compiled: bool, size: int, device: str, repeats: int) -> dict:
+    torch.manual_seed(0)
+    model = GNO(**MODELS[name]).to(device)
+    model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].to(device))
+    net = torch.compile(model) if compiled else model
+    x = make_inputs(batch, size, device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+    target = x["u"] + 0.01
+
+    def forward() -> None:
+        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+            net(x["u"], theta=x["theta"], bc=x["bc"])
+
+    def step() -> None:
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = (net(x["u"], theta=x["theta"], bc=x["bc"]).float() - target).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    with FlopCounterMode(display=False) as counter:
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = (model(x["u"], theta=x["theta"], bc=x["bc"]).float() - target).pow(2).mean()
+        loss.backward()
+    flops = counter.get_total_flops()
+    kernels_used = [len(set(b.mixture.last_routing.index.tolist())) if b.mixture is not None else 1
+                    for b in model.blocks]
+    opt.zero_grad(set_to_none=True)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t_fwd = timed(forward, repeats, device)
+    t_step = timed(step, repeats, device)
+    memory = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    return {"model": name, "batch": batch, "compiled": compiled, "forward_ms": 1e3 * t_fwd,
+            "step_ms": 1e3 * t_step, "train_tflops": flops / t_step / 1e12, "step_gflop": flops / 1e9,
+            "peak_gib": memory, "kernels_used": kernels_used,
+            "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 256])
+    parser.add_argument("--size", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    meta = {"device": name, "torch": torch.__version__, "size": args.size}
+    rows = []
+    print(f"device: {name}, torch {torch.__version__}, grid {args.size}^2, bf16 autocast")
+    print(f"{'model':12s} {'batch':>5s} {'mode':>8s} {'fwd ms':>8s} {'step ms':>8s} {'TFLOP/s':>8s} "
+          f"{'GFLOP':>8s} {'GiB':>6s}  kernels used per block")
+    for batch in args.batch:
+        for mode in args.modes:
+            for model in args.models:
+                r = bench(model, batch, mode == "compiled", args.size, args.device, args.repeats)
+                rows.append(r)
+                print(f"{model:12s} {batch:5d} {mode:>8s} {r['forward_ms']:8.3f} {r['step_ms']:8.3f} "
+                      f"{r['train_tflops']:8.1f} {r['step_gflop']:8.1f} {r['peak_gib']:6.2f}  {r['kernels_used']}",
+                      flush=True)
+                if args.out:
+                    args.out.parent.mkdir(parents=True, exist_ok=True)
+                    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
