@@ -14,8 +14,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["AttentionKernel"]
+__all__ = ["AttentionKernel", "SDPA_BACKENDS"]
+
+# cuDNN attention builds an execution plan per input shape; the per-kernel sub-batches of a
+# gated mixture change shape every step, so its plan building (tens of ms per call) would
+# dominate. The flash and memory-efficient kernels have no such cost.
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class AttentionKernel(nn.Module):
@@ -58,5 +64,6 @@ class AttentionKernel(nn.Module):
         source = x if context is None else torch.cat([x, context], 1)
         q = self.q(x).view(b, n, self.heads, -1).transpose(1, 2)
         k, v = self.kv(source).view(b, source.shape[1], 2, self.heads, -1).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v)
+        with sdpa_kernel(SDPA_BACKENDS):
+            y = F.scaled_dot_product_attention(q, k, v)
         return self.out(y.transpose(1, 2).reshape(b, n, d))

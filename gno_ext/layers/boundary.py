@@ -21,7 +21,9 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import sdpa_kernel
 
+from gno_ext.layers.attention import SDPA_BACKENDS
 from gno_ext.schema import BCType, BoundarySpec, Grid, face_view
 
 __all__ = ["BoundaryTransfer", "boundary_features"]
@@ -146,5 +148,7 @@ class BoundaryTransfer(nn.Module):
         x = (self.type_embedding(kind) + self.face_embedding(face) + self.data(data.to(state.dtype))
              + self.position(position.to(state.dtype)) + self.state(state))
         q, k, v = self.qkv(self.norm(x)).chunk(3, -1)
-        x = x + self.attn_out(F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0])
+        with sdpa_kernel(SDPA_BACKENDS):
+            attn = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]
+        x = x + self.attn_out(attn)
         return self.out(x + self.mlp(x))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ParameterGate", "Routing"]
+__all__ = ["ParameterGate", "Routing", "plan_all"]
 
 
 @dataclass
@@ -47,6 +47,21 @@ class Routing:
     index: Tensor
     weight: Tensor
     balance_loss: Tensor
+    plan: tuple[Tensor, list[int], Tensor] | None = None
+
+    def make_plan(self, counts: list[int] | None = None) -> tuple[Tensor, list[int], Tensor]:
+        """Order of the batch by kernel: ``(perm, counts, inverse)``.
+
+        ``perm`` sorts samples by selected kernel, ``counts[k]`` is the number of samples of
+        kernel ``k`` (a host list: the one synchronisation of a dispatch; pass ``counts`` to
+        reuse a list fetched for several routings at once) and ``inverse`` undoes ``perm``.
+        """
+        if self.plan is None:
+            if counts is None:
+                counts = torch.bincount(self.index, minlength=self.probs.shape[1]).tolist()
+            perm = torch.argsort(self.index, stable=True)
+            self.plan = (perm, counts, torch.argsort(perm))
+        return self.plan
 
 
 class ParameterGate(nn.Module):
@@ -101,3 +116,15 @@ class ParameterGate(nn.Module):
         load = torch.bincount(index, minlength=self.n_kernels).to(probs.dtype) / max(len(index), 1)
         balance = self.n_kernels * (load * probs.mean(0)).sum()
         return Routing(probs, index, weight, balance)
+
+
+def plan_all(routings: list[Routing]) -> None:
+    """Make the dispatch plans of several routings with a single device-to-host transfer."""
+    if not routings:
+        return
+    k = routings[0].probs.shape[1]
+    offsets = torch.arange(len(routings), device=routings[0].index.device)[:, None] * k
+    flat = (torch.stack([r.index for r in routings]) + offsets).flatten()
+    counts = torch.bincount(flat, minlength=len(routings) * k).view(len(routings), k).tolist()
+    for routing, c in zip(routings, counts):
+        routing.make_plan(c)

@@ -39,20 +39,21 @@ def dispatch(kernels: Sequence[nn.Module], routing: Routing, x: Tensor, **kernel
         Input of the kernels.
     """
     batch = x.shape[0]
-    order, outputs = [], []
+    perm, counts, inverse = routing.make_plan()
+    is_batch = lambda v: torch.is_tensor(v) and v.ndim > 0 and v.shape[0] == batch
+    scale = lambda y, w: y * w.to(y.dtype).view(-1, *([1] * (y.ndim - 1)))
+    if max(counts) == batch:  # one kernel for the whole batch: no reordering
+        return scale(kernels[counts.index(batch)](x, **kernel_kwargs), routing.weight)
+    split = lambda t: t.index_select(0, perm).split(counts)
+    xs, ws = split(x), split(routing.weight)
+    kws = {name: split(v) if is_batch(v) else v for name, v in kernel_kwargs.items()}
+    outputs = []
     for k, kernel in enumerate(kernels):
-        idx = torch.nonzero(routing.index == k).squeeze(1)
-        if idx.numel() == 0:
+        if counts[k] == 0:
             continue
-        kwargs = {name: value.index_select(0, idx) if torch.is_tensor(value) and value.ndim > 0
-                  and value.shape[0] == batch else value for name, value in kernel_kwargs.items()}
-        y = kernel(x if idx.numel() == batch else x.index_select(0, idx), **kwargs)
-        outputs.append(y * routing.weight.index_select(0, idx).to(y.dtype).view(-1, *([1] * (y.ndim - 1))))
-        order.append(idx)
-    if len(outputs) == 1:
-        return outputs[0]
-    perm = torch.cat(order)
-    return torch.cat(outputs).index_select(0, torch.argsort(perm))
+        kw = {name: v[k] if isinstance(v, tuple) else v for name, v in kws.items()}
+        outputs.append(scale(kernel(xs[k], **kw), ws[k]))
+    return torch.cat(outputs).index_select(0, inverse)
 
 
 class GatedKernelMixture(nn.Module):

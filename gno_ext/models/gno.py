@@ -31,7 +31,7 @@ from gno_ext.layers.embeddings import (
     sincos_position,
     token_shape,
 )
-from gno_ext.layers.gate import ParameterGate
+from gno_ext.layers.gate import ParameterGate, Routing, plan_all
 from gno_ext.layers.mixture import GatedKernelMixture
 from gno_ext.models.registry import register_model
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch
@@ -78,9 +78,10 @@ class GNOBlock(nn.Module):
         hidden = int(mlp_ratio * dim)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
 
-    def forward(self, x: Tensor, theta_token: Tensor, gate_input: Tensor | None,
+    def forward(self, x: Tensor, theta_token: Tensor, routing: Routing | None,
                 boundary: tuple[Tensor, ...] | None, grid_tokens: Sequence[int]) -> Tensor:
-        """Update tokens ``x`` (B, N, D) given the parameter token (B, 1, D) and boundary features."""
+        """Update tokens ``x`` (B, N, D) given the parameter token (B, 1, D), the routing of this
+        block's gate (computed by the model for all blocks at once) and boundary features."""
         context = theta_token
         h_mean = torch.zeros_like(theta_token)
         if self.boundary is not None and boundary is not None:
@@ -90,7 +91,7 @@ class GNOBlock(nn.Module):
         context = self.context_norm(context)
         xn = self.norm(x)
         if self.mixture is not None:
-            integral = self.mixture(xn, gate_input, context=context)
+            integral = self.mixture(xn, None, routing=routing, context=context)
         else:
             integral = self.kernel(xn, context)
         local = self.local_state(xn) + self.local_context(torch.cat([theta_token, h_mean], -1))
@@ -237,12 +238,16 @@ class GNO(nn.Module):
             gate_parts += [theta_field.mean(dims).to(x.dtype), theta_field.pow(2).mean(dims).sqrt().to(x.dtype)]
         gate_input = torch.cat(gate_parts, 1) if gate_parts else None
         theta_token = self.theta_embed(gate_input if gate_input is not None else x.new_zeros(b, 1))[:, None]
+        routings = [blk.mixture.gate(gate_input) for blk in self.blocks if blk.mixture is not None]
+        plan_all(routings)  # one device-to-host transfer for the dispatch of every block
+        routing_of = iter(routings)
         features = None
         if self.boundary_transfer:
             bc = bc if bc is not None else BoundarySpec.periodic(self.ndim, b).to(x.device)
             features = boundary_features(bc.to(x.device), grid, self.patch, self.u_std.mean())
         for block in self.blocks:
-            tokens = block(tokens, theta_token, gate_input, features, grid_tokens)
+            routing = next(routing_of) if block.mixture is not None else None
+            tokens = block(tokens, theta_token, routing, features, grid_tokens)
         delta = self.project(tokens, grid_tokens)[:, None]
         if self.out_channels == self.in_channels:
             return u_in[:, -1:] + delta * std

@@ -48,7 +48,7 @@ def test_only_selected_kernels_run_once_each_and_output_is_the_selected_kernel()
         assert kernel.calls == ([n_k] if n_k else [])
         sel = index == k
         if n_k:
-            assert torch.equal(y[sel], kernel.kernel(x[sel]))
+            assert torch.allclose(y[sel], kernel.kernel(x[sel]), atol=1e-6, rtol=0)  # BLAS blocking only
 
 
 def test_gradients_reach_selected_kernels_and_the_gate_but_not_unselected_kernels():
