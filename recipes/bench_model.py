@@ -1,6 +1,7 @@
 """Speed, memory and achieved TFLOP/s of the GNO (paper size) against a single-kernel stand-in.
 
-For each model, batch size and mode (eager / ``torch.compile``) it times, in bf16 autocast:
+For each model, batch size and mode (eager; ``torch.compile``; ``torch.compile`` with CUDA
+graphs, ``mode="reduce-overhead"``) it times, in bf16 autocast:
 the forward pass (no grad) and a full training step (forward, backward, AdamW step). One
 warm-up, then the median of ``--repeats`` CUDA-synchronised runs. FLOPs are counted once per
 configuration with ``torch.utils.flop_counter.FlopCounterMode`` on a training step; TFLOP/s is
@@ -59,20 +60,25 @@ def timed(fn, repeats: int, device: str) -> float:
     return statistics.median(times)
 
 
-def bench(name: str, batch: int, compiled: bool, size: int, device: str, repeats: int) -> dict:
+def bench(name: str, batch: int, mode: str, size: int, device: str, repeats: int) -> dict:
     torch.manual_seed(0)
     model = GNO(**MODELS[name]).to(device)
     model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].to(device))
-    net = torch.compile(model) if compiled else model
+    graphs = mode == "graphs"
+    net = model if mode == "eager" else torch.compile(model, mode="reduce-overhead" if graphs else None)
     x = make_inputs(batch, size, device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     target = x["u"] + 0.01
 
     def forward() -> None:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
             net(x["u"], theta=x["theta"], bc=x["bc"])
 
     def step() -> None:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast(device, dtype=torch.bfloat16):
             loss = (net(x["u"], theta=x["theta"], bc=x["bc"]).float() - target).pow(2).mean()
         opt.zero_grad(set_to_none=True)
@@ -92,7 +98,7 @@ def bench(name: str, batch: int, compiled: bool, size: int, device: str, repeats
     t_fwd = timed(forward, repeats, device)
     t_step = timed(step, repeats, device)
     memory = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
-    return {"model": name, "batch": batch, "compiled": compiled, "forward_ms": 1e3 * t_fwd,
+    return {"model": name, "batch": batch, "mode": mode, "forward_ms": 1e3 * t_fwd,
             "step_ms": 1e3 * t_step, "train_tflops": flops / t_step / 1e12, "step_gflop": flops / 1e9,
             "peak_gib": memory, "kernels_used": kernels_used,
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
@@ -104,7 +110,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 256])
     parser.add_argument("--size", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
+    parser.add_argument("--modes", nargs="+", default=["eager", "compiled", "graphs"],
+                        choices=["eager", "compiled", "graphs"])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -118,7 +125,7 @@ def main() -> None:
     for batch in args.batch:
         for mode in args.modes:
             for model in args.models:
-                r = bench(model, batch, mode == "compiled", args.size, args.device, args.repeats)
+                r = bench(model, batch, mode, args.size, args.device, args.repeats)
                 rows.append(r)
                 print(f"{model:12s} {batch:5d} {mode:>8s} {r['forward_ms']:8.3f} {r['step_ms']:8.3f} "
                       f"{r['train_tflops']:8.1f} {r['step_gflop']:8.1f} {r['peak_gib']:6.2f}  {r['kernels_used']}",

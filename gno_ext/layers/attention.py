@@ -11,12 +11,14 @@ context tokens (the embedded parameters and the latent boundary tokens).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["AttentionKernel", "SDPA_BACKENDS"]
+__all__ = ["AttentionKernel", "SDPA_BACKENDS", "mixed_attention"]
 
 # cuDNN attention builds an execution plan per input shape; the per-kernel sub-batches of a
 # gated mixture change shape every step, so its plan building (tens of ms per call) would
@@ -67,3 +69,44 @@ class AttentionKernel(nn.Module):
         with sdpa_kernel(SDPA_BACKENDS):
             y = F.scaled_dot_product_attention(q, k, v)
         return self.out(y.transpose(1, 2).reshape(b, n, d))
+
+
+def _stacked(kernels: Sequence[AttentionKernel], name: str, index: Tensor) -> tuple[Tensor, Tensor | None]:
+    layers = [getattr(k, name) for k in kernels]
+    weight = torch.stack([lin.weight for lin in layers])[index].transpose(1, 2)  # (B, in, out)
+    bias = torch.stack([lin.bias for lin in layers])[index][:, None] if layers[0].bias is not None else None
+    return weight, bias
+
+
+def _apply(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return torch.bmm(x, weight) if bias is None else torch.baddbmm(bias, x, weight)
+
+
+def mixed_attention(kernels: Sequence[AttentionKernel], index: Tensor, x: Tensor,
+                    context: Tensor | None = None) -> Tensor:
+    """Each sample's selected `AttentionKernel`, for the whole batch in one pass.
+
+    Sample ``i`` is computed with the projection weights of ``kernels[index[i]]`` only (the
+    weights are gathered per sample), so the result equals running each kernel on its own
+    samples, but with static shapes and no host synchronisation: one batched product per
+    projection and one attention call for the batch, which ``torch.compile`` can capture in
+    a CUDA graph. Unselected kernels receive zero gradient.
+
+    Parameters
+    ----------
+    kernels : sequence of AttentionKernel
+        Kernels of identical shape.
+    index : Tensor, shape (B,), long
+        Selected kernel per sample.
+    x : Tensor, shape (B, N, D)
+    context : Tensor, shape (B, M, D), optional
+    """
+    b, n, d = x.shape
+    heads = kernels[0].heads
+    source = x if context is None else torch.cat([x, context], 1)
+    q = _apply(x, *_stacked(kernels, "q", index)).view(b, n, heads, -1).transpose(1, 2)
+    kv = _apply(source, *_stacked(kernels, "kv", index))
+    k, v = kv.view(b, source.shape[1], 2, heads, -1).permute(2, 0, 3, 1, 4)
+    with sdpa_kernel(SDPA_BACKENDS):
+        y = F.scaled_dot_product_attention(q, k, v)
+    return _apply(y.transpose(1, 2).reshape(b, n, d), *_stacked(kernels, "out", index))

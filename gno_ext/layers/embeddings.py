@@ -111,10 +111,9 @@ class ParameterNormalizer(nn.Module):
         self.register_buffer("sigma", torch.ones(n_params))
 
     def _transform(self, theta: Tensor) -> Tensor:
-        if self.log_scale.any():
-            if ((theta <= 0) & self.log_scale).any():
-                raise ValueError("theta: a log-scaled parameter must be positive")
-            theta = torch.where(self.log_scale, theta.clamp_min(1e-30).log(), theta)
+        if not torch.compiler.is_compiling() and ((theta <= 0) & self.log_scale).any():
+            raise ValueError("theta: a log-scaled parameter must be positive")
+        theta = torch.where(self.log_scale, theta.clamp_min(1e-30).log(), theta)
         return theta
 
     @torch.no_grad()

@@ -113,7 +113,8 @@ class ParameterGate(nn.Module):
         index = choice.argmax(-1)
         picked = probs.gather(1, index[:, None]).squeeze(1)
         weight = 1.0 + picked - picked.detach()
-        load = torch.bincount(index, minlength=self.n_kernels).to(probs.dtype) / max(len(index), 1)
+        # one_hot instead of bincount: no device-to-host synchronisation
+        load = torch.nn.functional.one_hot(index, self.n_kernels).to(probs.dtype).mean(0)
         balance = self.n_kernels * (load * probs.mean(0)).sum()
         return Routing(probs, index, weight, balance)
 

@@ -7,6 +7,11 @@ $$
 evaluated by dispatch: the batch is split by selected kernel, each kernel runs once on its
 own samples, and the outputs are put back in batch order. Unselected kernels do not run (their
 parameters get no gradient in that step).
+
+For a mixture of `AttentionKernel`s of one shape (the GNO's case) the same result is computed
+in one static-shape pass, `mixed_attention`: every sample uses its selected kernel's weights
+only (gathered per sample), with no host synchronisation, so the model compiles into CUDA
+graphs; unselected kernels then receive zero (not missing) gradients.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from gno_ext.layers.attention import AttentionKernel, mixed_attention
 from gno_ext.layers.gate import ParameterGate, Routing
 
 __all__ = ["GatedKernelMixture", "dispatch"]
@@ -87,6 +93,9 @@ class GatedKernelMixture(nn.Module):
         self.kernels = nn.ModuleList(kernels)
         self.gate = gate
         self.last_routing: Routing | None = None
+        # Attention kernels of one shape run in one static-shape pass (`mixed_attention`).
+        self.stacked = all(isinstance(k, AttentionKernel) for k in kernels) and len(
+            {(k.heads, k.q.weight.shape, k.q.bias is None) for k in kernels}) == 1
 
     def forward(self, x: Tensor, theta: Tensor, routing: Routing | None = None, **kernel_kwargs: Any) -> Tensor:
         """Apply the mixture.
@@ -104,4 +113,7 @@ class GatedKernelMixture(nn.Module):
         """
         routing = routing if routing is not None else self.gate(theta)
         self.last_routing = routing
+        if self.stacked:
+            y = mixed_attention(self.kernels, routing.index, x, **kernel_kwargs)
+            return y * routing.weight.to(y.dtype).view(-1, *([1] * (y.ndim - 1)))
         return dispatch(self.kernels, routing, x, **kernel_kwargs)

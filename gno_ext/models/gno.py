@@ -239,12 +239,15 @@ class GNO(nn.Module):
         gate_input = torch.cat(gate_parts, 1) if gate_parts else None
         theta_token = self.theta_embed(gate_input if gate_input is not None else x.new_zeros(b, 1))[:, None]
         routings = [blk.mixture.gate(gate_input) for blk in self.blocks if blk.mixture is not None]
-        plan_all(routings)  # one device-to-host transfer for the dispatch of every block
+        if not all(blk.mixture.stacked for blk in self.blocks if blk.mixture is not None):
+            plan_all(routings)  # one device-to-host transfer for the dispatch of every block
         routing_of = iter(routings)
         features = None
         if self.boundary_transfer:
             bc = bc if bc is not None else BoundarySpec.periodic(self.ndim, b).to(x.device)
-            features = boundary_features(bc.to(x.device), grid, self.patch, self.u_std.mean())
+            if bc.kind.device != x.device:
+                bc = bc.to(x.device)
+            features = boundary_features(bc, grid, self.patch, self.u_std.mean())
         for block in self.blocks:
             routing = next(routing_of) if block.mixture is not None else None
             tokens = block(tokens, theta_token, routing, features, grid_tokens)

@@ -123,3 +123,23 @@ def test_attention_kernel_uses_context_and_is_batch_independent():
     assert torch.allclose(y[0], att(x[:1], ctx[:1])[0], atol=1e-6)
     with pytest.raises(ValueError, match="not divisible"):
         AttentionKernel(10, 3)
+
+
+def test_static_attention_mixture_equals_dispatch_with_gradients():
+    from gno_ext.layers import dispatch
+
+    torch.manual_seed(6)
+    kernels = [AttentionKernel(16, 4) for _ in range(3)]
+    mix = GatedKernelMixture(kernels, ParameterGate(1, 3))
+    assert mix.stacked
+    x, ctx, theta = torch.randn(9, 5, 16), torch.randn(9, 2, 16), torch.linspace(-5, 5, 9)[:, None]
+    routing = mix.gate(theta)
+    fast = mix(x, None, routing=routing, context=ctx)
+    fast.square().sum().backward()
+    fast_grads = [p.grad.clone() for p in mix.parameters()]
+    mix.zero_grad()
+    slow = dispatch(mix.kernels, mix.gate(theta), x, context=ctx)
+    slow.square().sum().backward()
+    assert torch.allclose(fast, slow, atol=1e-5)
+    for g_fast, p in zip(fast_grads, mix.parameters()):
+        assert torch.allclose(g_fast, p.grad if p.grad is not None else torch.zeros_like(g_fast), atol=1e-4)

@@ -64,11 +64,11 @@ def test_every_parameter_gets_a_gradient_except_unselected_kernels():
         for k, kernel in enumerate(blk.mixture.kernels):
             if k not in used:
                 allowed |= {id(p) for p in kernel.parameters()}
-    missing = [n for n, p in model.named_parameters() if p.grad is None and id(p) not in allowed]
+    missing = [n for n, p in model.named_parameters() if id(p) not in allowed and (p.grad is None or not p.grad.any())]
     assert missing == []
     for n, p in model.named_parameters():
-        if id(p) in allowed:
-            assert p.grad is None, n
+        if id(p) in allowed:  # the static attention mixture gives unselected kernels zero gradient
+            assert p.grad is None or not p.grad.any(), n
 
 
 def test_batch_independence():
