@@ -71,11 +71,18 @@ class AttentionKernel(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, n, d))
 
 
-def _stacked(kernels: Sequence[AttentionKernel], name: str, index: Tensor) -> tuple[Tensor, Tensor | None]:
+def _stacked(kernels: Sequence[AttentionKernel], name: str, select: Tensor) -> tuple[Tensor, Tensor | None]:
+    """Per-sample weights ``(B, in, out)`` (and biases) of the selected kernels.
+
+    The selection is a product with the one-hot matrix ``select`` (B, K): its backward pass is
+    a matrix product too (no atomic scatter-add of B weight copies onto K kernels).
+    """
     layers = [getattr(k, name) for k in kernels]
-    weight = torch.stack([lin.weight for lin in layers])[index].transpose(1, 2)  # (B, in, out)
-    bias = torch.stack([lin.bias for lin in layers])[index][:, None] if layers[0].bias is not None else None
-    return weight, bias
+    weights = torch.stack([lin.weight.transpose(0, 1) for lin in layers])  # (K, in, out)
+    weight = (select @ weights.flatten(1)).view(-1, *weights.shape[1:])
+    if layers[0].bias is None:
+        return weight, None
+    return weight, (select @ torch.stack([lin.bias for lin in layers]))[:, None]
 
 
 def _apply(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -103,10 +110,11 @@ def mixed_attention(kernels: Sequence[AttentionKernel], index: Tensor, x: Tensor
     """
     b, n, d = x.shape
     heads = kernels[0].heads
+    select = F.one_hot(index, len(kernels)).to(x.dtype)
     source = x if context is None else torch.cat([x, context], 1)
-    q = _apply(x, *_stacked(kernels, "q", index)).view(b, n, heads, -1).transpose(1, 2)
-    kv = _apply(source, *_stacked(kernels, "kv", index))
+    q = _apply(x, *_stacked(kernels, "q", select)).view(b, n, heads, -1).transpose(1, 2)
+    kv = _apply(source, *_stacked(kernels, "kv", select))
     k, v = kv.view(b, source.shape[1], 2, heads, -1).permute(2, 0, 3, 1, 4)
     with sdpa_kernel(SDPA_BACKENDS):
         y = F.scaled_dot_product_attention(q, k, v)
-    return _apply(y.transpose(1, 2).reshape(b, n, d), *_stacked(kernels, "out", index))
+    return _apply(y.transpose(1, 2).reshape(b, n, d), *_stacked(kernels, "out", select))
