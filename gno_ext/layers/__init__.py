@@ -4,7 +4,7 @@
 imported on first use.
 """
 
-from gno_ext.layers.attention import AttentionKernel
+from gno_ext.layers.attention import AttentionKernel, mixed_attention
 from gno_ext.layers.boundary import BoundaryTransfer, boundary_features, edge_tokens
 from gno_ext.layers.embeddings import (
     ParameterNormalizer,
@@ -13,7 +13,7 @@ from gno_ext.layers.embeddings import (
     sincos_position,
     token_shape,
 )
-from gno_ext.layers.gate import ParameterGate, Routing
+from gno_ext.layers.gate import ParameterGate, Routing, plan_all
 from gno_ext.layers.mixture import GatedKernelMixture, dispatch
 
 __all__ = [
@@ -30,6 +30,8 @@ __all__ = [
     "condition_on",
     "dispatch",
     "edge_tokens",
+    "mixed_attention",
+    "plan_all",
     "sincos_position",
     "token_shape",
 ]
