@@ -466,8 +466,11 @@ class PDEBatch:
         kw = {f.name: pin(getattr(self, f.name)) for f in fields(self) if f.name != "bc"}
         return PDEBatch(bc=bc, **kw)
 
-    def __getitem__(self, index: slice | Tensor) -> PDEBatch:
-        """Select samples along the batch axis (a slice, index tensor or boolean mask)."""
+    def __getitem__(self, index: int | slice | Tensor) -> PDEBatch:
+        """Select samples along the batch axis (an int, slice, index tensor or boolean mask);
+        the result is always a batch."""
+        if isinstance(index, int):
+            index = slice(index, index + 1 if index != -1 else None)
         pick = lambda t: None if t is None else t[index]
         kept = torch.arange(len(self))[index].reshape(-1).tolist()
         meta = [self.meta[i] for i in kept] if self.meta else []

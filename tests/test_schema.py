@@ -56,6 +56,7 @@ def test_to_moves_everything_and_indexing_selects_samples():
     assert torch.equal(sub.u_out[1], batch.u_out[2])
     assert torch.equal(sub.bc.kind, batch.bc.kind[[0, 2]])
     assert len(batch[1:3]) == 2
+    assert len(batch[-1]) == 1 and batch[-1].meta == [{"index": 3}]
 
 
 def test_loader_collate_and_pin_memory_roundtrip():

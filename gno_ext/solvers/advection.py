@@ -33,7 +33,12 @@ from gno_ext.solvers._common import (
     check_times,
     march,
 )
-from gno_ext.solvers.reconstruction import N_GHOST, SCHEMES, ssp_rk3, transport_fn
+from gno_ext.solvers.reconstruction import (
+    N_GHOST,
+    check_transport_options,
+    ssp_rk3,
+    transport_fn,
+)
 
 __all__ = ["solve_advection", "advection_max_dt", "face_velocities", "GhostCells"]
 
@@ -174,12 +179,7 @@ def solve_advection(u0: Tensor, velocity: Tensor, bc: BoundarySpec, times: Seque
     if velocity.shape[0] != batch:
         raise ValueError(f"velocity: expected batch size {batch}, got {velocity.shape[0]}")
     check_boundary(bc, grid, batch, ADVECTION_BC, "advection")
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
-    if not 0 < cfl <= MAX_CFL:
-        raise ValueError(f"cfl: must be in (0, {MAX_CFL}], got {cfl}")
-    if min(grid.shape) < N_GHOST:
-        raise ValueError(f"grid: every axis needs at least {N_GHOST} cells, got {grid.shape}")
+    check_transport_options(grid, scheme, cfl, MAX_CFL)
     if dt is not None:
         batch_parameter("dt", dt, 1, u0)
     t_out = check_times(times)

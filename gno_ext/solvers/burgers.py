@@ -32,7 +32,12 @@ from gno_ext.solvers._common import (
     march,
 )
 from gno_ext.solvers.advection import MAX_CFL, advection_max_dt, face_velocities
-from gno_ext.solvers.reconstruction import N_GHOST, SCHEMES, ssp_rk3, transport_fn
+from gno_ext.solvers.reconstruction import (
+    N_GHOST,
+    check_transport_options,
+    ssp_rk3,
+    transport_fn,
+)
 from gno_ext.solvers.spectral import spectral_dims, wavenumbers
 
 __all__ = ["solve_burgers"]
@@ -84,10 +89,7 @@ def solve_burgers(u0: Tensor, nu: float | Tensor, times: Sequence[float] | Tenso
     nu_b = batch_parameter("nu", nu, batch, u0)
     if bc is not None:
         check_boundary(bc, grid, batch, (BCType.PERIODIC,), "Burgers")
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
-    if not 0 < cfl <= MAX_CFL:
-        raise ValueError(f"cfl: must be in (0, {MAX_CFL}], got {cfl}")
+    check_transport_options(grid, scheme, cfl, MAX_CFL)
     if dt is not None:
         batch_parameter("dt", dt, 1, u0)
     t_out = check_times(times)

@@ -27,6 +27,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from gno_ext.schema import Grid
+
 N_GHOST = 3
 SCHEMES = ("weno5", "muscl")
 
@@ -113,6 +115,16 @@ def transport(u: Tensor, padded: list[Tensor], face_velocity: list[Tensor],
         out = out + (flux.narrow(dim, 1, n) - flux.narrow(dim, 0, n)
                      - u * (vel.narrow(dim, 1, n) - vel.narrow(dim, 0, n))) / h
     return out
+
+
+def check_transport_options(grid: Grid, scheme: str, cfl: float, max_cfl: float) -> None:
+    """Validate the options shared by the WENO/MUSCL solvers (advection, Burgers)."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
+    if not 0 < cfl <= max_cfl:
+        raise ValueError(f"cfl: must be in (0, {max_cfl}], got {cfl}")
+    if min(grid.shape) < N_GHOST:
+        raise ValueError(f"grid: every axis needs at least {N_GHOST} cells, got {grid.shape}")
 
 
 @functools.cache
