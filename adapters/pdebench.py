@@ -1,0 +1,216 @@
+"""PDEBench HDF5 files as a dataset of `PDESample`s, read lazily with h5py.
+
+Supported published layouts (1-D and 2-D):
+
+| layout | datasets | fields |
+| --- | --- | --- |
+| single tensor | ``tensor`` (N, T, X[, Y]), ``x-coordinate``, [``y-coordinate``], ``t-coordinate`` | one channel |
+| CFD | ``density``, ``Vx``, [``Vy``], ``pressure`` each (N, T, X[, Y]) with the coordinates | density, velocity, pressure |
+| per seed | groups ``0000``, ``0001``, ... holding ``data`` (T, X[, Y], C) and ``grid/x``, [``grid/y``], ``grid/t`` | C channels |
+
+Parameters come from the root attributes when present, else from the published file-name
+pattern (``..._beta0.1``, ``..._Nu0.001``, ``..._M0.1_Eta0.01_Zeta0.01_...``): every
+``_<letters><number>`` token of the file name is a parameter. The boundary type comes from the
+name (``periodic`` -> PERIODIC, ``trans`` for transmissive -> OPEN) unless ``boundary=`` is
+given. Only the frames of the window asked for are read; each DataLoader worker opens its own
+file handle.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+from gno_ext.adapters.windows import Windows
+from torch.utils.data import Dataset
+
+from gno_ext.schema import BCType, BoundarySpec, Grid, PDESample
+
+__all__ = ["PDEBenchDataset", "parameters_from_name"]
+
+CFD_FIELDS = ("density", "Vx", "Vy", "Vz", "pressure")
+_PARAM = re.compile(r"^([A-Za-z]+)(\d[\d.eE+-]*)$")
+
+
+def parameters_from_name(name: str) -> dict[str, float]:
+    """Parameters encoded in a PDEBench file name, e.g. ``{"m": 0.1, "eta": 0.01, "zeta": 0.01}``."""
+    out = {}
+    for token in Path(name).stem.split("_"):
+        m = _PARAM.match(token)
+        if m:
+            try:
+                out[m.group(1).lower()] = float(m.group(2))
+            except ValueError:
+                continue
+    return out
+
+
+def _boundary_from_name(name: str) -> BCType | None:
+    lower = Path(name).stem.lower()
+    if "periodic" in lower:
+        return BCType.PERIODIC
+    if "trans" in lower:
+        return BCType.OPEN
+    return None
+
+
+class PDEBenchDataset(Dataset):
+    """Windows of one PDEBench file.
+
+    Parameters
+    ----------
+    path : str or Path
+        The HDF5 file.
+    n_steps_input, n_steps_output : int
+        Frames per window.
+    stride : int
+        Temporal stride between frames of a window.
+    split : {"train", "valid", "test", None}
+        With ``split_fractions``, a deterministic split of the trajectories (PDEBench files
+        carry no split); None keeps all.
+    split_fractions : tuple of float
+        Fractions of trajectories for train / valid / test.
+    parameters : sequence of str, optional
+        Which parameters form ``theta`` and in which order (default: all found, sorted).
+    boundary : str or BCType, optional
+        Boundary type of every face, when the file name does not say.
+    parameter_filter : callable, optional
+        ``f(params: dict) -> bool``; a file whose parameters fail yields no samples (OOD splits).
+    group : int
+        Group id of every sample (one file is one parameter value).
+    """
+
+    def __init__(self, path: str | Path, n_steps_input: int = 1, n_steps_output: int = 1, stride: int = 1,
+                 split: str | None = None, split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+                 parameters: Sequence[str] | None = None, boundary: str | BCType | None = None,
+                 parameter_filter: Any = None, group: int = 0) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"{self.path}: no such PDEBench file")
+        with h5py.File(self.path, "r") as f:
+            self.layout, self.fields, shape, coords, n_traj, n_frames, attrs = self._inspect(f)
+        self.params = {**parameters_from_name(self.path.name), **attrs}
+        names = list(parameters) if parameters is not None else sorted(self.params)
+        missing = [n for n in names if n not in self.params]
+        if missing:
+            raise KeyError(f"{self.path.name}: parameter(s) {missing} not found in the attributes or the "
+                           f"file name (found: {sorted(self.params)})")
+        self.theta = torch.tensor([self.params[n] for n in names], dtype=torch.float32)
+        self.parameter_names = names
+        kind = BCType.parse(boundary) if boundary is not None else _boundary_from_name(self.path.name)
+        if kind is None:
+            raise ValueError(f"{self.path.name}: the boundary type is not in the file name; pass "
+                             f"boundary='periodic' (or 'open', 'dirichlet', 'neumann')")
+        d = len(shape)
+        self.bc = BoundarySpec.from_types([kind] * (2 * d))
+        spacing = [float(c[1] - c[0]) for c in coords[:d]]
+        self.grid = Grid(shape, tuple(n * h for n, h in zip(shape, spacing)))
+        t = coords[d]
+        self.dt = float(t[1] - t[0]) * stride if len(t) > 1 else 1.0
+        self.trajectories = self._split(n_traj, split, split_fractions)
+        if parameter_filter is not None and not parameter_filter(dict(self.params)):
+            self.trajectories = []
+        self.windows = Windows([n_frames] * max(len(self.trajectories), 1), n_steps_input, n_steps_output, stride)
+        self.group = group
+        self._handle: tuple[int, h5py.File] | None = None
+
+    # ------------------------------------------------------------------ layout detection
+    def _inspect(self, f: h5py.File):
+        attrs = {k.lower(): float(v) for k, v in f.attrs.items()
+                 if np.isscalar(v) and isinstance(v, (int, float, np.integer, np.floating))}
+        if "tensor" in f:
+            data = f["tensor"]
+            shape = tuple(data.shape[2:])
+            coords = self._coords(f, len(shape), ("x-coordinate", "y-coordinate"), "t-coordinate")
+            return "tensor", ["u"], shape, coords, data.shape[0], data.shape[1], attrs
+        fields = [k for k in CFD_FIELDS if k in f]
+        if fields:
+            shapes = {f[k].shape for k in fields}
+            if len(shapes) > 1:
+                raise ValueError(f"{self.path.name}: fields {fields} have different shapes {sorted(shapes)}")
+            shape = tuple(f[fields[0]].shape[2:])
+            coords = self._coords(f, len(shape), ("x-coordinate", "y-coordinate"), "t-coordinate")
+            n_traj, n_frames = f[fields[0]].shape[:2]
+            return "cfd", fields, shape, coords, n_traj, n_frames, attrs
+        seeds = sorted(k for k in f.keys() if k.isdigit())
+        if seeds:
+            g = f[seeds[0]]
+            if "data" not in g:
+                raise ValueError(f"{self.path.name}: group {seeds[0]} has no 'data' dataset")
+            data = g["data"]
+            shape = tuple(data.shape[1:-1])
+            axes = [f"grid/{a}" for a in "xyz"[: len(shape)]]
+            for ax in axes + ["grid/t"]:
+                if ax not in g:
+                    raise ValueError(f"{self.path.name}: group {seeds[0]} lacks '{ax}'")
+            coords = [g[a][()] for a in axes] + [g["grid/t"][()]]
+            self.seeds = seeds
+            return "seed", [f"c{i}" for i in range(data.shape[-1])], shape, coords, len(seeds), data.shape[0], attrs
+        raise ValueError(f"{self.path.name}: not a known PDEBench layout (expected 'tensor', CFD fields "
+                         f"{CFD_FIELDS} or seed groups '0000'...); found keys {sorted(f.keys())[:10]}")
+
+    def _coords(self, f: h5py.File, d: int, spatial: Sequence[str], time: str) -> list[np.ndarray]:
+        names = list(spatial[:d]) + [time]
+        for n in names:
+            if n not in f:
+                raise ValueError(f"{self.path.name}: missing dataset '{n}'")
+        return [f[n][()] for n in names]
+
+    @staticmethod
+    def _split(n: int, split: str | None, fractions: tuple[float, float, float]) -> list[int]:
+        if split is None:
+            return list(range(n))
+        names = ("train", "valid", "test")
+        if split not in names:
+            raise ValueError(f"split: expected one of {names} or None, got {split!r}")
+        bounds = np.round(np.cumsum([0.0, *fractions]) / sum(fractions) * n).astype(int)
+        i = names.index(split)
+        return list(range(bounds[i], bounds[i + 1]))
+
+    # ------------------------------------------------------------------ reading
+    def _file(self) -> h5py.File:
+        pid = os.getpid()  # one handle per DataLoader worker
+        if self._handle is None or self._handle[0] != pid:
+            self._handle = (pid, h5py.File(self.path, "r"))
+        return self._handle[1]
+
+    def _frames(self, traj: int, frames: np.ndarray) -> np.ndarray:
+        f = self._file()
+        sel = slice(int(frames[0]), int(frames[-1]) + 1, int(frames[1] - frames[0]) if len(frames) > 1 else 1)
+        if self.layout == "tensor":
+            arr = f["tensor"][traj, sel][:, None]
+        elif self.layout == "cfd":
+            arr = np.stack([f[k][traj, sel] for k in self.fields], 1)
+        else:
+            arr = np.moveaxis(f[self.seeds[traj]]["data"][sel], -1, 1)
+        finite = np.isfinite(arr.reshape(arr.shape[0], -1)).all(1)
+        if not finite.all():
+            bad = int(frames[np.flatnonzero(~finite)[0]])
+            raise ValueError(f"{self.path.name}: NaN or Inf in trajectory {traj}, frame {bad}")
+        return arr
+
+    def __len__(self) -> int:
+        return len(self.windows) if self.trajectories else 0
+
+    def __getitem__(self, index: int) -> PDESample:
+        slot, start = self.windows.locate(index)
+        traj = self.trajectories[slot]
+        inputs, outputs = self.windows.frames(start)
+        arr = torch.from_numpy(np.ascontiguousarray(self._frames(traj, np.concatenate([inputs, outputs]))))
+        arr = arr.float()
+        n_in = len(inputs)
+        return PDESample(u_in=arr[:n_in], u_out=arr[n_in:], theta=self.theta.clone(), bc=self.bc, grid=self.grid,
+                         dt=self.dt, group=self.group,
+                         meta={"dataset": "pdebench", "file": self.path.name, "trajectory": traj,
+                               "start": start, "fields": list(self.fields)})
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_handle"] = None  # h5py handles do not cross process boundaries
+        return state

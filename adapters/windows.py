@@ -1,0 +1,60 @@
+"""Sliding windows over trajectories: (input frames, output frames) pairs at every valid start."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Windows"]
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Deterministic enumeration of windows over trajectories of given lengths.
+
+    A window starting at frame ``s`` takes input frames ``s, s + k, ..., s + (n_in - 1) k``
+    and output frames ``s + n_in k, ..., s + (n_in + n_out - 1) k`` with ``k = stride``.
+    Windows are ordered by trajectory, then start frame.
+
+    Parameters
+    ----------
+    lengths : sequence of int
+        Number of frames of each trajectory.
+    n_steps_input, n_steps_output, stride : int
+    """
+
+    lengths: Sequence[int]
+    n_steps_input: int = 1
+    n_steps_output: int = 1
+    stride: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("n_steps_input", "n_steps_output", "stride"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        span = (self.n_steps_input + self.n_steps_output - 1) * self.stride + 1
+        per = np.maximum(np.asarray(self.lengths, dtype=np.int64) - span + 1, 0)
+        if per.sum() == 0:
+            raise ValueError(f"no window of {self.n_steps_input} + {self.n_steps_output} frames (stride "
+                             f"{self.stride}) fits trajectories of lengths {sorted(set(self.lengths))}")
+        object.__setattr__(self, "_per", per)
+        object.__setattr__(self, "_offsets", np.concatenate([[0], np.cumsum(per)]))
+
+    def __len__(self) -> int:
+        return int(self._offsets[-1])
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(trajectory, start frame)`` of window ``index``."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"window {index} out of range [0, {len(self)})")
+        traj = int(np.searchsorted(self._offsets, index, side="right") - 1)
+        return traj, int(index - self._offsets[traj])
+
+    def frames(self, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """Input and output frame indices of the window starting at ``start``."""
+        k = self.stride
+        inputs = start + k * np.arange(self.n_steps_input)
+        outputs = start + k * np.arange(self.n_steps_input, self.n_steps_input + self.n_steps_output)
+        return inputs, outputs

@@ -1,0 +1,75 @@
+import h5py
+import numpy as np
+import pytest
+import torch
+from gno_ext.adapters import ArrayDataset, open_dataset
+
+from gno_ext.schema import BCType, BoundarySpec, Grid, collate
+
+
+def arrays(n=4, t=6, c=2, s=(8, 8), seed=0):
+    rng = np.random.default_rng(seed)
+    return {"u": rng.standard_normal((n, t, c, *s)).astype(np.float32),
+            "theta": rng.random((n, 2)).astype(np.float32),
+            "theta_field": rng.standard_normal((n, 2, *s)).astype(np.float32),
+            "group": np.arange(n) % 2}
+
+
+def test_array_dataset_values_and_time_dependent_boundary():
+    a = arrays()
+    t = a["u"].shape[1]
+    values = torch.arange(4 * t, dtype=torch.float32).reshape(4, t, 1)  # per face, per frame
+    bc = BoundarySpec(torch.ones(4, dtype=torch.long), values)
+    ds = ArrayDataset(a["u"], theta=a["theta"], grid=Grid((8, 8), (2.0, 2.0)), dt=0.1, bc=bc,
+                      theta_field=a["theta_field"], group=a["group"], n_steps_input=2, n_steps_output=2)
+    assert len(ds) == 4 * (t - 3)
+    s = ds[4]  # trajectory 1, start 1
+    assert torch.equal(s.u_in, torch.from_numpy(a["u"][1, 1:3])) and torch.equal(s.u_out, torch.from_numpy(a["u"][1, 3:5]))
+    assert torch.equal(s.theta, torch.from_numpy(a["theta"][1])) and s.group == 1
+    # boundary data at the input time (frame 2) and the output times (frames 3, 4)
+    assert s.bc.values[0, :, 0].tolist() == [2.0, 3.0, 4.0]
+    batch = collate([ds[0], ds[4]])
+    assert batch.bc.values.shape == (2, 4, 3, 1)
+
+
+def test_custom_file_hdf5_and_npz_with_workers(tmp_path):
+    a = arrays()
+    h5 = tmp_path / "runs.h5"
+    with h5py.File(h5, "w") as f:
+        for k, v in a.items():
+            f[k] = v
+        f["bc_kind"] = np.array([1, 1, 2, 2])
+        f["bc_values"] = np.array([1.0, -1.0, 0.5, 0.0], dtype=np.float32).reshape(4, 1, 1)
+        f.attrs["dt"] = 0.05
+        f.attrs["extent"] = [1.0, 2.0]
+    npz = tmp_path / "runs.npz"
+    np.savez(npz, **a, dt=0.05, extent=np.array([1.0, 2.0]))
+    ds = open_dataset("custom", h5, n_steps_output=2)
+    s = ds[4]  # 4 windows per trajectory: trajectory 1, start 0
+    assert torch.equal(s.u_in[0], torch.from_numpy(a["u"][1, 0]))
+    assert s.bc.kind.tolist() == [BCType.DIRICHLET] * 2 + [BCType.NEUMANN] * 2 and s.dt == pytest.approx(0.05)
+    assert s.grid.extent == (1.0, 2.0)
+    loader = torch.utils.data.DataLoader(ds, batch_size=5, num_workers=2, collate_fn=collate)
+    assert sum(len(b) for b in loader) == len(ds) == 16
+    ds_npz = open_dataset("custom", npz, n_steps_output=2)
+    assert torch.equal(ds_npz[4].u_in, s.u_in) and ds_npz[4].bc.kind.tolist() == [0] * 4
+
+
+def test_bad_input(tmp_path):
+    a = arrays()
+    with pytest.raises(ValueError, match=r"theta: expected shape \(N=4"):
+        ArrayDataset(a["u"], theta=np.zeros((3, 2)))
+    with pytest.raises(ValueError, match="does not match grid"):
+        ArrayDataset(a["u"], grid=Grid((8, 4)))
+    with pytest.raises(ValueError, match="T_bc must be 1 or the trajectory length 6"):
+        ArrayDataset(a["u"], bc=BoundarySpec(torch.ones(4, dtype=torch.long), torch.zeros(4, 3, 1)))
+    u = a["u"].copy()
+    u[2, 4, 1, 3, 3] = np.inf
+    ds = ArrayDataset(u, name="mine")
+    with pytest.raises(ValueError, match="mine: NaN or Inf in trajectory 2, frame 4"):
+        ds[2 * 5 + 3]
+    np.savez(tmp_path / "x.npz", v=a["u"])
+    with pytest.raises(KeyError, match="missing the required array 'u'"):
+        open_dataset("custom", tmp_path / "x.npz")
+    with pytest.raises(FileNotFoundError):
+        open_dataset("custom", tmp_path / "none.h5")

@@ -1,0 +1,123 @@
+import h5py
+import numpy as np
+import pytest
+import torch
+from gno_ext.adapters import PDEBenchDataset, open_dataset, parameters_from_name
+
+from gno_ext.schema import BCType, collate
+
+
+def write_tensor_1d(path, n=3, t=7, x=16, seed=0):
+    rng = np.random.default_rng(seed)
+    data = rng.standard_normal((n, t, x)).astype(np.float32)
+    with h5py.File(path, "w") as f:
+        f["tensor"] = data
+        f["x-coordinate"] = ((np.arange(x) + 0.5) / x).astype(np.float32)
+        f["t-coordinate"] = (np.arange(t + 1) * 0.05).astype(np.float32)
+    return data
+
+
+def write_cfd_2d(path, n=2, t=5, x=16, y=8):
+    rng = np.random.default_rng(1)
+    fields = {k: rng.standard_normal((n, t, x, y)).astype(np.float32) for k in ("density", "Vx", "Vy", "pressure")}
+    with h5py.File(path, "w") as f:
+        for k, v in fields.items():
+            f[k] = v
+        f["x-coordinate"] = np.linspace(0, 1, x, endpoint=False) + 0.5 / x
+        f["y-coordinate"] = np.linspace(0, 2, y, endpoint=False) + 1.0 / y
+        f["t-coordinate"] = np.arange(t) * 0.1
+    return fields
+
+
+def write_seeds_2d(path, n=3, t=6, x=8, y=8, c=2):
+    rng = np.random.default_rng(2)
+    data = {}
+    with h5py.File(path, "w") as f:
+        for i in range(n):
+            g = f.create_group(f"{i:04d}")
+            data[i] = rng.standard_normal((t, x, y, c)).astype(np.float32)
+            g["data"] = data[i]
+            g["grid/x"] = np.linspace(-1, 1, x)
+            g["grid/y"] = np.linspace(-1, 1, y)
+            g["grid/t"] = np.linspace(0, 5, t)
+    return data
+
+
+def test_parameters_from_published_names():
+    assert parameters_from_name("1D_Advection_Sols_beta0.1.hdf5") == {"beta": 0.1}
+    assert parameters_from_name("1D_Burgers_Sols_Nu0.001.hdf5") == {"nu": 0.001}
+    assert parameters_from_name("2D_CFD_Rand_M0.1_Eta0.01_Zeta0.01_periodic_128_Train.hdf5") == {
+        "m": 0.1, "eta": 0.01, "zeta": 0.01}
+    assert parameters_from_name("2D_diff-react_NA_NA.h5") == {}
+
+
+def test_single_tensor_layout_values_windows_and_split(tmp_path):
+    path = tmp_path / "1D_Advection_Sols_beta0.4.hdf5"
+    data = write_tensor_1d(path)
+    ds = open_dataset("pdebench", path, n_steps_input=2, n_steps_output=1, boundary="periodic")
+    assert len(ds) == 3 * (7 - 2)
+    s = ds[6]  # trajectory 1, start 1
+    assert torch.equal(s.u_in[:, 0], torch.from_numpy(data[1, 1:3]))
+    assert torch.equal(s.u_out[:, 0], torch.from_numpy(data[1, 3:4]))
+    assert s.theta.tolist() == [pytest.approx(0.4)] and ds.parameter_names == ["beta"]
+    assert s.dt == pytest.approx(0.05) and s.grid.shape == (16,) and s.grid.extent[0] == pytest.approx(1.0)
+    assert s.bc.kind.tolist() == [BCType.PERIODIC] * 2
+    strided = PDEBenchDataset(path, 1, 1, stride=3, boundary="periodic")
+    assert torch.equal(strided[0].u_out[0, 0], torch.from_numpy(data[0, 3])) and strided[0].dt == pytest.approx(0.15)
+    test = PDEBenchDataset(path, split="test", split_fractions=(1, 1, 1), boundary="periodic")
+    assert {test[i].meta["trajectory"] for i in range(len(test))} == {2}
+
+
+def test_cfd_layout_channels_parameters_and_boundary_from_name(tmp_path):
+    path = tmp_path / "2D_CFD_Rand_M0.1_Eta0.01_Zeta0.01_periodic_16_Train.hdf5"
+    fields = write_cfd_2d(path)
+    ds = PDEBenchDataset(path, parameters=["m", "eta", "zeta"])
+    s = ds[len(ds) - 1]  # trajectory 1, last start (3)
+    want = np.stack([fields[k][1, 3] for k in ("density", "Vx", "Vy", "pressure")])
+    assert torch.equal(s.u_in[0], torch.from_numpy(want))
+    assert s.meta["fields"] == ["density", "Vx", "Vy", "pressure"]
+    assert s.theta.tolist() == pytest.approx([0.1, 0.01, 0.01])
+    assert s.grid.extent == pytest.approx((1.0, 2.0)) and s.bc.kind.tolist() == [0, 0, 0, 0]
+
+
+def test_per_seed_layout_and_dataloader_workers(tmp_path):
+    path = tmp_path / "2D_diff-react_NA_NA.h5"
+    data = write_seeds_2d(path)
+    with pytest.raises(ValueError, match="boundary type is not in the file name"):
+        PDEBenchDataset(path)
+    ds = PDEBenchDataset(path, boundary="neumann")
+    s = ds[5]  # seed 1, start 0
+    assert torch.equal(s.u_in[0], torch.from_numpy(np.moveaxis(data[1][0], -1, 0)))
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate)
+    batches = list(loader)
+    assert sum(len(b) for b in batches) == len(ds) == 15
+    assert torch.equal(batches[1].u_in[1], ds[5].u_in)
+
+
+def test_bad_input(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such PDEBench file"):
+        PDEBenchDataset(tmp_path / "missing.hdf5")
+    odd = tmp_path / "odd_periodic.h5"
+    with h5py.File(odd, "w") as f:
+        f["something"] = np.zeros(3)
+    with pytest.raises(ValueError, match="not a known PDEBench layout"):
+        PDEBenchDataset(odd)
+    path = tmp_path / "1D_Burgers_Sols_Nu0.01.hdf5"
+    data = write_tensor_1d(path)
+    with pytest.raises(KeyError, match=r"parameter\(s\) \['beta'\] not found"):
+        PDEBenchDataset(path, parameters=["beta"], boundary="periodic")
+    bad = tmp_path / "2D_CFD_Rand_M0.1_periodic.hdf5"
+    write_cfd_2d(bad)
+    with h5py.File(bad, "a") as f:
+        del f["Vy"]
+        f["Vy"] = np.zeros((2, 5, 8, 8), dtype=np.float32)
+    with pytest.raises(ValueError, match="different shapes"):
+        PDEBenchDataset(bad)
+    data[2, 4, 3] = np.nan
+    with h5py.File(path, "a") as f:
+        f["tensor"][...] = data
+    ds = PDEBenchDataset(path, boundary="periodic")
+    with pytest.raises(ValueError, match="NaN or Inf in trajectory 2, frame 4"):
+        ds[2 * 6 + 3]
+    with pytest.raises(ValueError, match="no window of 5 \\+ 5 frames"):
+        PDEBenchDataset(path, 5, 5, boundary="periodic")

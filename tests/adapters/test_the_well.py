@@ -1,0 +1,125 @@
+import h5py
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("the_well")
+
+from gno_ext.adapters import open_dataset  # noqa: E402
+from the_well.utils.dummy_data import write_dummy_data  # noqa: E402
+
+from gno_ext.schema import BCType, collate  # noqa: E402
+
+NX, NY, T, N = 128, 384, 4, 2  # turbulent_radiative_layer_2D grid, reduced in time and trajectories
+
+
+def write_trl(path, tcool, seed):
+    """A file in the published turbulent_radiative_layer_2D layout (x periodic, y open)."""
+    rng = np.random.default_rng(seed)
+    density = rng.random((N, T, NX, NY), dtype=np.float32)
+    pressure = rng.random((N, T, NX, NY), dtype=np.float32)
+    velocity = rng.standard_normal((N, T, NX, NY, 2), dtype=np.float32)
+    with h5py.File(path, "w") as f:
+        f.attrs.update({"dataset_name": "turbulent_radiative_layer_2D", "grid_type": "cartesian",
+                        "n_spatial_dims": 2, "n_trajectories": N, "simulation_parameters": ["tcool"],
+                        "tcool": tcool})
+        dims = f.create_group("dimensions")
+        dims.attrs["spatial_dims"] = ["x", "y"]
+        for name, values in (("time", np.arange(T) * 0.0159), ("x", np.linspace(-0.5, 0.5, NX, endpoint=False)),
+                             ("y", np.linspace(-1, 2, NY, endpoint=False))):
+            dims[name] = values.astype(np.float32)
+            dims[name].attrs["sample_varying"] = False
+        bcs = f.create_group("boundary_conditions")
+        for name, dim, kind, n in (("x_periodic", "x", "PERIODIC", NX), ("y_open", "y", "OPEN", NY)):
+            g = bcs.create_group(name)
+            g.attrs.update({"associated_dims": [dim], "associated_fields": [], "bc_type": kind,
+                            "sample_varying": False, "time_varying": False})
+            mask = np.zeros(n, dtype=bool)
+            mask[[0, -1]] = True
+            g["mask"] = mask
+        scalars = f.create_group("scalars")
+        scalars.attrs["field_names"] = ["tcool"]
+        scalars["tcool"] = tcool
+        scalars["tcool"].attrs.update({"sample_varying": False, "time_varying": False})
+        for order, fields in ((0, {"density": density, "pressure": pressure}), (1, {"velocity": velocity}), (2, {})):
+            g = f.create_group(f"t{order}_fields")
+            g.attrs["field_names"] = list(fields)
+            for name, value in fields.items():
+                g[name] = value
+                g[name].attrs.update({"dim_varying": [True, True], "sample_varying": True, "time_varying": True})
+    return np.concatenate([density[..., None], pressure[..., None], velocity], -1)  # (N, T, X, Y, 4)
+
+
+@pytest.fixture(scope="module")
+def trl_base(tmp_path_factory):
+    base = tmp_path_factory.mktemp("well")
+    split = base / "datasets" / "turbulent_radiative_layer_2D" / "data" / "train"
+    split.mkdir(parents=True)
+    data = {tc: write_trl(split / f"turbulent_radiative_layer_tcool_{tc:.2f}.hdf5", tc, i)
+            for i, tc in enumerate((0.03, 3.16))}
+    return base, data
+
+
+def test_trl_layout_maps_fields_parameters_boundaries_and_time(trl_base):
+    base, data = trl_base
+    ds = open_dataset("the_well", base, name="turbulent_radiative_layer_2D", n_steps_input=1, n_steps_output=2)
+    assert len(ds) == 2 * N * (T - 2)
+    s = ds[0]
+    assert s.u_in.shape == (1, 4, NX, NY) and s.u_out.shape == (2, 4, NX, NY)
+    assert s.meta["fields"] == ["density", "pressure", "velocity_x", "velocity_y"]
+    want = torch.from_numpy(np.moveaxis(data[0.03][0, 0:3], -1, 1))
+    assert torch.equal(s.u_in[0], want[0]) and torch.equal(s.u_out, want[1:3])
+    assert s.theta.tolist() == pytest.approx([0.03]) and ds.parameter_names == ["tcool"]
+    assert s.bc.kind.tolist() == [BCType.PERIODIC, BCType.PERIODIC, BCType.OPEN, BCType.OPEN]
+    assert s.dt == pytest.approx(0.0159, rel=1e-5)
+    assert s.grid.shape == (NX, NY) and s.grid.extent == pytest.approx((1.0, 3.0))
+    last = ds[len(ds) - 1]
+    assert last.theta.tolist() == pytest.approx([3.16]) and last.group != s.group
+    assert torch.equal(last.u_out[-1], torch.from_numpy(np.moveaxis(data[3.16][1, 3], -1, 0)))
+    batch = collate([ds[0], ds[len(ds) - 1]])
+    assert batch.u_in.shape == (2, 1, 4, NX, NY) and batch.group.tolist() == [0, 1]
+
+
+def test_split_folder_path_and_parameter_filter(trl_base):
+    base, _ = trl_base
+    split = base / "datasets" / "turbulent_radiative_layer_2D" / "data" / "train"
+    ds = open_dataset("the_well", split, parameter_filter=lambda p: p["tcool"] > 1.0)
+    assert len(ds) == N * (T - 1)
+    assert {round(ds[i].theta.item(), 2) for i in range(len(ds))} == {3.16}
+
+
+def test_dummy_dataset_written_by_the_well(tmp_path):
+    split = tmp_path / "datasets" / "dummy" / "data" / "train"
+    split.mkdir(parents=True)
+    write_dummy_data(str(split / "dummy.hdf5"))
+    ds = open_dataset("the_well", tmp_path, name="dummy")
+    s = ds[0]
+    assert s.u_in.shape == (1, 2, 32, 32) and s.theta.numel() == 2
+    assert s.theta_field.shape == (1, 32, 32)
+    with h5py.File(split / "dummy.hdf5") as f:
+        assert torch.allclose(s.u_in[0], torch.from_numpy(np.moveaxis(f["t1_fields/field"][0, 0], -1, 0)))
+        assert torch.allclose(s.theta_field[0], torch.from_numpy(f["t0_fields/constant_field"][0]))
+
+
+def test_bad_paths(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such Well split folder"):
+        open_dataset("the_well", tmp_path / "nope")
+    (tmp_path / "datasets" / "x").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"needs name= \(datasets here: \['x'\]\)"):
+        open_dataset("the_well", tmp_path)
+    with pytest.raises(ValueError, match="kind: expected .the_well., .pdebench. or .custom."):
+        open_dataset("zarr", tmp_path)
+
+
+def test_nan_is_reported_with_file_trajectory_and_frame(tmp_path):
+    split = tmp_path / "datasets" / "turbulent_radiative_layer_2D" / "data" / "train"
+    split.mkdir(parents=True)
+    write_trl(split / "trl_tcool_0.10.hdf5", 0.1, 5)
+    with h5py.File(split / "trl_tcool_0.10.hdf5", "a") as f:
+        f["t0_fields/pressure"][1, 2, 5, 5] = np.nan
+    ds = open_dataset("the_well", split, n_steps_input=1, n_steps_output=1)
+    assert ds[0].meta["file"] == "trl_tcool_0.10.hdf5"
+    with pytest.raises(ValueError, match=r"trl_tcool_0.10.hdf5: NaN or Inf in trajectory 1, frame 2 \(input_fields\)"):
+        ds[(T - 1) + 2]
+    with pytest.raises(ValueError, match=r"trajectory 1, frame 2 \(output_fields\)"):
+        ds[(T - 1) + 1]
