@@ -3,44 +3,11 @@ import numpy as np
 import pytest
 import torch
 from gno_ext.adapters import PDEBenchDataset, open_dataset, parameters_from_name
+from gno_ext.adapters.fixtures import write_pdebench_cfd as write_cfd_2d
+from gno_ext.adapters.fixtures import write_pdebench_seeds as write_seeds_2d
+from gno_ext.adapters.fixtures import write_pdebench_tensor as write_tensor_1d
 
 from gno_ext.schema import BCType, collate
-
-
-def write_tensor_1d(path, n=3, t=7, x=16, seed=0):
-    rng = np.random.default_rng(seed)
-    data = rng.standard_normal((n, t, x)).astype(np.float32)
-    with h5py.File(path, "w") as f:
-        f["tensor"] = data
-        f["x-coordinate"] = ((np.arange(x) + 0.5) / x).astype(np.float32)
-        f["t-coordinate"] = (np.arange(t + 1) * 0.05).astype(np.float32)
-    return data
-
-
-def write_cfd_2d(path, n=2, t=5, x=16, y=8):
-    rng = np.random.default_rng(1)
-    fields = {k: rng.standard_normal((n, t, x, y)).astype(np.float32) for k in ("density", "Vx", "Vy", "pressure")}
-    with h5py.File(path, "w") as f:
-        for k, v in fields.items():
-            f[k] = v
-        f["x-coordinate"] = np.linspace(0, 1, x, endpoint=False) + 0.5 / x
-        f["y-coordinate"] = np.linspace(0, 2, y, endpoint=False) + 1.0 / y
-        f["t-coordinate"] = np.arange(t) * 0.1
-    return fields
-
-
-def write_seeds_2d(path, n=3, t=6, x=8, y=8, c=2):
-    rng = np.random.default_rng(2)
-    data = {}
-    with h5py.File(path, "w") as f:
-        for i in range(n):
-            g = f.create_group(f"{i:04d}")
-            data[i] = rng.standard_normal((t, x, y, c)).astype(np.float32)
-            g["data"] = data[i]
-            g["grid/x"] = np.linspace(-1, 1, x)
-            g["grid/y"] = np.linspace(-1, 1, y)
-            g["grid/t"] = np.linspace(0, 5, t)
-    return data
 
 
 def test_parameters_from_published_names():

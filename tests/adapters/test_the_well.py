@@ -6,6 +6,7 @@ import torch
 pytest.importorskip("the_well")
 
 from gno_ext.adapters import open_dataset  # noqa: E402
+from gno_ext.adapters.fixtures import write_well_trl  # noqa: E402
 from the_well.utils.dummy_data import write_dummy_data  # noqa: E402
 
 from gno_ext.schema import BCType, collate  # noqa: E402
@@ -14,40 +15,7 @@ NX, NY, T, N = 128, 384, 4, 2  # turbulent_radiative_layer_2D grid, reduced in t
 
 
 def write_trl(path, tcool, seed):
-    """A file in the published turbulent_radiative_layer_2D layout (x periodic, y open)."""
-    rng = np.random.default_rng(seed)
-    density = rng.random((N, T, NX, NY), dtype=np.float32)
-    pressure = rng.random((N, T, NX, NY), dtype=np.float32)
-    velocity = rng.standard_normal((N, T, NX, NY, 2), dtype=np.float32)
-    with h5py.File(path, "w") as f:
-        f.attrs.update({"dataset_name": "turbulent_radiative_layer_2D", "grid_type": "cartesian",
-                        "n_spatial_dims": 2, "n_trajectories": N, "simulation_parameters": ["tcool"],
-                        "tcool": tcool})
-        dims = f.create_group("dimensions")
-        dims.attrs["spatial_dims"] = ["x", "y"]
-        for name, values in (("time", np.arange(T) * 0.0159), ("x", np.linspace(-0.5, 0.5, NX, endpoint=False)),
-                             ("y", np.linspace(-1, 2, NY, endpoint=False))):
-            dims[name] = values.astype(np.float32)
-            dims[name].attrs["sample_varying"] = False
-        bcs = f.create_group("boundary_conditions")
-        for name, dim, kind, n in (("x_periodic", "x", "PERIODIC", NX), ("y_open", "y", "OPEN", NY)):
-            g = bcs.create_group(name)
-            g.attrs.update({"associated_dims": [dim], "associated_fields": [], "bc_type": kind,
-                            "sample_varying": False, "time_varying": False})
-            mask = np.zeros(n, dtype=bool)
-            mask[[0, -1]] = True
-            g["mask"] = mask
-        scalars = f.create_group("scalars")
-        scalars.attrs["field_names"] = ["tcool"]
-        scalars["tcool"] = tcool
-        scalars["tcool"].attrs.update({"sample_varying": False, "time_varying": False})
-        for order, fields in ((0, {"density": density, "pressure": pressure}), (1, {"velocity": velocity}), (2, {})):
-            g = f.create_group(f"t{order}_fields")
-            g.attrs["field_names"] = list(fields)
-            for name, value in fields.items():
-                g[name] = value
-                g[name].attrs.update({"dim_varying": [True, True], "sample_varying": True, "time_varying": True})
-    return np.concatenate([density[..., None], pressure[..., None], velocity], -1)  # (N, T, X, Y, 4)
+    return write_well_trl(path, tcool, seed, n=N, t=T, shape=(NX, NY))
 
 
 @pytest.fixture(scope="module")
