@@ -1,0 +1,44 @@
+"""``gno-data``: generate and inspect datasets.
+
+    gno-data list
+    gno-data generate heat-param --size small --out data [--device cuda]
+    gno-data info data/datasets/heat-param
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gno_ext.data.generate import dataset_info, generate
+from gno_ext.data.presets import PRESETS, SIZES
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gno-data", description="Generate and inspect gno_ext datasets.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="list the presets")
+    gen = sub.add_parser("generate", help="generate (or resume generating) a preset")
+    gen.add_argument("preset", choices=sorted(PRESETS))
+    gen.add_argument("--size", default="small", choices=SIZES)
+    gen.add_argument("--out", default="data", help="base folder (will hold datasets/PRESET)")
+    gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    gen.add_argument("--batch-size", type=int, default=64)
+    gen.add_argument("--shard-size", type=int, default=256)
+    info = sub.add_parser("info", help="summarise a generated dataset")
+    info.add_argument("path")
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        for name, p in sorted(PRESETS.items()):
+            counts = ", ".join(f"{s}: {len(p.plan(s, 'train'))}" for s in SIZES)
+            print(f"{name:22s} {p.family:10s} {p.ndim}-D, train trajectories ({counts})")
+    elif args.command == "generate":
+        root = generate(args.preset, args.size, args.out, args.device, args.batch_size, args.shard_size)
+        print(dataset_info(root))
+    else:
+        print(dataset_info(args.path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

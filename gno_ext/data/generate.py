@@ -1,0 +1,188 @@
+"""Generate a preset's dataset into The Well's layout, resumably.
+
+Layout under ``out``::
+
+    datasets/PRESET/data/{train,valid,test}/PRESET_{boundary}_{shard:04d}.hdf5
+    datasets/PRESET/stats.yaml
+    datasets/PRESET/manifest.json
+
+Trajectories are grouped by boundary type (one configuration per file) into shards of at most
+``shard_size`` trajectories. A shard is written under a temporary name, renamed when complete,
+and then recorded in the manifest with its trajectory count and SHA-256; a run that is
+interrupted and restarted regenerates exactly the shards the manifest does not list, and
+temporary files never count. The same trajectory index always gives the same trajectory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+import yaml
+from tqdm.auto import tqdm
+
+from gno_ext.data.presets import SPLITS, Preset, Trajectory, get_preset
+from gno_ext.data.simulate import simulate
+from gno_ext.data.writer import write_well_file
+from gno_ext.schema import BoundarySpec, Grid
+
+__all__ = ["generate", "dataset_info", "shards"]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def shards(preset: Preset, size: str, split: str, shard_size: int) -> list[tuple[str, list[Trajectory]]]:
+    """``(file name, trajectories)`` of every shard of a split, in a fixed order."""
+    by_type: dict[str, list[Trajectory]] = {}
+    for t in preset.trajectories(size, split):
+        by_type.setdefault(t.boundary, []).append(t)
+    out = []
+    for kind, trajs in by_type.items():
+        for k in range(0, len(trajs), shard_size):
+            out.append((f"{preset.name}_{kind}_{k // shard_size:04d}.hdf5", trajs[k : k + shard_size]))
+    return out
+
+
+def generate(name: str, size: str = "small", out: str | Path = "data", device: str | None = None,
+             batch_size: int = 64, shard_size: int = 256, splits: tuple[str, ...] = SPLITS,
+             progress: bool = True, on_shard: Callable[[Path], None] | None = None) -> Path:
+    """Generate (or finish generating) preset ``name`` at ``size`` under ``out``.
+
+    Parameters
+    ----------
+    name : str
+        Preset name (see `gno_ext.data.PRESETS`).
+    size : {"smoke", "small", "paper"}
+    out : str or Path
+        Base folder (it will hold ``datasets/NAME``, like The Well's base path).
+    device : str, optional
+        ``"cuda"`` when available by default.
+    batch_size : int
+        Trajectories solved together.
+    shard_size : int
+        Trajectories per file.
+    splits : tuple of str
+    progress : bool
+        Show a progress bar.
+    on_shard : callable, optional
+        Called with each completed shard's path (used by tests to interrupt a run).
+
+    Returns
+    -------
+    Path
+        The dataset folder ``out/datasets/NAME``.
+    """
+    preset = get_preset(name)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    root = Path(out) / "datasets" / preset.name
+    manifest_path = root / "manifest.json"
+    manifest: dict[str, Any] = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    config = {"preset": preset.name, "size": size, "shard_size": shard_size}
+    if manifest and manifest.get("config") != config:
+        raise ValueError(f"{root}: already holds {manifest.get('config')}; refusing to mix with {config}")
+    manifest.setdefault("config", config)
+    manifest.setdefault("files", {})
+    todo = [(split, fname, trajs) for split in splits for fname, trajs in shards(preset, size, split, shard_size)]
+    total = sum(len(t) for _, _, t in todo)
+    bar = tqdm(total=total, desc=f"{preset.name} ({size})", unit="traj", disable=not progress)
+    times = torch.arange(preset.frames[size], dtype=torch.float64) * preset.frame_dt
+    grid = Grid((preset.resolution[size],) * preset.ndim)
+    for split, fname, trajs in todo:
+        folder = root / "data" / split
+        folder.mkdir(parents=True, exist_ok=True)
+        key = f"{split}/{fname}"
+        path = folder / fname
+        if key in manifest["files"] and path.exists():
+            bar.update(len(trajs))
+            continue
+        parts = []
+        for k in range(0, len(trajs), batch_size):
+            parts.append(simulate(preset, trajs[k : k + batch_size], size, device))
+            bar.update(len(trajs[k : k + batch_size]))
+        cat = lambda attr: torch.cat([getattr(p, attr) for p in parts])
+        bc = BoundarySpec(torch.cat([p.bc.kind for p in parts]), torch.cat([p.bc.values for p in parts]),
+                          None if parts[0].bc.coeffs is None else torch.cat([p.bc.coeffs for p in parts]))
+        write_well_file(path, cat("u"), parts[0].field_names, grid, times, bc, cat("theta")[:, None],
+                        [preset.parameter], preset.name,
+                        theta_field=None if parts[0].theta_field is None else cat("theta_field"),
+                        trajectory_index=torch.tensor([t.index for t in trajs]),
+                        seed=torch.tensor([t.seed for t in trajs]),
+                        group=torch.tensor([t.param_index for t in trajs]),
+                        attrs={"preset": preset.name, "split": split, "size": size, "boundary": trajs[0].boundary})
+        manifest["files"][key] = {"trajectories": len(trajs), "sha256": _sha256(path)}
+        _write_json(manifest_path, manifest)
+        if on_shard is not None:
+            on_shard(path)
+    bar.close()
+    _write_stats(root)
+    manifest["complete"] = True
+    _write_json(manifest_path, manifest)
+    return root
+
+
+def _write_stats(root: Path) -> None:
+    """The Well's ``stats.yaml`` (mean, std, rms of each field) over the training split."""
+    sums: dict[str, list[float]] = {}
+    for path in sorted((root / "data" / "train").glob("*.hdf5")):
+        with h5py.File(path, "r") as f:
+            for order in ("t0_fields", "t1_fields"):
+                for name in f[order].attrs["field_names"]:
+                    x = f[order][name][()].astype(np.float64)
+                    s = sums.setdefault(name, [0.0, 0.0, 0.0])
+                    s[0] += x.size
+                    s[1] += x.sum()
+                    s[2] += (x * x).sum()
+    stats: dict[str, dict[str, float]] = {"mean": {}, "std": {}, "rms": {}}
+    for name, (n, s1, s2) in sums.items():
+        mean = s1 / n
+        stats["mean"][name] = float(mean)
+        stats["std"][name] = float(np.sqrt(max(s2 / n - mean * mean, 0.0)))
+        stats["rms"][name] = float(np.sqrt(s2 / n))
+    (root / "stats.yaml").write_text(yaml.safe_dump(stats))
+
+
+def dataset_info(root: str | Path) -> str:
+    """A human-readable summary of a generated dataset folder."""
+    root = Path(root)
+    manifest_path = root / "manifest.json"
+    if not manifest_path.exists():
+        candidates = list(root.glob("datasets/*/manifest.json"))
+        if len(candidates) != 1:
+            raise FileNotFoundError(f"{root}: no manifest.json (not a generated dataset folder)")
+        manifest_path = candidates[0]
+        root = manifest_path.parent
+    manifest = json.loads(manifest_path.read_text())
+    cfg = manifest["config"]
+    lines = [f"dataset {root.name}: preset {cfg['preset']}, size {cfg['size']}, "
+             f"{'complete' if manifest.get('complete') else 'INCOMPLETE (run generate again to resume)'}"]
+    for split in SPLITS:
+        files = {k: v for k, v in manifest["files"].items() if k.startswith(split + "/")}
+        if not files:
+            continue
+        n = sum(v["trajectories"] for v in files.values())
+        with h5py.File(root / "data" / next(iter(files)), "r") as f:
+            fields = [(k, f[o][k].shape[1:]) for o in ("t0_fields", "t1_fields") for k in f[o].attrs["field_names"]]
+            theta = f["gno_ext/theta"][()]
+        types = sorted({k.split("/")[1][len(cfg["preset"]) + 1:].rsplit("_", 1)[0] for k in files})
+        lines.append(f"  {split}: {n} trajectories in {len(files)} files; boundary types {types}; "
+                     f"fields {fields}; parameter in first file {theta.min():.4g}..{theta.max():.4g}")
+    return "\n".join(lines)

@@ -1,0 +1,228 @@
+r"""Dataset presets: the paper's protocols (Appendix C) at three sizes.
+
+A preset fixes the equation, the parameter range, the boundary setups, the resolution and the
+time axis. Its trajectories are enumerated deterministically: trajectory ``i`` of a split has a
+parameter value, a boundary setup and a seed that depend only on ``(preset, split, i)``, so the
+same index always gives the same trajectory, whatever the batch or the device.
+
+Sizes: ``smoke`` (seconds, for tests), ``small`` (a CPU in minutes), ``paper`` (the counts of
+Appendix C: e.g. heat-joint is 501 diffusivities x 15 setups x 10 trajectories for training).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["Preset", "SplitPlan", "Trajectory", "PRESETS", "get_preset", "BOUNDARY_TYPES"]
+
+BOUNDARY_TYPES = ("periodic", "dirichlet", "neumann", "robin", "dirichlet-time")
+SIZES = ("smoke", "small", "paper")
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """Counts of one split: parameter values x boundary setups per type x trajectories.
+
+    ``setups`` maps a boundary type to its number of setups; for a boundary-only preset the
+    setups are shared by all parameter values, for a joint preset each parameter value has its
+    own.
+    """
+
+    n_params: int
+    setups: dict[str, int]
+    trajectories: int
+
+    def __len__(self) -> int:
+        return self.n_params * sum(self.setups.values()) * self.trajectories
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """Everything that defines one trajectory of a split."""
+
+    index: int
+    param_index: int
+    boundary: str
+    setup: int
+    seed: int
+    theta: float
+    face_values: tuple[float, ...]
+
+
+def _seed(*parts: object) -> int:
+    return zlib.crc32("/".join(map(str, parts)).encode()) & 0x7FFFFFFF
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One dataset protocol.
+
+    Attributes
+    ----------
+    name : str
+        E.g. ``"heat-joint"``.
+    family : {"heat", "advection", "burgers", "ns"}
+    ndim : int
+    parameter : str
+        Name of the scalar parameter (``"alpha"``, ``"speed"``, ``"nu"``, ``"re"``).
+    ranges : dict
+        Parameter range per split, ``{"train": (lo, hi), "test": (lo, hi), ...}``.
+    log_parameter : bool
+        Whether the parameter spans decades (spaced logarithmically).
+    value_ranges : tuple of (lo, hi)
+        Intervals the boundary data is drawn from (uniformly over their union).
+    resolution : dict
+        Cells per axis for each size.
+    frames, frame_dt : int, float
+        Output frames per trajectory (the initial condition included) and their spacing.
+    plans : dict
+        ``plans[size][split]`` is a `SplitPlan`.
+    joint : bool
+        Boundary setups drawn per parameter value (joint) or shared (boundary-only).
+    fixed_parameter : float, optional
+        The parameter of a boundary-only preset.
+    test_value_ranges : tuple, optional
+        Boundary data intervals of the test split (OOD presets).
+    """
+
+    name: str
+    family: str
+    ndim: int
+    parameter: str
+    ranges: dict[str, tuple[float, float]]
+    log_parameter: bool
+    value_ranges: tuple[tuple[float, float], ...]
+    resolution: dict[str, int]
+    frames: dict[str, int]
+    frame_dt: float
+    plans: dict[str, dict[str, SplitPlan]]
+    joint: bool = False
+    fixed_parameter: float | None = None
+    test_value_ranges: tuple[tuple[float, float], ...] | None = None
+    notes: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def plan(self, size: str, split: str) -> SplitPlan:
+        """The counts of ``split`` at ``size``."""
+        if size not in self.plans:
+            raise ValueError(f"size: expected one of {sorted(self.plans)}, got {size!r}")
+        if split not in SPLITS:
+            raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
+        return self.plans[size][split]
+
+    def parameter_values(self, size: str, split: str) -> np.ndarray:
+        """The parameter grid of a split (linear or logarithmic)."""
+        n = self.plan(size, split).n_params
+        if self.fixed_parameter is not None:
+            return np.full(n, self.fixed_parameter)
+        lo, hi = self.ranges[split if split in self.ranges else "train"]
+        if n == 1:
+            return np.array([math.sqrt(lo * hi) if self.log_parameter else 0.5 * (lo + hi)])
+        return np.geomspace(lo, hi, n) if self.log_parameter else np.linspace(lo, hi, n)
+
+    def trajectories(self, size: str, split: str) -> list[Trajectory]:
+        """Every trajectory of a split, in order."""
+        plan = self.plan(size, split)
+        thetas = self.parameter_values(size, split)
+        ranges = self.test_value_ranges if (split == "test" and self.test_value_ranges) else self.value_ranges
+        widths = np.array([hi - lo for lo, hi in ranges])
+        out = []
+        for p in range(plan.n_params):
+            for kind, n_setups in plan.setups.items():
+                for s in range(n_setups):
+                    # joint presets draw setups per parameter value; boundary-only ones share them
+                    rng = np.random.default_rng(_seed(self.name, split, p if self.joint else "-", kind, s))
+                    faces = []
+                    for _ in range(2 * self.ndim):
+                        k = rng.choice(len(ranges), p=widths / widths.sum())
+                        faces.append(float(rng.uniform(*ranges[k])))
+                    values = tuple(faces) if kind != "periodic" else (0.0,) * (2 * self.ndim)
+                    for t in range(plan.trajectories):
+                        i = len(out)
+                        out.append(Trajectory(i, p, kind, s, _seed(self.name, split, i), float(thetas[p]), values))
+        return out
+
+
+def _plans(smoke: tuple, small: tuple, paper: tuple) -> dict[str, dict[str, SplitPlan]]:
+    """Each argument: ((n_params_train, n_params_test), setups dict, (traj_train, traj_test))."""
+    plans = {}
+    for size, ((p_train, p_test), setups, (t_train, t_test)) in zip(SIZES, (smoke, small, paper)):
+        plans[size] = {"train": SplitPlan(p_train, setups, t_train),
+                       "valid": SplitPlan(p_test, setups, t_test),
+                       "test": SplitPlan(p_test, setups, t_test)}
+    return plans
+
+
+HEAT_RANGE = {"train": (0.01, 1.0), "valid": (0.01, 1.0), "test": (0.01, 1.0)}
+BC_VALUES = ((-10.0, 10.0),)
+OOD_VALUES = ((-15.0, -10.0), (10.0, 15.0))
+RES = {"smoke": 16, "small": 32, "paper": 128}
+FRAMES = {"smoke": 6, "small": 21, "paper": 21}
+
+
+def _family(family: str, ndim: int, parameter: str, ranges: dict, log: bool, frame_dt: float,
+            fixed: float, res: dict[str, int] | None = None, frames: dict[str, int] | None = None,
+            extended: bool = False) -> list[Preset]:
+    res, frames = res or RES, frames or FRAMES
+    periodic = {"periodic": 1}
+    bc_only = {"periodic": 1, "dirichlet": 1, "neumann": 1}
+    ext = {"dirichlet-time": 1, "robin": 1}
+    presets = [
+        Preset(f"{family}-param", family, ndim, parameter, ranges, log, BC_VALUES, res, frames, frame_dt,
+               _plans(((3, 3), periodic, (1, 1)), ((16, 32), periodic, (4, 2)), ((501, 1001), periodic, (10, 2)))),
+        Preset(f"{family}-bc", family, ndim, parameter, ranges, log, BC_VALUES, res, frames, frame_dt,
+               # paper: 100 Dirichlet and 100 Neumann setups x 10 trajectories, 1000 periodic trajectories
+               {size: {split: SplitPlan(1, {"periodic": p, "dirichlet": d, "neumann": d}, 1) for split, (p, d) in
+                       zip(SPLITS, counts)} for size, counts in
+                (("smoke", ((2, 2), (1, 1), (1, 1))), ("small", ((40, 8), (8, 4), (8, 4))),
+                 ("paper", ((1000, 100), (200, 100), (200, 100))))},
+               fixed_parameter=fixed),
+        Preset(f"{family}-joint", family, ndim, parameter, ranges, log, BC_VALUES, res, frames, frame_dt,
+               _plans(((2, 2), bc_only, (1, 1)), ((8, 16), {k: 2 for k in bc_only}, (2, 1)),
+                      ((501, 1001) if family == "heat" else (500, 1000), {k: 5 for k in bc_only}, (10, 2))),
+               joint=True),
+    ]
+    if extended:
+        presets.append(Preset(f"{family}-bc-extended", family, ndim, parameter, ranges, log, BC_VALUES, res, frames,
+                              frame_dt, _plans(((2, 2), ext, (1, 1)), ((8, 8), {k: 2 for k in ext}, (2, 1)),
+                                               ((101, 201), {k: 5 for k in ext}, (10, 2))), joint=True))
+    return presets
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in [
+    *_family("heat", 2, "alpha", HEAT_RANGE, True, 0.005, 0.1, extended=True),
+    *_family("advection", 2, "speed", {"train": (0.5, 1.5), "valid": (0.5, 1.5), "test": (0.5, 1.5)},
+             False, 0.01, 1.0),
+    Preset("advection-ood", "advection", 2, "speed", {"train": (0.5, 1.5), "valid": (0.5, 1.5), "test": (1.5, 2.5)},
+           False, BC_VALUES, RES, FRAMES, 0.01,
+           _plans(((2, 2), {"periodic": 1, "dirichlet": 1}, (1, 1)), ((8, 8), {"periodic": 1, "dirichlet": 2}, (2, 1)),
+                  ((500, 1000), {"periodic": 1, "dirichlet": 5}, (10, 2))),
+           joint=True, test_value_ranges=OOD_VALUES,
+           notes="test velocities have RMS speeds in [1.5, 2.5] (training: [0.5, 1.5]) and Dirichlet data "
+                 "in [-15, -10] U [10, 15] (training: [-10, 10])"),
+    Preset("advection-3d", "advection", 3, "speed", {"train": (0.5, 1.5), "valid": (0.5, 1.5), "test": (0.5, 1.5)},
+           False, BC_VALUES, {"smoke": 8, "small": 16, "paper": 64}, FRAMES, 0.01,
+           _plans(((2, 2), {"periodic": 1}, (1, 1)), ((8, 8), {"periodic": 1}, (2, 1)),
+                  ((500, 1000), {"periodic": 1}, (10, 2)))),
+    Preset("burgers-param", "burgers", 2, "nu", {"train": (5e-4, 5e-2), "valid": (0.01, 1.0), "test": (0.01, 1.0)},
+           True, BC_VALUES, RES, {"smoke": 6, "small": 41, "paper": 100}, 0.01,
+           _plans(((3, 3), {"periodic": 1}, (1, 1)), ((16, 16), {"periodic": 1}, (2, 1)),
+                  ((501, 1001), {"periodic": 1}, (10, 2))),
+           notes="test viscosities lie on the paper's shifted interval [0.01, 1]"),
+    Preset("ns-param", "ns", 2, "re", {"train": (500.0, 1000.0), "valid": (500.0, 1000.0), "test": (500.0, 1000.0)},
+           False, BC_VALUES, RES, {"smoke": 6, "small": 41, "paper": 100}, 0.1,
+           _plans(((3, 3), {"periodic": 1}, (1, 1)), ((11, 21), {"periodic": 1}, (2, 1)),
+                  ((101, 501), {"periodic": 1}, (10, 2)))),
+]}
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called ``name``; a missing name lists the available ones."""
+    if name not in PRESETS:
+        raise KeyError(f"unknown preset {name!r}; available: {', '.join(sorted(PRESETS))}")
+    return PRESETS[name]

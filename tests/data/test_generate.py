@@ -1,0 +1,133 @@
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from gno_ext.adapters import GeneratedDataset, open_dataset
+from gno_ext.data import PRESETS, generate, get_preset
+from gno_ext.data.cli import main as cli
+from gno_ext.schema import BCType, collate
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_generates_at_smoke_size_and_reads_back(name, tmp_path):
+    root = generate(name, "smoke", tmp_path, device="cpu", progress=False)
+    manifest = json.loads((root / "manifest.json").read_text())
+    preset = get_preset(name)
+    assert manifest["complete"]
+    for split in ("train", "valid", "test"):
+        n = sum(v["trajectories"] for k, v in manifest["files"].items() if k.startswith(split))
+        assert n == len(preset.plan("smoke", split))
+    ds = GeneratedDataset(root, split="train")
+    s = ds[0]
+    assert torch.isfinite(s.u_in).all() and torch.isfinite(s.u_out).all()
+    assert s.grid.shape == (preset.resolution["smoke"],) * preset.ndim
+    assert (root / "stats.yaml").exists()
+
+
+def test_the_wells_reader_opens_our_files_and_round_trip_is_lossless(tmp_path):
+    pytest.importorskip("the_well")
+    from the_well.data import WellDataset
+
+    root = generate("advection-joint", "smoke", tmp_path, device="cpu", progress=False)
+    well = WellDataset(path=str(root), well_split_name="train", n_steps_input=1, n_steps_output=1,
+                       use_normalization=True)  # also reads our stats.yaml
+    raw = WellDataset(path=str(root), well_split_name="train", n_steps_input=1, n_steps_output=1)
+    ours = GeneratedDataset(root, split="train")
+    assert len(well) == len(ours)
+    files = sorted((root / "data" / "train").glob("*.hdf5"))
+    with h5py.File(files[0]) as f:
+        u = f["t0_fields/u"][()]
+        vel = f["t1_fields/velocity_field"][()]
+        kind = f["gno_ext/bc_kind"][()]
+        values = f["gno_ext/bc_values"][()]
+        theta = f["gno_ext/theta"][()]
+    assert well[0]["input_fields"].shape == raw[0]["input_fields"].shape
+    for i in (0, 3):
+        w, s = raw[i], ours[i]
+        assert torch.equal(w["input_fields"][0, ..., 0], s.u_in[0, 0])
+        assert torch.equal(w["output_fields"][0, ..., 0], s.u_out[0, 0])
+    # our reader gives back exactly what was written, boundary description included
+    windows_per_traj = u.shape[1] - 1
+    s = ours[windows_per_traj + 2]  # trajectory 1, start 2
+    assert torch.equal(s.u_in[0, 0], torch.from_numpy(u[1, 2])) and torch.equal(s.u_out[0, 0], torch.from_numpy(u[1, 3]))
+    assert torch.equal(s.theta_field, torch.from_numpy(np.moveaxis(vel[1], -1, 0)))
+    assert torch.equal(s.bc.kind, torch.from_numpy(kind[1])) and torch.equal(s.bc.values, torch.from_numpy(values[1]))
+    assert s.theta.tolist() == pytest.approx(theta[1].tolist())
+
+
+def test_time_dependent_and_robin_boundaries_round_trip(tmp_path):
+    root = generate("heat-bc-extended", "smoke", tmp_path, device="cpu", progress=False)
+    ds = open_dataset("custom", root, n_steps_output=2, split="train")
+    kinds = {tuple(ds[i].bc.kind.tolist()) for i in range(len(ds))}
+    assert kinds == {(BCType.DIRICHLET,) * 4, (BCType.ROBIN,) * 4}
+    timed = [ds[i] for i in range(len(ds)) if ds[i].bc.values.shape[1] > 1]
+    assert timed, "the time-dependent Dirichlet setup must carry one value per frame"
+    s = timed[0]
+    assert s.bc.values.shape[1] == 3 and not torch.equal(s.bc.values[:, 0], s.bc.values[:, 2])
+    robin = [ds[i] for i in range(len(ds)) if ds[i].bc.kind[0] == BCType.ROBIN][0]
+    assert robin.bc.coeffs[0].tolist() == pytest.approx([1.0, 0.1])
+    assert collate([ds[0], ds[1]]).bc.values.shape[2] == 3
+
+
+def test_same_index_same_trajectory_whatever_the_batch(tmp_path):
+    a = generate("heat-param", "smoke", tmp_path / "a", device="cpu", batch_size=1, progress=False)
+    b = generate("heat-param", "smoke", tmp_path / "b", device="cpu", batch_size=64, progress=False)
+    for fa in sorted((a / "data" / "test").glob("*.hdf5")):
+        with h5py.File(fa) as x, h5py.File(b / "data" / "test" / fa.name) as y:
+            assert np.array_equal(x["t0_fields/u"][()], y["t0_fields/u"][()])
+            assert np.array_equal(x["gno_ext/seed"][()], y["gno_ext/seed"][()])
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_interrupted_generation_resumes_to_the_same_dataset(tmp_path):
+    full = generate("heat-joint", "smoke", tmp_path / "full", device="cpu", shard_size=2, progress=False)
+    written = []
+
+    def stop_after_two(path):
+        written.append(path)
+        if len(written) == 2:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        generate("heat-joint", "smoke", tmp_path / "run", device="cpu", shard_size=2, progress=False,
+                 on_shard=stop_after_two)
+    root = tmp_path / "run" / "datasets" / "heat-joint"
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert len(manifest["files"]) == 2 and not manifest.get("complete")
+    # a leftover temporary file (a killed write) never counts as a shard
+    (root / "data" / "train" / ".heat-joint_periodic_0000.hdf5.tmp-1").write_bytes(b"partial")
+    assert "INCOMPLETE" in cli_info(root)
+    seen = []
+    generate("heat-joint", "smoke", tmp_path / "run", device="cpu", shard_size=2, progress=False,
+             on_shard=seen.append)
+    assert len(seen) == len(json.loads((full / "manifest.json").read_text())["files"]) - 2
+    done = json.loads((root / "manifest.json").read_text())
+    ref = json.loads((full / "manifest.json").read_text())
+    assert done["complete"]
+    assert {k: v["trajectories"] for k, v in done["files"].items()} == {k: v["trajectories"] for k, v in ref["files"].items()}
+    for key in ref["files"]:
+        with h5py.File(full / "data" / key) as x, h5py.File(root / "data" / key) as y:
+            assert np.array_equal(x["t0_fields/u"][()], y["t0_fields/u"][()])
+
+
+def cli_info(path):
+    from gno_ext.data.generate import dataset_info
+
+    return dataset_info(path)
+
+
+def test_cli(tmp_path, capsys):
+    assert cli(["generate", "heat-param", "--size", "smoke", "--out", str(tmp_path), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "preset heat-param, size smoke, complete" in out and "test: 3 trajectories" in out
+    assert cli(["list"]) == 0 and "advection-ood" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="refusing to mix"):
+        generate("heat-param", "small", tmp_path, device="cpu", progress=False)
+    with pytest.raises(KeyError, match="unknown preset 'heat'; available"):
+        generate("heat", "smoke", tmp_path)
