@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     gen.add_argument("--batch-size", type=int, default=64)
     gen.add_argument("--shard-size", type=int, default=256)
+    gen.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="storage type of the fields")
     info = sub.add_parser("info", help="summarise a generated dataset")
     info.add_argument("path")
     args = parser.parse_args(argv)
@@ -33,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
             counts = ", ".join(f"{s}: {len(p.plan(s, 'train'))}" for s in SIZES)
             print(f"{name:22s} {p.family:10s} {p.ndim}-D, train trajectories ({counts})")
     elif args.command == "generate":
-        root = generate(args.preset, args.size, args.out, args.device, args.batch_size, args.shard_size)
+        root = generate(args.preset, args.size, args.out, args.device, args.batch_size, args.shard_size,
+                        dtype=args.dtype)
         print(dataset_info(root))
     else:
         print(dataset_info(args.path))

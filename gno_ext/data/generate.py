@@ -64,7 +64,8 @@ def shards(preset: Preset, size: str, split: str, shard_size: int) -> list[tuple
 
 def generate(name: str, size: str = "small", out: str | Path = "data", device: str | None = None,
              batch_size: int = 64, shard_size: int = 256, splits: tuple[str, ...] = SPLITS,
-             progress: bool = True, on_shard: Callable[[Path], None] | None = None) -> Path:
+             progress: bool = True, on_shard: Callable[[Path], None] | None = None,
+             dtype: str = "float32") -> Path:
     """Generate (or finish generating) preset ``name`` at ``size`` under ``out``.
 
     Parameters
@@ -85,6 +86,8 @@ def generate(name: str, size: str = "small", out: str | Path = "data", device: s
         Show a progress bar.
     on_shard : callable, optional
         Called with each completed shard's path (used by tests to interrupt a run).
+    dtype : {"float32", "float16"}
+        Storage type of the fields.
 
     Returns
     -------
@@ -96,7 +99,7 @@ def generate(name: str, size: str = "small", out: str | Path = "data", device: s
     root = Path(out) / "datasets" / preset.name
     manifest_path = root / "manifest.json"
     manifest: dict[str, Any] = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    config = {"preset": preset.name, "size": size, "shard_size": shard_size}
+    config = {"preset": preset.name, "size": size, "shard_size": shard_size, "dtype": dtype}
     if manifest and manifest.get("config") != config:
         raise ValueError(f"{root}: already holds {manifest.get('config')}; refusing to mix with {config}")
     manifest.setdefault("config", config)
@@ -127,7 +130,8 @@ def generate(name: str, size: str = "small", out: str | Path = "data", device: s
                         trajectory_index=torch.tensor([t.index for t in trajs]),
                         seed=torch.tensor([t.seed for t in trajs]),
                         group=torch.tensor([t.param_index for t in trajs]),
-                        attrs={"preset": preset.name, "split": split, "size": size, "boundary": trajs[0].boundary})
+                        attrs={"preset": preset.name, "split": split, "size": size, "boundary": trajs[0].boundary},
+                        dtype=dtype)
         manifest["files"][key] = {"trajectories": len(trajs), "sha256": _sha256(path)}
         _write_json(manifest_path, manifest)
         if on_shard is not None:

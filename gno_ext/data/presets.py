@@ -30,15 +30,19 @@ class SplitPlan:
 
     ``setups`` maps a boundary type to its number of setups; for a boundary-only preset the
     setups are shared by all parameter values, for a joint preset each parameter value has its
-    own.
+    own. ``trajectories`` is per setup, for all types or per type.
     """
 
     n_params: int
     setups: dict[str, int]
-    trajectories: int
+    trajectories: int | dict[str, int]
+
+    def per_setup(self, kind: str) -> int:
+        """Trajectories per setup of boundary type ``kind``."""
+        return self.trajectories[kind] if isinstance(self.trajectories, dict) else self.trajectories
 
     def __len__(self) -> int:
-        return self.n_params * sum(self.setups.values()) * self.trajectories
+        return self.n_params * sum(n * self.per_setup(k) for k, n in self.setups.items())
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,7 @@ class Preset:
                         k = rng.choice(len(ranges), p=widths / widths.sum())
                         faces.append(float(rng.uniform(*ranges[k])))
                     values = tuple(faces) if kind != "periodic" else (0.0,) * (2 * self.ndim)
-                    for t in range(plan.trajectories):
+                    for t in range(plan.per_setup(kind)):
                         i = len(out)
                         out.append(Trajectory(i, p, kind, s, _seed(self.name, split, i), float(thetas[p]), values))
         return out
@@ -176,11 +180,13 @@ def _family(family: str, ndim: int, parameter: str, ranges: dict, log: bool, fra
         Preset(f"{family}-param", family, ndim, parameter, ranges, log, BC_VALUES, res, frames, frame_dt,
                _plans(((3, 3), periodic, (1, 1)), ((16, 32), periodic, (4, 2)), ((501, 1001), periodic, (10, 2)))),
         Preset(f"{family}-bc", family, ndim, parameter, ranges, log, BC_VALUES, res, frames, frame_dt,
-               # paper: 100 Dirichlet and 100 Neumann setups x 10 trajectories, 1000 periodic trajectories
-               {size: {split: SplitPlan(1, {"periodic": p, "dirichlet": d, "neumann": d}, 1) for split, (p, d) in
-                       zip(SPLITS, counts)} for size, counts in
-                (("smoke", ((2, 2), (1, 1), (1, 1))), ("small", ((40, 8), (8, 4), (8, 4))),
-                 ("paper", ((1000, 100), (200, 100), (200, 100))))},
+               # paper: 100 Dirichlet and 100 Neumann setups x 10 trajectories and 1000 periodic
+               # trajectories for training; valid and test: the same setups structure, 2 per setup
+               {size: {split: SplitPlan(1, {"periodic": 1, "dirichlet": d, "neumann": d},
+                                        {"periodic": p, "dirichlet": k, "neumann": k})
+                       for split, (p, d, k) in zip(SPLITS, counts)} for size, counts in
+                (("smoke", ((2, 1, 1), (1, 1, 1), (1, 1, 1))), ("small", ((40, 8, 4), (8, 4, 2), (8, 4, 2))),
+                 ("paper", ((1000, 100, 10), (200, 100, 2), (200, 100, 2))))},
                fixed_parameter=fixed),
         Preset(f"{family}-joint", family, ndim, parameter, ranges, log, BC_VALUES, res, frames, frame_dt,
                _plans(((2, 2), bc_only, (1, 1)), ((8, 16), {k: 2 for k in bc_only}, (2, 1)),

@@ -44,7 +44,8 @@ def _flags(group: h5py.Group | h5py.Dataset, sample: bool, time: bool, dims: int
 def write_well_file(path: str | Path, u: Tensor, field_names: list[str], grid: Grid, times: Tensor,
                     bc: BoundarySpec, theta: Tensor, parameter_names: list[str], dataset_name: str,
                     theta_field: Tensor | None = None, trajectory_index: Tensor | None = None,
-                    seed: Tensor | None = None, group: Tensor | None = None, attrs: dict | None = None) -> Path:
+                    seed: Tensor | None = None, group: Tensor | None = None, attrs: dict | None = None,
+                    dtype: str = "float32") -> Path:
     """Write ``n`` trajectories to ``path`` atomically.
 
     Parameters
@@ -67,6 +68,8 @@ def write_well_file(path: str | Path, u: Tensor, field_names: list[str], grid: G
         Parameter index of each trajectory (DRO groups are built from it).
     attrs : dict, optional
         Extra attributes of the ``gno_ext`` group.
+    dtype : {"float32", "float16"}
+        Storage type of the fields (float16 halves the disk size; relative rounding 5e-4).
     """
     path = Path(path)
     n, t, c = u.shape[:3]
@@ -102,7 +105,9 @@ def write_well_file(path: str | Path, u: Tensor, field_names: list[str], grid: G
         for j, name in enumerate(parameter_names):
             scalars[name] = theta[:, j].double().numpy()
             _flags(scalars[name], True, False)
-        data = u.numpy().astype(np.float32)
+        if dtype not in ("float32", "float16"):
+            raise ValueError(f"dtype: expected 'float32' or 'float16', got {dtype!r}")
+        data = u.numpy().astype(dtype)
         t0 = f.create_group("t0_fields")
         t1 = f.create_group("t1_fields")
         f.create_group("t2_fields").attrs["field_names"] = []

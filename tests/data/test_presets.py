@@ -1,0 +1,50 @@
+import numpy as np
+import pytest
+
+from gno_ext.data import PRESETS, get_preset
+
+
+@pytest.mark.parametrize("name,train,test", [
+    ("heat-param", 501 * 10, 1001 * 2), ("heat-bc", 1000 + 2 * 100 * 10, 200 + 2 * 100 * 2),
+    ("heat-joint", 501 * 15 * 10, 1001 * 15 * 2), ("advection-param", 500 * 10, 1000 * 2),
+    ("advection-joint", 500 * 15 * 10, 1000 * 15 * 2), ("burgers-param", 501 * 10, 1001 * 2),
+    ("ns-param", 101 * 10, 501 * 2),
+])
+def test_paper_counts_of_appendix_c(name, train, test):
+    p = get_preset(name)
+    assert len(p.plan("paper", "train")) == train and len(p.plan("paper", "test")) == test
+
+
+def test_parameter_grids_and_ranges():
+    heat = get_preset("heat-param").parameter_values("paper", "train")
+    assert len(heat) == 501 and heat[0] == pytest.approx(0.01) and heat[-1] == pytest.approx(1.0)
+    burgers = get_preset("burgers-param")
+    assert burgers.parameter_values("paper", "test")[0] == pytest.approx(0.01)  # the shifted test range
+    ns = get_preset("ns-param").parameter_values("paper", "test")
+    assert len(ns) == 501 and ns.min() == 500 and ns.max() == 1000
+
+
+def test_boundary_setups():
+    joint = get_preset("heat-joint").trajectories("small", "train")
+    bounded = [t for t in joint if t.boundary != "periodic"]
+    values = np.array([t.face_values for t in bounded])
+    assert values.min() >= -10 and values.max() <= 10 and len(set(map(tuple, values))) > 1
+    # joint: each parameter value has its own setups; boundary-only: setups shared by all
+    by_param = {}
+    for t in bounded:
+        by_param.setdefault((t.boundary, t.setup), set()).add(t.face_values)
+    assert any(len(v) > 1 for v in by_param.values())
+    ood = get_preset("advection-ood").trajectories("small", "test")
+    ood_values = np.abs([v for t in ood if t.boundary == "dirichlet" for v in t.face_values])
+    assert ood_values.min() >= 10 and ood_values.max() <= 15
+    assert get_preset("advection-ood").parameter_values("small", "test").min() >= 1.5
+    seeds = [t.seed for t in joint]
+    assert len(set(seeds)) == len(seeds)
+    assert get_preset("heat-joint").trajectories("small", "train")[7] == joint[7]
+
+
+def test_unknown_names():
+    with pytest.raises(KeyError, match="available: advection-3d"):
+        get_preset("heat")
+    with pytest.raises(ValueError, match="size: expected one of"):
+        PRESETS["heat-param"].plan("huge", "train")
