@@ -173,12 +173,13 @@ def _family(family: str, ndim: int, parameter: str, ranges: dict, log: bool, fra
             fixed: float, res: dict[str, int] | None = None, frames: dict[str, int] | None = None,
             extended: bool = False) -> list[Preset]:
     res, frames = res or RES, frames or FRAMES
+    counts = (501, 1001) if family == "heat" else (500, 1000)  # diffusivities, or velocity fields
     periodic = {"periodic": 1}
     bc_only = {"periodic": 1, "dirichlet": 1, "neumann": 1}
     ext = {"dirichlet-time": 1, "robin": 1}
     presets = [
         Preset(f"{family}-param", family, ndim, parameter, ranges, log, BC_VALUES, res, frames, frame_dt,
-               _plans(((3, 3), periodic, (1, 1)), ((16, 32), periodic, (4, 2)), ((501, 1001), periodic, (10, 2)))),
+               _plans(((3, 3), periodic, (1, 1)), ((16, 32), periodic, (4, 2)), (counts, periodic, (10, 2)))),
         Preset(f"{family}-bc", family, ndim, parameter, ranges, log, BC_VALUES, res, frames, frame_dt,
                # paper: 100 Dirichlet and 100 Neumann setups x 10 trajectories and 1000 periodic
                # trajectories for training; valid and test: the same setups structure, 2 per setup
@@ -190,7 +191,7 @@ def _family(family: str, ndim: int, parameter: str, ranges: dict, log: bool, fra
                fixed_parameter=fixed),
         Preset(f"{family}-joint", family, ndim, parameter, ranges, log, BC_VALUES, res, frames, frame_dt,
                _plans(((2, 2), bc_only, (1, 1)), ((8, 16), {k: 2 for k in bc_only}, (2, 1)),
-                      ((501, 1001) if family == "heat" else (500, 1000), {k: 5 for k in bc_only}, (10, 2))),
+                      (counts, {k: 5 for k in bc_only}, (10, 2))),
                joint=True),
     ]
     if extended:
