@@ -8,6 +8,7 @@ import torch
 from gno_ext.adapters import GeneratedDataset, open_dataset
 from gno_ext.data import PRESETS, generate, get_preset
 from gno_ext.data.cli import main as cli
+from gno_ext.data.generate import _sha256
 from gno_ext.schema import BCType, collate
 
 
@@ -131,3 +132,33 @@ def test_cli(tmp_path, capsys):
         generate("heat-param", "small", tmp_path, device="cpu", progress=False)
     with pytest.raises(KeyError, match="unknown preset 'heat'; available"):
         generate("heat", "smoke", tmp_path)
+
+
+def test_a_killed_generation_resumes(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "gno_ext.data.cli", "generate", "advection-joint", "--size", "smoke", "--out",
+           str(tmp_path), "--device", "cpu", "--shard-size", "1"]
+    manifest = tmp_path / "datasets" / "advection-joint" / "manifest.json"
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if manifest.exists() and len(json.loads(manifest.read_text())["files"]) >= 2:
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    state = json.loads(manifest.read_text())
+    assert not state.get("complete") and len(state["files"]) < 18
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = json.loads(manifest.read_text())
+    assert state["complete"] and len(state["files"]) == 18
+    for key, entry in state["files"].items():
+        assert _sha256(tmp_path / "datasets" / "advection-joint" / "data" / key) == entry["sha256"]
+    ds = GeneratedDataset(tmp_path / "datasets" / "advection-joint", split="test")
+    assert len(ds) == 6 * (get_preset("advection-joint").frames["smoke"] - 1)
