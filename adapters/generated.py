@@ -9,6 +9,7 @@ window: ``bc.values[:, 0]`` at the last input frame, then one entry per output f
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import h5py
@@ -32,10 +33,16 @@ class GeneratedDataset(Dataset):
         ``datasets/``, or a split folder.
     n_steps_input, n_steps_output, stride : int
     split : {"train", "valid", "test"}
+    parameter_filter : callable, optional
+        ``f(theta) -> bool`` on a trajectory's parameter; trajectories that fail are left out
+        (out-of-distribution experiments).
+    in_memory : bool
+        Read every field into memory once (fast random access when the split fits in RAM).
     """
 
     def __init__(self, path: str | Path, n_steps_input: int = 1, n_steps_output: int = 1, split: str = "train",
-                 stride: int = 1) -> None:
+                 stride: int = 1, parameter_filter: Callable[[float], bool] | None = None,
+                 in_memory: bool = False) -> None:
         path = Path(path)
         if (path / "datasets").is_dir():
             found = sorted((path / "datasets").iterdir())
@@ -70,9 +77,26 @@ class GeneratedDataset(Dataset):
                     "preset": str(f["gno_ext"].attrs.get("preset", "")),
                 })
                 lengths += [t] * n
-        self.index = [(i, j) for i, m in enumerate(self.meta_per_file) for j in range(m["n"])]
+        self.index = [(i, j) for i, m in enumerate(self.meta_per_file) for j in range(m["n"])
+                      if parameter_filter is None or parameter_filter(float(m["theta"][j, 0]))]
+        if not self.index:
+            raise ValueError(f"{folder}: parameter_filter kept no trajectory")
+        offsets = np.cumsum([0] + [m["n"] for m in self.meta_per_file])
+        lengths = [lengths[offsets[i] + j] for i, j in self.index]
         self.windows = Windows(lengths, n_steps_input, n_steps_output, stride)
         self._handles: tuple[int, dict[int, h5py.File]] | None = None
+        self._memory: dict[tuple[int, str, str], np.ndarray] | None = None
+        if in_memory:
+            self._memory = {}
+            for i, m in enumerate(self.meta_per_file):
+                with h5py.File(self.files[i], "r") as f:
+                    for order, name in m["fields"] + ([("t1_fields", "velocity_field")] if m["velocity"] else []):
+                        self._memory[(i, order, name)] = f[order][name][()]
+
+    def _array(self, i: int, order: str, name: str):
+        if self._memory is not None:
+            return self._memory[(i, order, name)]
+        return self._file(i)[order][name]
 
     def _file(self, i: int) -> h5py.File:
         if self._handles is None or self._handles[0] != os.getpid():
@@ -87,12 +111,12 @@ class GeneratedDataset(Dataset):
     def __getitem__(self, index: int) -> PDESample:
         slot, start = self.windows.locate(index)
         i, j = self.index[slot]
-        m, f = self.meta_per_file[i], self._file(i)
+        m = self.meta_per_file[i]
         inputs, outputs = self.windows.frames(start)
         sel = slice(int(inputs[0]), int(outputs[-1]) + 1, self.stride)
         parts = []
         for order, name in m["fields"]:
-            x = torch.from_numpy(f[order][name][j, sel])
+            x = torch.from_numpy(np.ascontiguousarray(self._array(i, order, name)[j, sel]))
             parts.append(x[:, None] if order == "t0_fields" else x.movedim(-1, 1))
         u = torch.cat(parts, 1).float()
         values = m["values"][j]
@@ -100,7 +124,8 @@ class GeneratedDataset(Dataset):
             values = values[:, torch.as_tensor(np.concatenate([inputs[-1:], outputs]))]
         field = None
         if m["velocity"]:
-            field = torch.from_numpy(f["t1_fields/velocity_field"][j]).movedim(-1, 0).float()
+            field = torch.from_numpy(np.ascontiguousarray(self._array(i, "t1_fields", "velocity_field")[j]))
+            field = field.movedim(-1, 0).float()
         n_in = len(inputs)
         return PDESample(u_in=u[:n_in], u_out=u[n_in:], theta=m["theta"][j], bc=BoundarySpec(m["kind"][j], values,
                          m["coeffs"][j]), grid=m["grid"], dt=m["dt"] * self.stride, theta_field=field,

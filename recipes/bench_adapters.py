@@ -6,7 +6,7 @@ PDEBench 2-D CFD (4 channels, 128 x 128) and a custom HDF5 file (1 channel, 128 
 case iterates a shuffled DataLoader (batch 16, ``collate``) over the whole dataset once after
 a warm-up pass.
 
-    python recipes/bench_adapters.py --workers 0 2
+    python recipes/bench_adapters.py --workers 0 2 [--batch 16]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 import torch
 
-from gno_ext.adapters import open_dataset
+from gno_ext.adapters import ArrayDataset, open_dataset
 from gno_ext.adapters.fixtures import write_pdebench_cfd, write_well_trl
 from gno_ext.schema import collate
 
@@ -38,12 +38,17 @@ def make_files(root: Path) -> dict[str, tuple[str, Path, dict]]:
         f["theta"] = np.random.default_rng(1).random((8, 1)).astype(np.float32)
     return {"the_well (TRL 128x384, 4 ch)": ("the_well", well, {}),
             "pdebench (CFD 128^2, 4 ch)": ("pdebench", cfd, {}),
-            "custom (128^2, 1 ch)": ("custom", custom, {})}
+            "custom (128^2, 1 ch)": ("custom", custom, {}),
+            "custom in memory (128^2, 1 ch)": ("memory", custom, {})}
 
 
-def bench(kind: str, path: Path, kwargs: dict, workers: int) -> tuple[int, float]:
-    ds = open_dataset(kind, path, **kwargs)
-    loader = torch.utils.data.DataLoader(ds, batch_size=16, shuffle=True, num_workers=workers, collate_fn=collate,
+def bench(kind: str, path: Path, kwargs: dict, workers: int, batch: int) -> tuple[int, float]:
+    if kind == "memory":  # the same file read into RAM first: ArrayDataset over numpy arrays
+        with h5py.File(path, "r") as f:
+            ds = ArrayDataset(f["u"][()], theta=f["theta"][()])
+    else:
+        ds = open_dataset(kind, path, **kwargs)
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers, collate_fn=collate,
                                          generator=torch.Generator().manual_seed(0),
                                          persistent_workers=workers > 0)
     for _ in loader:  # warm-up: worker start, file handles, page cache
@@ -56,13 +61,14 @@ def bench(kind: str, path: Path, kwargs: dict, workers: int) -> tuple[int, float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--batch", type=int, default=16)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cases = make_files(Path(tmp))
         print(f"{'adapter':32s} {'workers':>7s} {'samples':>8s} {'samples/s':>10s}")
         for name, (kind, path, kwargs) in cases.items():
             for workers in args.workers:
-                n, rate = bench(kind, path, kwargs, workers)
+                n, rate = bench(kind, path, kwargs, workers, args.batch)
                 print(f"{name:32s} {workers:7d} {n:8d} {rate:10.1f}", flush=True)
 
 

@@ -2,8 +2,8 @@
 
     python recipes/plot_datasets.py --out docs/assets/datasets
 
-Generates the ``small`` heat-joint and advection-joint presets into a temporary folder and
-shows, for each boundary type, the trajectories of the smallest and largest parameter.
+Generates the test split of ``small`` presets into a temporary folder and shows, for each
+boundary type, the trajectories of the smallest and largest parameter (first channel).
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     figure("heat-joint", args.out, [1, 4, 20])
     figure("advection-joint", args.out, [5, 10, 20])
+    figure("burgers-param", args.out, [10, 20, 40])
+    figure("ns-param", args.out, [10, 20, 40])
 
 
 if __name__ == "__main__":

@@ -176,7 +176,8 @@ def _family(family: str, ndim: int, parameter: str, ranges: dict, log: bool, fra
     counts = (501, 1001) if family == "heat" else (500, 1000)  # diffusivities, or velocity fields
     periodic = {"periodic": 1}
     bc_only = {"periodic": 1, "dirichlet": 1, "neumann": 1}
-    ext = {"dirichlet-time": 1, "robin": 1}
+    # Robin data is defined for diffusion only; advection gets time-dependent inflow data
+    ext = {"dirichlet-time": 1, "robin": 1} if family == "heat" else {"dirichlet-time": 1}
     presets = [
         Preset(f"{family}-param", family, ndim, parameter, ranges, log, BC_VALUES, res, frames, frame_dt,
                _plans(((3, 3), periodic, (1, 1)), ((16, 32), periodic, (4, 2)), (counts, periodic, (10, 2)))),
@@ -204,7 +205,7 @@ def _family(family: str, ndim: int, parameter: str, ranges: dict, log: bool, fra
 PRESETS: dict[str, Preset] = {p.name: p for p in [
     *_family("heat", 2, "alpha", HEAT_RANGE, True, 0.005, 0.1, extended=True),
     *_family("advection", 2, "speed", {"train": (0.5, 1.5), "valid": (0.5, 1.5), "test": (0.5, 1.5)},
-             False, 0.01, 1.0),
+             False, 0.01, 1.0, extended=True),
     Preset("advection-ood", "advection", 2, "speed", {"train": (0.5, 1.5), "valid": (0.5, 1.5), "test": (1.5, 2.5)},
            False, BC_VALUES, RES, FRAMES, 0.01,
            _plans(((2, 2), {"periodic": 1, "dirichlet": 1}, (1, 1)), ((8, 8), {"periodic": 1, "dirichlet": 2}, (2, 1)),

@@ -162,3 +162,15 @@ def test_a_killed_generation_resumes(tmp_path):
         assert _sha256(tmp_path / "datasets" / "advection-joint" / "data" / key) == entry["sha256"]
     ds = GeneratedDataset(tmp_path / "datasets" / "advection-joint", split="test")
     assert len(ds) == 6 * (get_preset("advection-joint").frames["smoke"] - 1)
+
+
+def test_generated_dataset_parameter_filter_and_in_memory(tmp_path):
+    root = generate("heat-param", "smoke", tmp_path, device="cpu", progress=False)
+    full = GeneratedDataset(root, split="train")
+    small = GeneratedDataset(root, split="train", parameter_filter=lambda a: a < 0.5)
+    assert 0 < len(small) < len(full) and all(small[i].theta.item() < 0.5 for i in range(len(small)))
+    cached = GeneratedDataset(root, split="train", in_memory=True)
+    for i in (0, len(full) - 1):
+        assert torch.equal(cached[i].u_out, full[i].u_out) and torch.equal(cached[i].bc.values, full[i].bc.values)
+    with pytest.raises(ValueError, match="kept no trajectory"):
+        GeneratedDataset(root, split="train", parameter_filter=lambda a: False)
