@@ -138,7 +138,8 @@ def generate(name: str, size: str = "small", out: str | Path = "data", device: s
             on_shard(path)
     bar.close()
     _write_stats(root)
-    manifest["complete"] = True
+    manifest["splits"] = sorted(set(manifest.get("splits", [])) | set(splits))
+    manifest["complete"] = set(manifest["splits"]) == set(SPLITS)
     _write_json(manifest_path, manifest)
     return root
 

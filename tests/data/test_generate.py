@@ -174,3 +174,10 @@ def test_generated_dataset_parameter_filter_and_in_memory(tmp_path):
         assert torch.equal(cached[i].u_out, full[i].u_out) and torch.equal(cached[i].bc.values, full[i].bc.values)
     with pytest.raises(ValueError, match="kept no trajectory"):
         GeneratedDataset(root, split="train", parameter_filter=lambda a: False)
+
+
+def test_a_subset_of_splits_is_not_called_complete(tmp_path):
+    root = generate("heat-param", "smoke", tmp_path, device="cpu", progress=False, splits=("test",))
+    assert not json.loads((root / "manifest.json").read_text())["complete"]
+    generate("heat-param", "smoke", tmp_path, device="cpu", progress=False)
+    assert json.loads((root / "manifest.json").read_text())["complete"]
