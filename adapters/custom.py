@@ -42,7 +42,7 @@ import torch
 from gno_ext.adapters.windows import Windows
 from torch.utils.data import Dataset
 
-from gno_ext.schema import BoundarySpec, Grid, PDESample
+from gno_ext.schema import BoundarySpec, Grid, PDEBatch, PDESample
 
 __all__ = ["ArrayDataset", "open_custom"]
 
@@ -144,6 +144,41 @@ class ArrayDataset(Dataset):
         if spec.values.shape[-2] > 1:  # time-dependent data: input time and output times
             spec = BoundarySpec(spec.kind, spec.values[:, torch.as_tensor(frames)], spec.coeffs)
         return spec
+
+    def __getitems__(self, indices: list[int]) -> PDEBatch | list[PDESample]:
+        """A whole batch at once (the DataLoader calls this with a batch of indices).
+
+        For arrays held in memory (numpy or torch) the windows are gathered with one fancy
+        index and returned as a ready `PDEBatch` (`collate` passes it through); other storage
+        falls back to per-sample reads.
+        """
+        if not isinstance(self.u, (np.ndarray, torch.Tensor)):
+            return [self[i] for i in indices]
+        slots, starts = self.windows.locate_many(np.asarray(indices))
+        traj = np.asarray(self.trajectories)[slots]
+        n_in, n_out = self.windows.n_steps_input, self.windows.n_steps_output
+        offsets = self.stride * np.arange(n_in + n_out)
+        frames = starts[:, None] + offsets
+        u = torch.as_tensor(np.asarray(self.u)[traj[:, None], frames], dtype=torch.float32)
+        finite = torch.isfinite(u.flatten(2)).all(2)
+        if not finite.all():
+            b, k = (int(v) for v in torch.nonzero(~finite)[0])
+            raise ValueError(f"{self.name}: NaN or Inf in trajectory {traj[b]}, frame {int(frames[b, k])}")
+        bc = self.bc[torch.as_tensor(traj)] if self.bc.batched else self.bc.expand(len(indices))
+        if bc.values.shape[-2] > 1:
+            times = torch.as_tensor(np.concatenate([frames[:, n_in - 1 : n_in], frames[:, n_in:]], 1))
+            values = torch.gather(bc.values, 2, times[:, None, :, None].expand(-1, bc.values.shape[1], -1,
+                                                                                bc.values.shape[-1]))
+            bc = BoundarySpec(bc.kind, values, bc.coeffs)
+        theta = torch.as_tensor(np.stack([np.asarray(self.theta(t)).reshape(-1) for t in traj]), dtype=torch.float32)
+        field = None
+        if self.theta_field is not None:
+            field = torch.as_tensor(np.stack([self.theta_field(t) for t in traj]), dtype=torch.float32)
+        return PDEBatch(u_in=u[:, :n_in], u_out=u[:, n_in:], theta=theta, bc=bc, grid=self.grid,
+                        dt=torch.full((len(indices),), self.dt * self.stride), theta_field=field,
+                        group=torch.as_tensor([int(self.group(t)) for t in traj], dtype=torch.long),
+                        meta=[{"dataset": self.name, "trajectory": int(t), "start": int(s)}
+                              for t, s in zip(traj, starts)])
 
     def __getitem__(self, index: int) -> PDESample:
         slot, start = self.windows.locate(index)

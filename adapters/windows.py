@@ -52,6 +52,14 @@ class Windows:
         traj = int(np.searchsorted(self._offsets, index, side="right") - 1)
         return traj, int(index - self._offsets[traj])
 
+    def locate_many(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Vectorised `locate`: trajectories and start frames of many windows."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if indices.size and (indices.min() < 0 or indices.max() >= len(self)):
+            raise IndexError(f"window indices out of range [0, {len(self)})")
+        traj = np.searchsorted(self._offsets, indices, side="right") - 1
+        return traj, indices - self._offsets[traj]
+
     def frames(self, start: int) -> tuple[np.ndarray, np.ndarray]:
         """Input and output frame indices of the window starting at ``start``."""
         k = self.stride

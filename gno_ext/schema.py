@@ -536,12 +536,16 @@ def _stack_padded(tensors: Sequence[Tensor], name: str) -> Tensor:
     return torch.stack(out)
 
 
-def collate(samples: Sequence[PDESample]) -> PDEBatch:
+def collate(samples: Sequence[PDESample] | PDEBatch) -> PDEBatch:
     """Stack samples into a `PDEBatch`; usable as a ``DataLoader`` ``collate_fn``.
+
+    A `PDEBatch` (what a dataset's batched ``__getitems__`` may return) is passed through.
 
     Boundary data with ``T_bc = 1`` or ``N_face = 1`` is broadcast to the largest in the
     batch. All samples must share the grid and the shapes of their fields.
     """
+    if isinstance(samples, PDEBatch):
+        return samples
     if not samples:
         raise ValueError("collate: got an empty list of samples")
     grid = samples[0].grid

@@ -34,8 +34,8 @@ def make_files(root: Path) -> dict[str, tuple[str, Path, dict]]:
     write_pdebench_cfd(cfd, n=8, t=21, x=128, y=128)
     custom = root / "custom.h5"
     with h5py.File(custom, "w") as f:
-        f["u"] = np.random.default_rng(0).standard_normal((8, 21, 1, 128, 128)).astype(np.float32)
-        f["theta"] = np.random.default_rng(1).random((8, 1)).astype(np.float32)
+        f["u"] = np.random.default_rng(0).standard_normal((32, 21, 1, 128, 128)).astype(np.float32)
+        f["theta"] = np.random.default_rng(1).random((32, 1)).astype(np.float32)
     return {"the_well (TRL 128x384, 4 ch)": ("the_well", well, {}),
             "pdebench (CFD 128^2, 4 ch)": ("pdebench", cfd, {}),
             "custom (128^2, 1 ch)": ("custom", custom, {}),

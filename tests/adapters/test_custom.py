@@ -73,3 +73,20 @@ def test_bad_input(tmp_path):
         open_dataset("custom", tmp_path / "x.npz")
     with pytest.raises(FileNotFoundError):
         open_dataset("custom", tmp_path / "none.h5")
+
+
+def test_batched_reads_equal_per_sample_reads():
+    a = arrays()
+    t = a["u"].shape[1]
+    bc = BoundarySpec(torch.ones(4, 4, dtype=torch.long), torch.arange(4 * 4 * t, dtype=torch.float32).reshape(4, 4, t, 1))
+    ds = ArrayDataset(a["u"], theta=a["theta"], bc=bc, theta_field=a["theta_field"], group=a["group"],
+                      n_steps_input=2, n_steps_output=2, stride=1)
+    idx = [5, 0, 11, 3]
+    fast = ds.__getitems__(idx)
+    slow = collate([ds[i] for i in idx])
+    for key in ("u_in", "u_out", "theta", "theta_field", "group", "dt"):
+        assert torch.equal(getattr(fast, key), getattr(slow, key)), key
+    assert torch.equal(fast.bc.values, slow.bc.values) and torch.equal(fast.bc.kind, slow.bc.kind)
+    assert fast.meta == slow.meta
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=collate)
+    assert torch.equal(next(iter(loader)).u_in, collate([ds[i] for i in range(4)]).u_in)
