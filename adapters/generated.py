@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from gno_ext.adapters.windows import Windows
-from gno_ext.schema import BoundarySpec, Grid, PDESample
+from gno_ext.schema import BoundarySpec, Grid, PDEBatch, PDESample
 
 __all__ = ["GeneratedDataset"]
 
@@ -107,6 +107,50 @@ class GeneratedDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.windows)
+
+    def __getitems__(self, indices: list[int]) -> PDEBatch | list[PDESample]:
+        """A whole batch at once: with ``in_memory=True`` the windows are gathered per file with
+        one fancy index each and returned as a ready `PDEBatch`; otherwise per-sample reads."""
+        if self._memory is None:
+            return [self[i] for i in indices]
+        slots, starts = self.windows.locate_many(np.asarray(indices))
+        pairs = np.asarray(self.index)[slots]
+        n_in, n_out = self.windows.n_steps_input, self.windows.n_steps_output
+        frames = starts[:, None] + self.stride * np.arange(n_in + n_out)
+        u_parts, fields, thetas, kinds, values, coeffs, groups, order = [], [], [], [], [], [], [], []
+        t_bc = max(m["values"].shape[2] for m in self.meta_per_file)
+        for i in np.unique(pairs[:, 0]):
+            sel = np.flatnonzero(pairs[:, 0] == i)
+            j, fr, m = pairs[sel, 1], frames[sel], self.meta_per_file[i]
+            chans = []
+            for o, name in m["fields"]:
+                x = torch.from_numpy(self._memory[(i, o, name)][j[:, None], fr])
+                chans.append(x[:, :, None] if o == "t0_fields" else x.movedim(-1, 2))
+            u_parts.append(torch.cat(chans, 2).float())
+            if m["velocity"]:
+                fields.append(torch.from_numpy(self._memory[(i, "t1_fields", "velocity_field")][j]).movedim(-1, 1))
+            jt = torch.as_tensor(j)
+            val = m["values"][jt]
+            if val.shape[2] > 1:
+                times = torch.as_tensor(np.concatenate([fr[:, n_in - 1 : n_in], fr[:, n_in:]], 1))
+                val = torch.gather(val, 2, times[:, None, :, None].expand(-1, val.shape[1], -1, val.shape[3]))
+            elif t_bc > 1:
+                val = val.expand(-1, -1, 1 + n_out, -1)
+            thetas.append(m["theta"][jt])
+            kinds.append(m["kind"][jt])
+            values.append(val)
+            coeffs.append(m["coeffs"][jt])
+            groups.append(torch.as_tensor(m["group"][j]).long())
+            order.append(sel)
+        inverse = torch.as_tensor(np.argsort(np.concatenate(order)))
+        cat = lambda parts: torch.cat(parts).index_select(0, inverse)
+        u = cat(u_parts)
+        return PDEBatch(u_in=u[:, :n_in], u_out=u[:, n_in:], theta=cat(thetas),
+                        bc=BoundarySpec(cat(kinds), cat(values), cat(coeffs)), grid=self.meta_per_file[0]["grid"],
+                        dt=torch.full((len(indices),), self.meta_per_file[0]["dt"] * self.stride),
+                        theta_field=cat(fields).float() if fields else None, group=cat(groups),
+                        meta=[{"dataset": self.meta_per_file[i]["preset"], "file": self.files[i].name,
+                               "trajectory": int(j), "start": int(s)} for (i, j), s in zip(pairs, starts)])
 
     def __getitem__(self, index: int) -> PDESample:
         slot, start = self.windows.locate(index)

@@ -181,3 +181,16 @@ def test_a_subset_of_splits_is_not_called_complete(tmp_path):
     assert not json.loads((root / "manifest.json").read_text())["complete"]
     generate("heat-param", "smoke", tmp_path, device="cpu", progress=False)
     assert json.loads((root / "manifest.json").read_text())["complete"]
+
+
+@pytest.mark.parametrize("name", ["heat-joint", "heat-bc-extended", "advection-joint"])
+def test_batched_in_memory_reads_equal_per_sample_reads(name, tmp_path):
+    root = generate(name, "smoke", tmp_path, device="cpu", progress=False, splits=("train",))
+    ds = GeneratedDataset(root, split="train", n_steps_output=2, in_memory=True)
+    idx = list(range(len(ds)))[::-3]
+    fast, slow = ds.__getitems__(idx), collate([ds[i] for i in idx])
+    for key in ("u_in", "u_out", "theta", "theta_field", "group", "dt"):
+        a, b = getattr(fast, key), getattr(slow, key)
+        assert (a is None and b is None) or torch.equal(a, b), key
+    assert torch.equal(fast.bc.kind, slow.bc.kind) and torch.equal(fast.bc.values, slow.bc.values)
+    assert torch.equal(fast.bc.robin_coeffs(), slow.bc.robin_coeffs()) and fast.meta == slow.meta
