@@ -85,6 +85,11 @@ class WellAdapter(Dataset):
                                 use_normalization=normalize, normalize_time_grid=False, min_dt_stride=stride,
                                 max_dt_stride=stride, include_filters=include if parameter_filter else [],
                                 **well_kwargs)
+        kept = {Path(p).name for p in self.well.files_paths}
+        if parameter_filter is not None and kept != set(include):
+            # WellDataset filters by substring: a kept name inside another name pulls that file in too
+            raise ValueError(f"{folder}: file names overlap ({sorted(kept - set(include))} matched the filter too); "
+                             f"select files with the split folder instead")
         meta = self.well.metadata
         self.metadata = meta
         self.parameter_names = list(meta.constant_scalar_names)
