@@ -39,7 +39,7 @@ from typing import Any
 import h5py
 import numpy as np
 import torch
-from gno_ext.adapters.windows import Windows
+from gno_ext.adapters.windows import Windows, window_boundary_values
 from torch.utils.data import Dataset
 
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch, PDESample
@@ -141,8 +141,9 @@ class ArrayDataset(Dataset):
 
     def _bc(self, traj: int, frames: np.ndarray) -> BoundarySpec:
         spec = self.bc[traj] if self.bc.batched else self.bc
-        if spec.values.shape[-2] > 1:  # time-dependent data: input time and output times
-            spec = BoundarySpec(spec.kind, spec.values[:, torch.as_tensor(frames)], spec.coeffs)
+        if spec.values.shape[-2] > 1:  # time-dependent data: the last input time and the output times
+            values = window_boundary_values(spec.values[None], frames[None], self.windows.n_steps_input)[0]
+            spec = BoundarySpec(spec.kind, values, spec.coeffs)
         return spec
 
     def __getitems__(self, indices: list[int]) -> PDEBatch | list[PDESample]:
@@ -166,10 +167,7 @@ class ArrayDataset(Dataset):
             raise ValueError(f"{self.name}: NaN or Inf in trajectory {traj[b]}, frame {int(frames[b, k])}")
         bc = self.bc[torch.as_tensor(traj)] if self.bc.batched else self.bc.expand(len(indices))
         if bc.values.shape[-2] > 1:
-            times = torch.as_tensor(np.concatenate([frames[:, n_in - 1 : n_in], frames[:, n_in:]], 1))
-            values = torch.gather(bc.values, 2, times[:, None, :, None].expand(-1, bc.values.shape[1], -1,
-                                                                                bc.values.shape[-1]))
-            bc = BoundarySpec(bc.kind, values, bc.coeffs)
+            bc = BoundarySpec(bc.kind, window_boundary_values(bc.values, frames, n_in), bc.coeffs)
         theta = torch.as_tensor(np.stack([np.asarray(self.theta(t)).reshape(-1) for t in traj]), dtype=torch.float32)
         field = None
         if self.theta_field is not None:
@@ -194,7 +192,7 @@ class ArrayDataset(Dataset):
         field = None if self.theta_field is None else torch.as_tensor(self.theta_field(traj), dtype=torch.float32)
         return PDESample(u_in=arr[:n_in], u_out=arr[n_in:],
                          theta=torch.as_tensor(self.theta(traj), dtype=torch.float32).reshape(-1),
-                         bc=self._bc(traj, np.concatenate([inputs[-1:], outputs])), grid=self.grid,
+                         bc=self._bc(traj, np.concatenate([inputs, outputs])), grid=self.grid,
                          dt=self.dt * self.stride, theta_field=field, group=int(self.group(traj)),
                          meta={"dataset": self.name, "trajectory": traj, "start": start})
 

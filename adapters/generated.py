@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from gno_ext.adapters.windows import Windows
+from gno_ext.adapters.windows import Windows, window_boundary_values
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch, PDESample
 
 __all__ = ["GeneratedDataset"]
@@ -132,8 +132,7 @@ class GeneratedDataset(Dataset):
             jt = torch.as_tensor(j)
             val = m["values"][jt]
             if val.shape[2] > 1:
-                times = torch.as_tensor(np.concatenate([fr[:, n_in - 1 : n_in], fr[:, n_in:]], 1))
-                val = torch.gather(val, 2, times[:, None, :, None].expand(-1, val.shape[1], -1, val.shape[3]))
+                val = window_boundary_values(val, fr, n_in)
             elif t_bc > 1:
                 val = val.expand(-1, -1, 1 + n_out, -1)
             thetas.append(m["theta"][jt])
@@ -165,7 +164,7 @@ class GeneratedDataset(Dataset):
         u = torch.cat(parts, 1).float()
         values = m["values"][j]
         if values.shape[1] > 1:
-            values = values[:, torch.as_tensor(np.concatenate([inputs[-1:], outputs]))]
+            values = window_boundary_values(values[None], np.concatenate([inputs, outputs])[None], len(inputs))[0]
         field = None
         if m["velocity"]:
             field = torch.from_numpy(np.ascontiguousarray(self._array(i, "t1_fields", "velocity_field")[j]))

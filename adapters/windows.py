@@ -6,8 +6,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-__all__ = ["Windows"]
+__all__ = ["Windows", "window_boundary_values"]
+
+
+def window_boundary_values(values: torch.Tensor, frames: np.ndarray, n_steps_input: int) -> torch.Tensor:
+    """Time-dependent boundary data of windows: the last input frame, then every output frame.
+
+    Parameters
+    ----------
+    values : Tensor, shape (B, F, T, N_face)
+        Boundary data at every frame of each window's trajectory.
+    frames : array, shape (B, n_in + n_out)
+        Frame indices of each window (from `Windows.frames`).
+    n_steps_input : int
+
+    Returns
+    -------
+    Tensor, shape (B, F, 1 + n_out, N_face)
+    """
+    times = torch.as_tensor(np.concatenate([frames[:, n_steps_input - 1 : n_steps_input],
+                                            frames[:, n_steps_input:]], 1))
+    index = times[:, None, :, None].expand(-1, values.shape[1], -1, values.shape[3])
+    return torch.gather(values, 2, index)
 
 
 @dataclass(frozen=True)
