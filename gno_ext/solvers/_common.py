@@ -70,6 +70,22 @@ def check_boundary(bc: BoundarySpec, grid: Grid, batch: int, supported: Iterable
         raise ValueError(f"bc.kind: the {solver} solver does not support {names} (supported: {ok})")
 
 
+def boundary_data(bc: BoundarySpec, grid: Grid, boundary_fn: Callable[[float], Tensor] | None,
+                  t: float, like: Tensor) -> Tensor:
+    """Boundary data ``(B, F, N_face)`` at time ``t``: ``boundary_fn(t)`` (checked) or the constant
+    ``bc.values[:, :, 0]``."""
+    if boundary_fn is None:
+        return bc.values[:, :, 0, :]
+    batch = len(bc)
+    v = torch.as_tensor(boundary_fn(t), dtype=like.dtype, device=like.device)
+    if v.ndim != 3 or v.shape[:2] != (batch, grid.n_faces) or v.shape[2] not in (1, grid.n_face_max):
+        raise ValueError(f"boundary_fn({t:g}): expected shape ({batch}, {grid.n_faces}, N_face) with "
+                         f"N_face in (1, {grid.n_face_max}), got {tuple(v.shape)}")
+    if not torch.isfinite(v).all():
+        raise ValueError(f"boundary_fn({t:g}): returned NaN or Inf")
+    return v
+
+
 def march(state: Tensor, times: Tensor, max_dt: Callable[[Tensor], Tensor],
           step: Callable[[Tensor, Tensor, float], Tensor], dt: float | None = None,
           record: Callable[[Tensor], Tensor] = lambda s: s, stats: dict | None = None) -> list[Tensor]:

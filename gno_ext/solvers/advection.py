@@ -28,6 +28,7 @@ from torch import Tensor
 from gno_ext.schema import BCType, BoundarySpec, Grid, face_view
 from gno_ext.solvers._common import (
     batch_parameter,
+    boundary_data,
     check_boundary,
     check_field,
     check_times,
@@ -188,14 +189,8 @@ def solve_advection(u0: Tensor, velocity: Tensor, bc: BoundarySpec, times: Seque
     periodic_axes = (bc.kind[:, 0::2] == BCType.PERIODIC)
     fvel = face_velocities(velocity, periodic_axes)
 
-    def data_at(t: Tensor) -> Tensor:
-        if boundary_fn is None:
-            return bc.values[:, :, 0, :]
-        v = torch.as_tensor(boundary_fn(float(t[0])), dtype=u0.dtype, device=u0.device)
-        if v.ndim != 3 or v.shape[:2] != (batch, grid.n_faces):
-            raise ValueError(f"boundary_fn: expected shape ({batch}, {grid.n_faces}, N_face), "
-                             f"got {tuple(v.shape)}")
-        return v
+    def data_at(t: Tensor) -> Tensor:  # all samples share the step when boundary_fn is given
+        return boundary_data(bc, grid, boundary_fn, float(t[0]), u0)
 
     ghosts = GhostCells(grid, bc, fvel)
     transport_op = transport_fn(compile)

@@ -34,6 +34,7 @@ from torch import Tensor
 from gno_ext.schema import BCType, BoundarySpec, Grid
 from gno_ext.solvers._common import (
     batch_parameter,
+    boundary_data,
     check_boundary,
     check_field,
     check_times,
@@ -117,15 +118,7 @@ def solve_heat(u0: Tensor, alpha: float | Tensor, bc: BoundarySpec, times: Seque
     r, s = ghost_coefficients(bc, grid)
 
     def data_at(t: float) -> Tensor:
-        if boundary_fn is None:
-            return bc.values[:, :, 0, :]
-        v = torch.as_tensor(boundary_fn(t), dtype=u0.dtype, device=u0.device)
-        if v.ndim != 3 or v.shape[:2] != (batch, grid.n_faces) or v.shape[2] not in (1, grid.n_face_max):
-            raise ValueError(f"boundary_fn({t:g}): expected shape ({batch}, {grid.n_faces}, N_face) with "
-                             f"N_face in (1, {grid.n_face_max}), got {tuple(v.shape)}")
-        if not torch.isfinite(v).all():
-            raise ValueError(f"boundary_fn({t:g}): returned NaN or Inf")
-        return v
+        return boundary_data(bc, grid, boundary_fn, t, u0)
 
     if method == "ftcs":
         if boundary_fn is not None and dt is None:

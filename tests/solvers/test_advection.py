@@ -100,3 +100,13 @@ def test_compiled_transport_matches_eager():
     eager = solve_advection(u0, velocity, bc, [0.05], grid=grid)
     compiled = solve_advection(u0, velocity, bc, [0.05], grid=grid, compile=True)
     assert torch.allclose(eager, compiled, atol=1e-5)
+
+
+def test_time_dependent_inflow_data_is_checked():
+    grid = Grid((16, 16))
+    bc = BoundarySpec.from_types(["dirichlet"] * 4, 0.0, batch_size=1, dtype=F64)
+    u0, v = torch.zeros(1, 1, 16, 16, dtype=F64), constant_velocity(grid, 1.0, 0.0)
+    with pytest.raises(ValueError, match=r"boundary_fn\(0\): returned NaN or Inf"):
+        solve_advection(u0, v, bc, [0.1], grid=grid, boundary_fn=lambda t: torch.full((1, 4, 1), float("nan")))
+    with pytest.raises(ValueError, match=r"expected shape \(1, 4, N_face\) with N_face in \(1, 16\)"):
+        solve_advection(u0, v, bc, [0.1], grid=grid, boundary_fn=lambda t: torch.zeros(1, 4, 5))
