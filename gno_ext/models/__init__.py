@@ -8,9 +8,11 @@ from gno_ext.models.registry import (
     available_models,
     from_checkpoint,
     get_model,
+    model_class,
     register_lazy,
     save_checkpoint,
 )
+from gno_ext.models.rollout import rollout
 
 
 def _load_gated_fno() -> None:
@@ -19,7 +21,8 @@ def _load_gated_fno() -> None:
 
 register_lazy("gated_fno", _load_gated_fno)
 
-__all__ = ["GNO", "GNOBlock", "GatedFNO", "available_models", "from_checkpoint", "get_model", "save_checkpoint"]
+__all__ = ["GNO", "GNOBlock", "GatedFNO", "available_models", "from_checkpoint", "get_model", "model_class", "rollout",
+           "save_checkpoint"]
 
 
 def __getattr__(name: str):

@@ -14,6 +14,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from neuralop.models import FNO
 from torch import Tensor
 
@@ -61,12 +62,34 @@ class GatedFNO(FNO, name="GatedFNO"):
         super().__init__(tuple(n_modes), in_channels, out_channels, hidden_channels, conv_module=conv, **fno_kwargs)
         self.param_norm = ParameterNormalizer(n_params, log_params)
 
+    @staticmethod
+    def data_kwargs(spec: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Constructor arguments completed from a recipe's data (`gno_ext.training.data.DataSpec`):
+        the input frames stacked on channels, the channels, the parameters, and ``n_modes``
+        given as one integer repeated over the spatial axes."""
+        out = dict(kwargs)
+        modes = out.get("n_modes", 12)
+        out["n_modes"] = [int(modes)] * spec.ndim if isinstance(modes, int) else list(modes)
+        out.update(in_channels=spec.t_in * spec.channels, out_channels=spec.channels, n_params=spec.n_params)
+        out.setdefault("log_params", list(spec.log_params))
+        return out
+
+    @torch.no_grad()
+    def fit_normalization(self, u: Tensor, theta: Tensor | None = None) -> GatedFNO:
+        """Set the parameter normalisation from training parameters ``theta`` (N, P)."""
+        if theta is not None:
+            self.param_norm.fit(theta)
+        return self
+
     def forward(self, x: Tensor, output_shape: Any = None, *, theta: Tensor, **kwargs: Any) -> Tensor:
         """Apply the FNO with every gated convolution routed by ``theta``.
 
         Parameters
         ----------
-        x : Tensor, shape (B, in_channels, *S)
+        x : Tensor, shape (B, in_channels, *S) or (B, T_in, C, *S)
+            As for ``FNO.forward``; or the schema's input frames (as the recipes pass them): they
+            are stacked on channels and the output is the next frame ``(B, 1, out_channels, *S)``,
+            predicted as an increment over the last input frame when ``out_channels == C``.
         output_shape : optional
             As for ``FNO.forward``.
         theta : Tensor, shape (B, n_params)
@@ -74,6 +97,10 @@ class GatedFNO(FNO, name="GatedFNO"):
         **kwargs
             Ignored (neuraloperator's ``Trainer`` passes the whole sample, ``y`` included).
         """
+        if x.ndim == self.n_dim + 3:  # schema input (B, T_in, C, *S)
+            with condition_on(self, self.param_norm(theta).to(x.dtype)):
+                out = super().forward(x.flatten(1, 2), output_shape=output_shape)[:, None]
+            return x[:, -1:] + out if out.shape[2] == x.shape[2] else out
         with condition_on(self, self.param_norm(theta).to(x.dtype)):
             return super().forward(x, output_shape=output_shape)
 

@@ -34,6 +34,7 @@ from gno_ext.layers.embeddings import (
 from gno_ext.layers.gate import ParameterGate, Routing, plan_all
 from gno_ext.layers.mixture import GatedKernelMixture
 from gno_ext.models.registry import register_model
+from gno_ext.models.rollout import rollout
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch
 
 __all__ = ["GNO", "GNOBlock"]
@@ -262,24 +263,11 @@ class GNO(nn.Module):
                   if blk.mixture is not None and blk.mixture.last_routing is not None]
         return torch.stack(losses).sum() if losses else torch.zeros((), device=self.u_std.device)
 
-    @torch.no_grad()
     def rollout(self, batch: PDEBatch, steps: int) -> Tensor:
-        """Autoregressive prediction of ``steps`` frames from ``batch.u_in``.
-
-        Boundary data for step ``k`` is read at ``bc.values[:, :, k]`` (input time) and
-        ``bc.values[:, :, k + 1]`` (target time), clamped to the last available time, so
-        time-dependent data for the whole horizon is given with ``T_bc = steps + 1``.
+        """Autoregressive prediction of ``steps`` frames (see `gno_ext.models.rollout.rollout`).
 
         Returns
         -------
         Tensor, shape (B, steps, C, *S)
         """
-        u, frames = batch.u_in, []
-        t_bc = batch.bc.values.shape[2]
-        for k in range(steps):
-            idx = torch.tensor([min(k, t_bc - 1), min(k + 1, t_bc - 1)], device=batch.bc.values.device)
-            bc = BoundarySpec(batch.bc.kind, batch.bc.values.index_select(2, idx), batch.bc.coeffs)
-            nxt = self(u, batch.theta, batch.theta_field, bc, batch.grid)
-            frames.append(nxt)
-            u = torch.cat([u[:, 1:], nxt], 1)
-        return torch.cat(frames, 1)
+        return rollout(self, batch, steps)

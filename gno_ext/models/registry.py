@@ -21,7 +21,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
-__all__ = ["register_model", "get_model", "available_models", "save_checkpoint", "from_checkpoint"]
+__all__ = ["register_model", "get_model", "model_class", "available_models", "save_checkpoint", "from_checkpoint"]
 
 _MODELS: dict[str, type[nn.Module]] = {}
 _LAZY: dict[str, Callable[[], None]] = {}
@@ -69,6 +69,15 @@ def available_models() -> list[str]:
     return sorted(set(_MODELS) | set(_LAZY))
 
 
+def model_class(name: str) -> type[nn.Module]:
+    """The class registered as ``name`` (importing a lazily registered one)."""
+    if name not in _MODELS and name in _LAZY:
+        _LAZY[name]()
+    if name not in _MODELS:
+        raise KeyError(f"unknown model {name!r}; available: {', '.join(available_models())}")
+    return _MODELS[name]
+
+
 def get_model(name: str, **kwargs: Any) -> nn.Module:
     """Build the model registered as ``name`` with ``kwargs``.
 
@@ -77,11 +86,7 @@ def get_model(name: str, **kwargs: Any) -> nn.Module:
     KeyError
         If no model has that name; the message lists the available ones.
     """
-    if name not in _MODELS and name in _LAZY:
-        _LAZY[name]()
-    if name not in _MODELS:
-        raise KeyError(f"unknown model {name!r}; available: {', '.join(available_models())}")
-    return _MODELS[name](**kwargs)
+    return model_class(name)(**kwargs)
 
 
 def _tensor_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -1,0 +1,364 @@
+"""Datasets, data-dependent model sizes, DRO groups and the curriculum's batch order for the recipes.
+
+A recipe names its data with a small mapping (the ``data`` group of the Hydra configs):
+
+| ``kind`` | source | keys |
+|---|---|---|
+| ``generated`` | a preset of `gno_ext.data`, generated on first use into a cache folder | ``preset``, ``size``, ``root`` (optional), ``in_memory`` |
+| ``the_well`` | The Well through its own reader | ``root`` (base path), ``name``, ``normalize`` |
+| ``pdebench`` | PDEBench HDF5 files, one parameter value per file | ``root`` (folder), ``pattern``, ``boundary`` |
+| ``custom`` | a generated folder or a user's ``.h5`` / ``.npz`` file | ``root`` |
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import ConcatDataset, Dataset
+
+from gno_ext.losses import bin_parameters
+from gno_ext.schema import PDEBatch
+
+__all__ = ["DataSpec", "open_split", "data_spec", "parameter_values", "window_boundary_kinds", "GroupBinner",
+           "CurriculumBatchSampler", "model_kwargs_from_data", "rollout_indices", "trajectory_lengths", "default_cache",
+           "prepare_data", "batch_to"]
+
+TRL_HELP = ("The Well's turbulent_radiative_layer_2D is not on this machine. Download it (about 7 GB) with\n"
+            "    pip install the_well && the-well-download --base-path /path/to/the_well "
+            "--dataset turbulent_radiative_layer_2D\n"
+            "and pass data.root=/path/to/the_well (the folder that holds datasets/).")
+
+
+def default_cache() -> Path:
+    """Where generated datasets go when ``data.root`` is not set: ``$GNO_EXT_CACHE`` or
+    ``~/.cache/gno_ext``."""
+    return Path(os.environ.get("GNO_EXT_CACHE", Path.home() / ".cache" / "gno_ext"))
+
+
+def _generated_root(cfg: Mapping[str, Any]) -> Path:
+    if cfg.get("root"):
+        return Path(cfg["root"])
+    return default_cache() / "data" / str(cfg["size"])
+
+
+def prepare_data(cfg: Mapping[str, Any], progress: bool = True) -> None:
+    """Make the data of ``cfg`` available: generate a preset that is missing or incomplete.
+
+    Only the main process calls this; the others wait and then open the files.
+    """
+    if cfg["kind"] != "generated":
+        return
+    import json
+
+    from gno_ext.data.generate import generate
+
+    folder = _generated_root(cfg) / "datasets" / str(cfg["preset"])
+    manifest = folder / "manifest.json"
+    if manifest.is_file() and json.loads(manifest.read_text()).get("complete"):
+        return
+    generate(str(cfg["preset"]), size=str(cfg["size"]), out=_generated_root(cfg), device=cfg.get("device"),
+             progress=progress)
+
+
+def open_split(cfg: Mapping[str, Any], split: str, n_steps_input: int, n_steps_output: int) -> Dataset:
+    """Open one split of the data described by ``cfg`` as a dataset of `PDESample` windows."""
+    from gno_ext.adapters import GeneratedDataset, PDEBenchDataset, open_dataset
+
+    kind = cfg["kind"]
+    if kind == "generated":
+        folder = _generated_root(cfg) / "datasets" / str(cfg["preset"])
+        return GeneratedDataset(folder, n_steps_input, n_steps_output, split=split,
+                                in_memory=bool(cfg.get("in_memory", True)))
+    if kind == "the_well":
+        if not cfg.get("root"):
+            raise FileNotFoundError(TRL_HELP if cfg.get("name") == "turbulent_radiative_layer_2D" else
+                                    f"data.root: set it to The Well's base path (the folder holding datasets/) "
+                                    f"for {cfg.get('name')}")
+        root = Path(cfg["root"])
+        if not root.exists():
+            raise FileNotFoundError(f"data.root={root}: no such folder.\n{TRL_HELP}")
+        return open_dataset("the_well", root, n_steps_input, n_steps_output, split=split, name=cfg.get("name"),
+                            normalize=bool(cfg.get("normalize", False)))
+    if kind == "pdebench":
+        if not cfg.get("root"):
+            raise FileNotFoundError(f"data.root: set it to the folder holding PDEBench files matching "
+                                    f"{cfg['pattern']!r} (download them from DaRUS, see PDEBench's README)")
+        files = sorted(Path(cfg["root"]).glob(str(cfg["pattern"])))
+        if not files:
+            raise FileNotFoundError(f"data.root={cfg['root']}: no file matches {cfg['pattern']!r}")
+        parts = [PDEBenchDataset(f, n_steps_input, n_steps_output, split=split, boundary=cfg.get("boundary"),
+                                 parameters=cfg.get("parameters"), group=i) for i, f in enumerate(files)]
+        return ConcatDataset(parts)
+    if kind == "custom":
+        if not cfg.get("root"):
+            raise FileNotFoundError("data.root: set it to a generated dataset folder or an .h5/.npz file")
+        return open_dataset("custom", cfg["root"], n_steps_input, n_steps_output,
+                            **({"split": split} if Path(cfg["root"]).is_dir() else {}))
+    raise ValueError(f"data.kind: expected generated, the_well, pdebench or custom, got {kind!r}")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """The sizes a model needs from the data (read from the dataset, never written in YAML)."""
+
+    channels: int
+    n_params: int
+    field_channels: int
+    ndim: int
+    t_in: int
+    shape: tuple[int, ...]
+    log_params: tuple[bool, ...]
+
+
+def parameter_values(ds: Dataset) -> Tensor:
+    """The parameter vectors ``(N, P)`` of a dataset's trajectories (files for The Well and
+    PDEBench), read from metadata without loading fields."""
+    if isinstance(ds, ConcatDataset):
+        return torch.cat([parameter_values(d) for d in ds.datasets])
+    if hasattr(ds, "meta_per_file"):  # GeneratedDataset
+        return torch.stack([ds.meta_per_file[i]["theta"][j] for i, j in ds.index])
+    if hasattr(ds, "_groups"):  # WellAdapter: one row per distinct parameter value
+        return torch.tensor(sorted(ds._groups), dtype=torch.float32).reshape(len(ds._groups), -1)
+    if hasattr(ds, "theta") and isinstance(ds.theta, Tensor):  # PDEBenchDataset: one value per file
+        return ds.theta.reshape(1, -1)
+    if hasattr(ds, "trajectories") and callable(getattr(ds, "theta", None)):  # ArrayDataset
+        return torch.as_tensor(np.stack([np.asarray(ds.theta(t)).reshape(-1) for t in ds.trajectories]),
+                               dtype=torch.float32)
+    return ds[0].theta.reshape(1, -1)
+
+
+def data_spec(ds: Dataset, log_params: Sequence[bool] | None = None) -> DataSpec:
+    """Model sizes of ``ds``. A parameter is normalised on a log scale when it is positive and
+    spans more than a decade in the training data (unless ``log_params`` says otherwise)."""
+    s = ds[0]
+    values = parameter_values(ds)
+    if log_params is None:
+        log_params = tuple(bool((v > 0).all() and v.max() > 10 * v.min()) for v in values.T)
+    elif len(log_params) != values.shape[1]:
+        raise ValueError(f"data.log_params: expected {values.shape[1]} flags, got {list(log_params)}")
+    return DataSpec(channels=s.u_in.shape[1], n_params=s.theta.numel(),
+                    field_channels=0 if s.theta_field is None else s.theta_field.shape[0], ndim=s.grid.ndim,
+                    t_in=s.u_in.shape[0], shape=tuple(s.grid.shape), log_params=tuple(log_params))
+
+
+def model_kwargs_from_data(cls: type, spec: DataSpec, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Constructor arguments of ``cls`` completed from the data.
+
+    A model class may define ``data_kwargs(spec, kwargs) -> dict`` returning its complete
+    arguments; otherwise the standard names ``in_channels``, ``n_params``, ``field_channels``,
+    ``ndim``, ``t_in`` and ``log_params`` are filled where the constructor has them. A value
+    given in ``kwargs`` that contradicts the data is an error (``log_params`` may be chosen).
+    """
+    if hasattr(cls, "data_kwargs"):
+        return dict(cls.data_kwargs(spec, dict(kwargs)))
+    params = inspect.signature(cls.__init__).parameters
+    standard = {"in_channels": spec.channels, "n_params": spec.n_params, "field_channels": spec.field_channels,
+                "ndim": spec.ndim, "t_in": spec.t_in, "log_params": list(spec.log_params)}
+    derived = {k: v for k, v in standard.items() if k in params}
+    out = dict(kwargs)
+    for key, value in derived.items():
+        if key in out and out[key] is not None and key != "log_params" and out[key] != value:
+            raise ValueError(f"model.kwargs.{key}={out[key]} contradicts the data ({key}={value}); "
+                             f"leave it out, it is read from the dataset")
+        if key not in out or out[key] is None:
+            out[key] = value
+    return out
+
+
+def window_boundary_kinds(ds: Dataset) -> np.ndarray:
+    """Boundary type of every face for every window, ``(len(ds), F)``, from metadata."""
+    if isinstance(ds, ConcatDataset):
+        return np.concatenate([window_boundary_kinds(d) for d in ds.datasets])
+    if hasattr(ds, "meta_per_file"):  # GeneratedDataset
+        rows = np.stack([ds.meta_per_file[i]["kind"][j].numpy() for i, j in ds.index])
+        return np.repeat(rows, ds.windows._per, axis=0)
+    if hasattr(ds, "bc") and hasattr(ds, "windows"):
+        bc = ds.bc
+        if bc.batched:  # ArrayDataset with one spec per trajectory
+            rows = bc.kind[torch.as_tensor(ds.trajectories)].numpy()
+            return np.repeat(rows, ds.windows._per, axis=0)
+        return np.broadcast_to(bc.kind.numpy(), (len(ds), bc.kind.shape[-1]))
+    kind = ds[0].bc.kind.numpy()  # one configuration for the whole dataset (The Well: per dataset)
+    return np.broadcast_to(kind, (len(ds), kind.shape[-1]))
+
+
+class GroupBinner:
+    """DRO groups: a boundary configuration (the type of every face) times bins of each parameter.
+
+    Parameters with no more distinct training values than ``bins`` get one group per value
+    (edges half-way between values); others get ``bins`` equal bins over the training range,
+    logarithmic for log-scaled parameters. Values outside the training range (test or OOD
+    data) fall into the outer bins.
+
+    Parameters
+    ----------
+    values : Tensor, shape (N, P)
+        Training parameter values.
+    kinds : array, shape (M, F)
+        Boundary types of the training windows (their distinct rows are the configurations).
+    bins : int
+        Bins per parameter.
+    log_params : sequence of bool
+    """
+
+    def __init__(self, values: Tensor, kinds: np.ndarray, bins: int, log_params: Sequence[bool]) -> None:
+        if bins < 1:
+            raise ValueError(f"trainer.dro.bins: must be >= 1, got {bins}")
+        self.edges: list[list[float]] = []
+        self.log = [bool(x) for x in log_params]
+        for p in range(values.shape[1]):
+            v = values[:, p].double()
+            distinct = torch.unique(v)
+            f = torch.log if self.log[p] else (lambda x: x)
+            inv = torch.exp if self.log[p] else (lambda x: x)
+            if len(distinct) <= bins:
+                mids = inv(0.5 * (f(distinct[1:]) + f(distinct[:-1]))) if len(distinct) > 1 else distinct[:0]
+                if self.log[p]:
+                    lo, hi = distinct[0] / 2, distinct[-1] * 2
+                else:
+                    lo, hi = distinct[0] - 1 - distinct[0].abs(), distinct[-1] + 1 + distinct[-1].abs()
+                edges = torch.cat([lo.reshape(1), mids, hi.reshape(1)])
+            else:
+                edges = inv(torch.linspace(float(f(v.min())), float(f(v.max())), bins + 1, dtype=torch.float64))
+            self.edges.append(edges.tolist())
+        self.configurations = [tuple(int(k) for k in row) for row in np.unique(np.asarray(kinds), axis=0)]
+        self._config_id = {c: i for i, c in enumerate(self.configurations)}
+        self.n_bins = int(math.prod(len(e) - 1 for e in self.edges))
+        self.n_groups = len(self.configurations) * self.n_bins
+
+    def configuration_ids(self, kind: Tensor) -> Tensor:
+        """Configuration index of each row of ``kind`` (B, F); an unseen configuration is an error."""
+        rows = [tuple(int(k) for k in r) for r in kind.tolist()]
+        missing = sorted({r for r in rows if r not in self._config_id})
+        if missing:
+            raise ValueError(f"boundary configurations {missing} were not in the training data "
+                             f"(known: {self.configurations})")
+        return torch.tensor([self._config_id[r] for r in rows], dtype=torch.long)
+
+    def __call__(self, theta: Tensor, kind: Tensor) -> Tensor:
+        """Group id of each sample, shape (B,)."""
+        config = self.configuration_ids(kind.cpu()).to(theta.device)
+        if not self.edges:
+            return config
+        bins = bin_parameters(theta.double(), self.edges)
+        return config * self.n_bins + bins
+
+    def label(self, group: int) -> str:
+        """A readable name of group ``group`` (its boundary configuration and parameter ranges)."""
+        from gno_ext.schema import BCType
+
+        config, rest = divmod(int(group), self.n_bins)
+        bins = []
+        for edges in reversed(self.edges):  # bin_parameters combines parameter 0 first
+            rest, b = divmod(rest, len(edges) - 1)
+            bins.insert(0, b)
+        parts = ["/".join(BCType(k).name.lower() for k in self.configurations[config])]
+        parts += [f"theta{p} in [{e[b]:.4g}, {e[b + 1]:.4g}]" for p, (e, b) in enumerate(zip(self.edges, bins))]
+        return ", ".join(parts)
+
+
+class CurriculumBatchSampler:
+    """Batches of one boundary configuration each, in the order of the paper's Algorithm 1.
+
+    The global batch order depends only on the seed, the epoch and the global batch size, so
+    ``N`` processes with per-process batch ``b`` see exactly the samples one process with batch
+    ``N b`` sees: each process takes its slice of every global batch. A configuration with fewer
+    samples than a multiple of the global batch is padded by wrapping around its own samples,
+    so every process always gets a full slice.
+
+    Parameters
+    ----------
+    configurations : array, shape (N,)
+        Boundary-configuration id of every sample.
+    batch_size : int
+        Per-process batch size.
+    rank, world_size : int
+    seed : int
+    order : {"interleave", "sequential"}
+        ``interleave`` alternates configurations update by update (one update per type in turn,
+        as in Algorithm 1); ``sequential`` visits all batches of one type, then the next.
+    shuffle : bool
+    """
+
+    def __init__(self, configurations: np.ndarray, batch_size: int, rank: int = 0, world_size: int = 1,
+                 seed: int = 0, order: str = "interleave", shuffle: bool = True) -> None:
+        if order not in ("interleave", "sequential"):
+            raise ValueError(f"trainer.curriculum.order: expected interleave or sequential, got {order!r}")
+        if batch_size < 1:
+            raise ValueError(f"trainer.batch_size: must be >= 1, got {batch_size}")
+        self.configurations = np.asarray(configurations)
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.seed, self.order, self.shuffle = seed, order, shuffle
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Select the epoch (its shuffle) and the first batch to yield (to resume mid-epoch)."""
+        self.epoch, self.start = epoch, start
+
+    def global_batches(self, epoch: int) -> list[np.ndarray]:
+        """Every global batch of ``epoch`` (arrays of sample indices)."""
+        size = self.batch_size * self.world_size
+        per_type = []
+        for c in np.unique(self.configurations):
+            idx = np.flatnonzero(self.configurations == c)
+            if self.shuffle:
+                g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch * 101 + int(c))
+                idx = idx[torch.randperm(len(idx), generator=g).numpy()]
+            idx = np.resize(idx, math.ceil(len(idx) / size) * size)  # pad by wrapping
+            per_type.append(list(idx.reshape(-1, size)))
+        if self.order == "sequential":
+            return [b for batches in per_type for b in batches]
+        out = []
+        for k in range(max(len(b) for b in per_type)):
+            out += [batches[k] for batches in per_type if k < len(batches)]
+        return out
+
+    def __iter__(self) -> Iterator[list[int]]:
+        lo, hi = self.rank * self.batch_size, (self.rank + 1) * self.batch_size
+        for batch in self.global_batches(self.epoch)[self.start:]:
+            yield batch[lo:hi].tolist()
+
+    def __len__(self) -> int:
+        return len(self.global_batches(self.epoch)) - self.start
+
+
+def rollout_indices(ds: Dataset) -> list[int]:
+    """Indices of the windows that start at a trajectory's first frame (one rollout per
+    trajectory), in order."""
+    if isinstance(ds, ConcatDataset):
+        out, offset = [], 0
+        for d in ds.datasets:
+            out += [offset + i for i in rollout_indices(d)]
+            offset += len(d)
+        return out
+    windows = getattr(ds, "windows", None)
+    if windows is not None:
+        return [int(o) for o, n in zip(windows._offsets[:-1], windows._per) if n > 0]
+    if hasattr(ds, "locate"):  # WellAdapter
+        return [i for i in range(len(ds)) if ds.locate(i)[2] == 0]
+    return list(range(len(ds)))
+
+
+def trajectory_lengths(ds: Dataset) -> list[int]:
+    """Frames of every trajectory of ``ds`` (from metadata)."""
+    if isinstance(ds, ConcatDataset):
+        return [n for d in ds.datasets for n in trajectory_lengths(d)]
+    if hasattr(ds, "windows"):
+        return [int(n) for n in ds.windows.lengths]
+    if hasattr(ds, "well"):  # WellAdapter
+        return [int(n) for n in ds.well.metadata.n_steps_per_trajectory]
+    raise TypeError(f"{type(ds).__name__}: cannot tell its trajectory lengths")
+
+
+def batch_to(batch: PDEBatch, device: torch.device) -> PDEBatch:
+    """Move a batch to ``device`` (no copy when it is there already)."""
+    return batch if batch.u_in.device == device else batch.to(device)

@@ -1,0 +1,181 @@
+r"""Evaluation by autoregressive rollout: metrics, figures and the JSON/Markdown report.
+
+Every test trajectory is rolled out from its first frame(s) for ``steps`` steps (the model's
+own predictions fed back). Per trajectory:
+
+* nMSE $= \|\hat u - u\|^2 / \|u - \bar u\|^2$ over the whole rollout (time, channels, space);
+* relative L2 $= \|\hat u - u\| / \|u\|$ over the rollout;
+* the per-step nMSE (each step on its own), averaged into an error curve.
+
+The report gives the mean and standard deviation over trajectories and the worst DRO group
+(boundary configuration x parameter bin, the same groups training uses).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from gno_ext.losses import nmse, relative_l2
+from gno_ext.models.rollout import rollout
+from gno_ext.schema import collate
+from gno_ext.training.data import GroupBinner, batch_to
+
+__all__ = ["evaluate_rollouts", "write_report"]
+
+
+@torch.no_grad()
+def evaluate_rollouts(model: nn.Module, dataset: Dataset, indices: list[int], steps: int, binner: GroupBinner,
+                      device: torch.device | str = "cpu", batch_size: int = 16, autocast_dtype: torch.dtype | None = None,
+                      keep_examples: int = 3) -> dict[str, Any]:
+    """Roll out ``model`` over the windows ``indices`` of ``dataset`` and compute the metrics.
+
+    Parameters
+    ----------
+    model : nn.Module
+        A model with the schema forward (``model(u_in, theta=, theta_field=, bc=, grid=)``).
+    dataset : Dataset
+        Windows with ``n_steps_output >= steps``.
+    indices : list of int
+        One window per trajectory (see `gno_ext.training.data.rollout_indices`).
+    steps : int
+    binner : GroupBinner
+        The training run's groups.
+    device, batch_size, autocast_dtype
+    keep_examples : int
+        Trajectories kept (prediction and truth) for the figures.
+
+    Returns
+    -------
+    dict
+        ``nmse``, ``rel_l2`` (per trajectory, numpy), ``per_step`` (trajectories x steps),
+        ``theta``, ``group``, ``examples`` and ``steps``.
+    """
+    model.eval()
+    device = torch.device(device)
+    loader = DataLoader(Subset(dataset, indices), batch_size=batch_size, shuffle=False, collate_fn=collate)
+    out: dict[str, list] = {"nmse": [], "rel_l2": [], "per_step": [], "theta": [], "group": []}
+    examples: list[dict[str, np.ndarray]] = []
+    for batch in loader:
+        batch = batch_to(batch, device)
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            pred = rollout(model, batch, steps).float()
+        truth = batch.u_out[:, :steps].float()
+        out["nmse"].append(nmse(pred, truth).cpu())
+        out["rel_l2"].append(relative_l2(pred, truth).cpu())
+        out["per_step"].append(torch.stack([nmse(pred[:, k], truth[:, k]) for k in range(steps)], 1).cpu())
+        out["theta"].append(batch.theta.cpu())
+        out["group"].append(binner(batch.theta.cpu(), batch.bc.kind.cpu()))
+        for b in range(min(keep_examples - len(examples), len(pred))):
+            examples.append({"pred": pred[b].cpu().numpy(), "truth": truth[b].cpu().numpy(),
+                             "theta": batch.theta[b].cpu().numpy()})
+    result: dict[str, Any] = {k: torch.cat(v).numpy() for k, v in out.items()}
+    result["examples"], result["steps"] = examples, steps
+    return result
+
+
+def summarize(result: Mapping[str, Any], binner: GroupBinner) -> dict[str, Any]:
+    """Mean, std and worst group of the metrics of `evaluate_rollouts`."""
+    e, groups = result["nmse"], result["group"]
+    per_group = []
+    for g in np.unique(groups):
+        sel = groups == g
+        per_group.append({"group": int(g), "label": binner.label(int(g)), "n": int(sel.sum()),
+                          "nmse_mean": float(e[sel].mean()), "rel_l2_mean": float(result["rel_l2"][sel].mean())})
+    worst = max(per_group, key=lambda r: r["nmse_mean"])
+    return {
+        "trajectories": int(len(e)), "steps": int(result["steps"]),
+        "nmse": {"mean": float(e.mean()), "std": float(e.std()), "worst_group": worst},
+        "rel_l2": {"mean": float(result["rel_l2"].mean()), "std": float(result["rel_l2"].std())},
+        "per_step_nmse": [float(x) for x in result["per_step"].mean(0)],
+        "groups": per_group,
+    }
+
+
+def _figures(result: Mapping[str, Any], out: Path, log_theta: bool, parameter: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    curve = result["per_step"].mean(0)
+    ax.semilogy(np.arange(1, len(curve) + 1), curve, marker="o")
+    ax.set(xlabel="rollout step", ylabel="nMSE (mean over trajectories)", title="error along the rollout")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "per_step_nmse.png", dpi=120)
+    plt.close(fig)
+    files.append("per_step_nmse.png")
+    if result["theta"].shape[1] > 0:
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        ax.scatter(result["theta"][:, 0], result["nmse"], s=10, c=result["group"], cmap="viridis")
+        ax.set_yscale("log")
+        if log_theta:
+            ax.set_xscale("log")
+        ax.set(xlabel=parameter, ylabel="rollout nMSE", title="error versus parameter")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "error_vs_parameter.png", dpi=120)
+        plt.close(fig)
+        files.append("error_vs_parameter.png")
+    for n, ex in enumerate(result["examples"]):
+        pred, truth = ex["pred"][:, 0], ex["truth"][:, 0]  # channel 0, (steps, *S)
+        if pred.ndim == 4:  # 3-D: the middle slice of the last axis
+            pred, truth = pred[..., pred.shape[-1] // 2], truth[..., truth.shape[-1] // 2]
+        shown = sorted({0, len(pred) // 2, len(pred) - 1})
+        fig, axes = plt.subplots(len(shown), 3, figsize=(9, 2.6 * len(shown)), squeeze=False)
+        for r, k in enumerate(shown):
+            err = pred[k] - truth[k]
+            lo, hi = float(min(pred[k].min(), truth[k].min())), float(max(pred[k].max(), truth[k].max()))
+            for c, (img, name) in enumerate(((pred[k], "prediction"), (truth[k], "truth"), (err, "error"))):
+                a = axes[r, c]
+                if img.ndim == 1:
+                    a.plot(img)
+                else:
+                    lim = float(np.abs(err).max()) or 1.0
+                    kw = dict(vmin=-lim, vmax=lim, cmap="RdBu_r") if name == "error" else dict(vmin=lo, vmax=hi)
+                    im = a.imshow(img.T, origin="lower", **kw)
+                    fig.colorbar(im, ax=a, fraction=0.046)
+                    a.set_xticks([])
+                    a.set_yticks([])
+                a.set_title(f"{name}, step {k + 1}", fontsize=9)
+        theta = ", ".join(f"{v:.3g}" for v in np.atleast_1d(ex["theta"]))
+        fig.suptitle(f"rollout {n} (theta = {theta})", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(out / f"rollout_{n}.png", dpi=100)
+        plt.close(fig)
+        files.append(f"rollout_{n}.png")
+    return files
+
+
+def write_report(result: Mapping[str, Any], binner: GroupBinner, out_dir: str | Path,
+                 info: Mapping[str, Any] | None = None, log_theta: bool = False,
+                 parameter: str = "theta[0]", figures: bool = True) -> dict[str, Any]:
+    """Write ``report.json``, ``report.md`` and the PNG figures into ``out_dir``; return the summary."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {**(info or {}), **summarize(result, binner)}
+    summary["figures"] = _figures(result, out, log_theta, parameter) if figures else []
+    (out / "report.json").write_text(json.dumps(summary, indent=1))
+    n, r = summary["nmse"], summary["rel_l2"]
+    lines = [f"# Evaluation: {summary.get('recipe', '')} {summary.get('model', '')}".rstrip(), "",
+             f"{summary['trajectories']} test trajectories, autoregressive rollout of {summary['steps']} steps.", "",
+             "| metric | mean | std |", "|---|---|---|",
+             f"| nMSE | {n['mean']:.4e} | {n['std']:.4e} |", f"| relative L2 | {r['mean']:.4e} | {r['std']:.4e} |", "",
+             f"Worst group: {n['worst_group']['label']} (nMSE {n['worst_group']['nmse_mean']:.4e}, "
+             f"{n['worst_group']['n']} trajectories).", "", "| group | trajectories | nMSE | rel. L2 |", "|---|---|---|---|"]
+    lines += [f"| {g['label']} | {g['n']} | {g['nmse_mean']:.4e} | {g['rel_l2_mean']:.4e} |" for g in summary["groups"]]
+    lines += ["", "Per-step nMSE: " + ", ".join(f"{x:.3e}" for x in summary["per_step_nmse"]), ""]
+    lines += [f"![{f}]({f})" for f in summary["figures"]]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    return summary
+

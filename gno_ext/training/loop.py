@@ -1,0 +1,399 @@
+r"""The training loop behind ``recipes/train.py``: Accelerate, the DRO curriculum, checkpoints, evaluation.
+
+`train` takes the resolved recipe configuration (a plain mapping, as Hydra composes it from
+``recipes/conf``) and runs one job on whatever Accelerate finds: one CPU, one GPU, or DDP over
+many GPUs and nodes (``accelerate launch`` or ``torchrun``).
+
+* Objective: per-sample MSE on fields scaled by the training data's per-channel standard
+  deviation; plain mean for the first ``P`` epochs, then group DRO (log-sum-exp) over
+  boundary-configuration x parameter-bin groups, reduced across processes before the
+  log-sum-exp (`gno_ext.training.objective.global_objective`). Batches hold one boundary
+  configuration each, visited in turn (Algorithm 1 of the paper).
+* Optimiser: AdamW (no weight decay on biases, norms and embeddings' 1-D parameters), cosine
+  schedule with linear warm-up, gradient clipping, optional EMA of the weights.
+* Non-finite losses or gradients: the update is skipped and counted; after
+  ``trainer.max_nonfinite`` consecutive ones the run stops with an error.
+* Precision: bf16 where every device supports it, else fp16 with loss scaling, else fp32.
+* One run folder, chosen from the configuration (the same in every process); only the main
+  process writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from collections.abc import Mapping
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+from tqdm.auto import tqdm
+
+from gno_ext.losses import mse_per_sample, nmse
+from gno_ext.models.registry import get_model, model_class, save_checkpoint
+from gno_ext.schema import collate
+from gno_ext.training.checkpoint import latest_checkpoint, load_training_checkpoint, save_training_checkpoint
+from gno_ext.training.data import (
+    CurriculumBatchSampler,
+    GroupBinner,
+    batch_to,
+    data_spec,
+    model_kwargs_from_data,
+    open_split,
+    parameter_values,
+    prepare_data,
+    rollout_indices,
+    trajectory_lengths,
+    window_boundary_kinds,
+)
+from gno_ext.training.evaluate import evaluate_rollouts, write_report
+from gno_ext.training.objective import NonFiniteGuard, choose_precision, global_objective
+
+__all__ = ["train", "run_dir_of", "evaluate_run"]
+
+# keys that may change between a run and its resumption
+RESUME_FREE = ("resume", "overwrite", "run_dir", "trainer.epochs", "trainer.max_steps", "trainer.progress",
+               "trainer.num_workers", "eval", "trainer.checkpoint_every", "data.root")
+
+
+def _flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in cfg.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def run_dir_of(cfg: Mapping[str, Any]) -> Path:
+    """The run folder: ``run_dir`` if set, else ``output_root/RECIPE/MODEL-SIZE-seedN``."""
+    if cfg.get("run_dir"):
+        return Path(cfg["run_dir"])
+    return Path(cfg.get("output_root", "runs")) / cfg["recipe"]["name"] / \
+        f"{cfg['model']['name']}-{cfg['size']}-seed{cfg['seed']}"
+
+
+def _check_resume_config(saved: Mapping[str, Any], cfg: Mapping[str, Any], path: Path) -> None:
+    a, b = _flatten(saved), _flatten(cfg)
+    free = lambda k: any(k == f or k.startswith(f + ".") for f in RESUME_FREE)
+    diff = sorted(k for k in set(a) | set(b) if not free(k) and a.get(k) != b.get(k))
+    if diff:
+        detail = "; ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:8])
+        raise ValueError(f"resume from {path}: the configuration differs from the checkpoint's ({detail}). "
+                         f"Resume with the same settings, or start a new run (run_dir=... or overwrite=true).")
+
+
+def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or name.endswith(".bias") else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _schedule(opt_cfg: Mapping[str, Any], total_steps: int):
+    warmup = int(round(float(opt_cfg.get("warmup_fraction", 0.05)) * total_steps))
+    floor = float(opt_cfg.get("min_lr_ratio", 0.0))
+    kind = opt_cfg.get("schedule", "cosine")
+    if kind not in ("cosine", "constant"):
+        raise ValueError(f"optimizer.schedule: expected cosine or constant, got {kind!r}")
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor
+
+
+def _fetch(ds: Dataset, indices: list[int]):
+    """A batch of windows, through the dataset's batched reader when it has one."""
+    return collate(ds.__getitems__(indices) if hasattr(ds, "__getitems__") else [ds[i] for i in indices])
+
+
+def _spread(n: int, k: int) -> list[int]:
+    """``k`` indices spread evenly over ``range(n)`` (all when ``k >= n``)."""
+    return list(range(n)) if k >= n else [int(i) for i in np.linspace(0, n - 1, k).round()]
+
+
+@torch.no_grad()
+def _validate(model: nn.Module, ds: Dataset, scale: torch.Tensor, device: torch.device, batch_size: int,
+              n_batches: int, rank: int, world: int, autocast: Any) -> float:
+    """Mean one-step nMSE over up to ``n_batches`` batches of ``ds`` (spread over the split),
+    sharded over processes."""
+    import torch.distributed as dist
+
+    idx = _spread(len(ds), n_batches * batch_size)
+    loader = DataLoader(Subset(ds, idx[rank::world]), batch_size=batch_size, collate_fn=collate)
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    model.eval()
+    for batch in loader:
+        batch = batch_to(batch, device)
+        with autocast():
+            pred = model(batch.u_in, theta=batch.theta, theta_field=batch.theta_field, bc=batch.bc, grid=batch.grid)
+        e = nmse(pred.float(), batch.u_out[:, :1].float())
+        total += torch.stack([e.sum().double(), torch.tensor(float(len(e)), device=device, dtype=torch.float64)])
+    model.train()
+    if world > 1:
+        dist.all_reduce(total)
+    return float(total[0] / total[1].clamp_min(1))
+
+
+def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Run one recipe (training, evaluation, report) from its resolved configuration.
+
+    Returns
+    -------
+    dict
+        ``run_dir``, ``step``, ``skipped`` and the evaluation summary (``report``).
+    """
+    from accelerate import Accelerator, PartialState
+    from accelerate.utils import DistributedDataParallelKwargs, set_seed
+
+    cfg = json.loads(json.dumps(cfg))  # a plain, private copy
+    tr, opt_cfg, data_cfg = cfg["trainer"], cfg["optimizer"], cfg["data"]
+    device_req = tr.get("device", "auto")
+    state = PartialState(cpu=device_req == "cpu")
+    precision = choose_precision(tr.get("precision", "auto"), state.device.type, state.num_processes)
+    run_dir = run_dir_of(cfg)
+    resume = cfg.get("resume", False)
+    resume = "false" if resume in (False, None, "false", "False") else str(resume)
+    checkpoint = None
+    if resume == "auto":
+        checkpoint = latest_checkpoint(run_dir)
+    elif resume != "false":
+        checkpoint = Path(resume)
+        if not (checkpoint / "trainer_state.json").is_file():
+            raise FileNotFoundError(f"resume={resume}: not a complete training checkpoint folder")
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        if not cfg.get("overwrite", False):
+            raise FileExistsError(f"{run_dir} already holds a run. Continue it with resume=auto, start afresh with "
+                                  f"overwrite=true, or choose another folder with run_dir=...")
+        state.wait_for_everyone()
+        if state.is_main_process:
+            shutil.rmtree(run_dir)
+    state.wait_for_everyone()
+    if checkpoint is not None:
+        saved = yaml.safe_load((checkpoint / "config.yaml").read_text())
+        _check_resume_config(saved, cfg, checkpoint)
+
+    accelerator = Accelerator(
+        cpu=device_req == "cpu", mixed_precision=precision,
+        gradient_accumulation_steps=1, log_with="tensorboard" if tr.get("tensorboard", True) else None,
+        project_dir=str(run_dir),
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=bool(tr.get("find_unused_parameters",
+                                                                                           True)))])
+    main, rank, world = accelerator.is_main_process, accelerator.process_index, accelerator.num_processes
+    device = accelerator.device
+    set_seed(int(cfg["seed"]))
+    say = accelerator.print
+
+    # ---- data
+    with accelerator.main_process_first():
+        if main:
+            prepare_data(data_cfg, progress=bool(tr.get("progress", True)))
+    t_in = int(data_cfg.get("n_steps_input", 1))
+    train_ds = open_split(data_cfg, "train", t_in, 1)
+    spec = data_spec(train_ds, data_cfg.get("log_params"))
+    kinds = window_boundary_kinds(train_ds)
+    binner = GroupBinner(parameter_values(train_ds), kinds, int(tr["dro"]["bins"]), spec.log_params)
+    configs = binner.configuration_ids(torch.as_tensor(np.ascontiguousarray(kinds))).numpy()
+    sampler = CurriculumBatchSampler(configs, int(tr["batch_size"]), rank, world, int(cfg["seed"]),
+                                     tr["curriculum"].get("order", "interleave"))
+    loader = DataLoader(train_ds, batch_sampler=sampler, collate_fn=collate, num_workers=int(tr.get("num_workers", 0)),
+                        pin_memory=device.type == "cuda", generator=torch.Generator().manual_seed(int(cfg["seed"])))
+
+    # ---- model
+    name = cfg["model"]["name"]
+    kwargs = model_kwargs_from_data(model_class(name), spec, cfg["model"].get("kwargs") or {})
+    model = get_model(name, **kwargs)
+    fit_batch = _fetch(train_ds, _spread(len(train_ds), 256))
+    fields = torch.cat([fit_batch.u_in, fit_batch.u_out], 1)
+    if hasattr(model, "fit_normalization"):
+        model.fit_normalization(fields, parameter_values(train_ds))
+    dims = [d for d in range(fields.ndim) if d != 2]
+    scale = fields.float().std(dim=dims).clamp_min(1e-6) if tr.get("loss_normalization", True) \
+        else torch.ones(spec.channels)
+    scale = scale.view(1, 1, -1, *([1] * spec.ndim)).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+
+    epochs, accum = int(tr["epochs"]), int(tr.get("grad_accum", 1))
+    steps_per_epoch = math.ceil(len(sampler.global_batches(0)) / accum)
+    total_steps = epochs * steps_per_epoch
+    if tr.get("max_steps"):
+        total_steps = min(total_steps, int(tr["max_steps"]))
+    optimizer = torch.optim.AdamW(_param_groups(model, float(opt_cfg["weight_decay"])), lr=float(opt_cfg["lr"]),
+                                  betas=tuple(opt_cfg.get("betas", (0.9, 0.999))))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(opt_cfg, total_steps))
+    model, optimizer = accelerator.prepare(model, optimizer)
+    raw = accelerator.unwrap_model(model)
+    ema = None
+    if tr.get("ema", {}).get("enabled", False):
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+        ema = AveragedModel(raw, multi_avg_fn=get_ema_multi_avg_fn(float(tr["ema"]["decay"])), use_buffers=True)
+
+    warmup_epochs = tr["curriculum"].get("warmup_epochs")
+    if warmup_epochs is None:
+        warmup_epochs = int(round(float(tr["curriculum"].get("warmup_fraction", 0.7)) * epochs))
+    tau = float(tr["dro"]["tau"])
+    guard = NonFiniteGuard(int(tr.get("max_nonfinite", 5)))
+    step, epoch0, batch0, seen = 0, 0, 0, 0
+    if checkpoint is not None:
+        st = load_training_checkpoint(checkpoint, raw, optimizer, scheduler, ema)
+        step, epoch0, batch0, seen = st["step"], st["epoch"], st["batch"], st.get("samples", 0)
+        guard.skipped = st.get("skipped", 0)
+        say(f"resumed from {checkpoint} (step {step}, epoch {epoch0}, batch {batch0})")
+
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    if tr.get("tensorboard", True):
+        hp = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in _flatten(cfg).items()}
+        accelerator.init_trackers("tb", config=hp)
+    say(f"run {run_dir}: {name} ({n_params / 1e6:.2f} M parameters), {len(train_ds)} training windows, "
+        f"{len(binner.configurations)} boundary configuration(s), {binner.n_groups} DRO groups, {world} process(es) "
+        f"on {device.type}, precision {precision}, {total_steps} steps (MSE for {warmup_epochs} epochs, then DRO)")
+
+    valid_ds = None
+    try:
+        valid_ds = open_split(data_cfg, "valid", t_in, 1)
+    except FileNotFoundError:
+        say("no validation split: skipping validation")
+    metrics_file = run_dir / "metrics.jsonl"
+    balance_weight = float(cfg["model"].get("balance_weight", 0.0))
+    clip = tr.get("clip_grad")
+    ckpt_every = int(tr.get("checkpoint_every") or 0)
+    log_every = int(tr.get("log_every", 10))
+    done = step >= total_steps
+
+    def checkpoint_now(epoch: int, batch: int) -> None:
+        if main:
+            save_training_checkpoint(run_dir, step, raw, optimizer, scheduler,
+                                     {"epoch": epoch, "batch": batch, "skipped": guard.skipped, "samples": seen},
+                                     cfg, ema=ema, keep=int(tr.get("keep_checkpoints", 3)))
+        accelerator.wait_for_everyone()
+
+    def log(values: dict[str, float]) -> None:
+        if tr.get("tensorboard", True):
+            accelerator.log(values, step=step)
+        if main:
+            with open(metrics_file, "a") as f:
+                f.write(json.dumps({"step": step, **values}) + "\n")
+
+    model.train()
+    t0, window_seen = time.perf_counter(), 0
+    for epoch in range(epoch0, epochs):
+        if done:
+            break
+        dro = epoch >= warmup_epochs
+        sampler.set_epoch(epoch, batch0 if epoch == epoch0 else 0)
+        n_batches = len(sampler)
+        bar = tqdm(total=n_batches, desc=f"epoch {epoch + 1}/{epochs} ({'DRO' if dro else 'MSE'})",
+                   disable=not (main and tr.get("progress", True)), leave=False)
+        batch_index = sampler.start
+        for micro, batch in enumerate(loader):
+            batch = batch_to(batch, device)
+            last_micro = (micro + 1) % accum == 0 or micro == n_batches - 1
+            groups = binner(batch.theta, batch.bc.kind)
+            with accelerator.no_sync(model) if not last_micro else nullcontext():
+                with accelerator.autocast():
+                    pred = model(batch.u_in, theta=batch.theta, theta_field=batch.theta_field, bc=batch.bc,
+                                 grid=batch.grid)
+                per_sample = mse_per_sample(pred.float() / scale, batch.u_out[:, :1].float() / scale)
+                loss, backward_loss = global_objective(per_sample, groups, binner.n_groups, dro, tau, world)
+                finite = guard.ok(loss, "loss", step)
+                if finite:
+                    if balance_weight and hasattr(raw, "balance_loss"):
+                        backward_loss = backward_loss + balance_weight * raw.balance_loss()
+                    accelerator.backward(backward_loss / accum)
+            batch_index += 1
+            seen += len(batch.theta) * world
+            window_seen += len(batch.theta) * world
+            bar.update(1)
+            if not last_micro:
+                continue
+            grad_norm = float("nan")
+            if finite and clip:
+                grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), float(clip)))
+                if precision != "fp16":  # fp16: the loss scaler skips steps with inf gradients itself
+                    finite = guard.ok(grad_norm, "gradient norm", step)
+            if finite:
+                optimizer.step()
+                scheduler.step()
+                if ema is not None:
+                    ema.update_parameters(raw)
+                step += 1
+            optimizer.zero_grad(set_to_none=True)
+            bar.set_postfix(loss=f"{float(loss):.3e}")
+            if finite and (step % log_every == 0 or step == total_steps):
+                elapsed = time.perf_counter() - t0
+                log({"train/loss": float(loss), "train/lr": scheduler.get_last_lr()[0], "train/grad_norm": grad_norm,
+                     "train/dro": float(dro), "train/skipped": guard.skipped,
+                     "train/samples_per_s": window_seen / max(elapsed, 1e-9)})
+                t0, window_seen = time.perf_counter(), 0
+            if finite and ckpt_every and step % ckpt_every == 0:
+                checkpoint_now(epoch, batch_index)
+            if step >= total_steps:
+                done = True
+                break
+        bar.close()
+        if valid_ds is not None and (epoch + 1) % int(tr.get("val_every", 1)) == 0:
+            v = _validate(model, valid_ds, scale, device, int(tr["batch_size"]), int(tr.get("val_batches", 4)),
+                          rank, world, accelerator.autocast)
+            log({"valid/nmse_one_step": v})
+            say(f"epoch {epoch + 1}: loss {float(loss):.4e}, one-step validation nMSE {v:.4e}")
+        finished_epoch = batch_index >= len(sampler.global_batches(epoch))
+        checkpoint_now(epoch + 1 if finished_epoch else epoch, 0 if finished_epoch else batch_index)
+
+    # ---- final model and evaluation
+    final = ema.module if ema is not None else raw
+    if main:
+        save_checkpoint(final, run_dir / "model", extra={"step": step, "ema": ema is not None})
+    accelerator.wait_for_everyone()
+    report = None
+    if cfg.get("eval", {}).get("enabled", True) and main:
+        report = evaluate_run(cfg, final, binner, run_dir / "eval", device, precision)
+        say(f"test rollout ({report['steps']} steps, {report['trajectories']} trajectories): nMSE "
+            f"{report['nmse']['mean']:.4e} +- {report['nmse']['std']:.4e}, worst group {report['nmse']['worst_group']['label']} "
+            f"{report['nmse']['worst_group']['nmse_mean']:.4e}; relative L2 {report['rel_l2']['mean']:.4e}. "
+            f"Report: {run_dir / 'eval' / 'report.md'}")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return {"run_dir": str(run_dir), "step": step, "skipped": guard.skipped, "report": report}
+
+
+def evaluate_run(cfg: Mapping[str, Any], model: nn.Module, binner: GroupBinner, out_dir: Path,
+                 device: torch.device | str = "cpu", precision: str = "no") -> dict[str, Any]:
+    """Roll out ``model`` on the test split of ``cfg``'s data and write the report into ``out_dir``."""
+    ev, data_cfg = cfg.get("eval", {}), cfg["data"]
+    t_in = int(data_cfg.get("n_steps_input", 1))
+    steps = int(ev.get("steps", 10))
+    split = ev.get("split", "test")
+    longest = max(trajectory_lengths(open_split(data_cfg, split, t_in, 1)))
+    if steps > longest - t_in:
+        print(f"eval.steps={steps} but the {split} trajectories have {longest} frames: rolling out {longest - t_in}")
+        steps = longest - t_in
+    ds = open_split(data_cfg, split, t_in, steps)
+    indices = rollout_indices(ds)
+    if ev.get("max_trajectories"):
+        indices = [indices[i] for i in _spread(len(indices), int(ev["max_trajectories"]))]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    result = evaluate_rollouts(model, ds, indices, steps, binner, device, int(ev.get("batch_size", 16)), dtype,
+                               keep_examples=int(ev.get("figures", 3)))
+    info = {"recipe": cfg["recipe"]["name"], "model": cfg["model"]["name"], "size": cfg.get("size"), "split": split}
+    log_theta = bool(binner.log and binner.log[0])
+    return write_report(result, binner, out_dir, info, log_theta=log_theta,
+                        parameter=str(cfg["recipe"].get("parameter", "theta[0]")), figures=int(ev.get("figures", 3)) > 0)
