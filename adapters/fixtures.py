@@ -11,7 +11,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-__all__ = ["write_well_trl", "write_pdebench_tensor", "write_pdebench_cfd", "write_pdebench_seeds"]
+__all__ = ["write_well_trl", "write_trl_dataset", "write_pdebench_tensor", "write_pdebench_cfd", "write_pdebench_seeds"]
 
 
 def write_well_trl(path: str | Path, tcool: float, seed: int = 0, n: int = 2, t: int = 4,
@@ -95,3 +95,19 @@ def write_pdebench_seeds(path: str | Path, n: int = 3, t: int = 6, shape: tuple[
             g["grid/y"] = np.linspace(-1, 1, shape[1])
             g["grid/t"] = np.linspace(0, 5, t)
     return data
+
+
+def write_trl_dataset(base: str | Path, tcools: dict[str, tuple[float, ...]] | None = None, n: int = 2, t: int = 12,
+                      shape: tuple[int, int] = (128, 384)) -> Path:
+    """A Well base path holding turbulent_radiative_layer_2D in the published layout (one file per
+    tcool per split, ``datasets/turbulent_radiative_layer_2D/data/{train,valid,test}``), reduced
+    in trajectories and frames. Returns ``base``."""
+    tcools = tcools or {"train": (0.03, 0.1, 0.32), "valid": (0.1,), "test": (0.03, 0.32)}
+    base = Path(base)
+    for k, (split, values) in enumerate(tcools.items()):
+        folder = base / "datasets" / "turbulent_radiative_layer_2D" / "data" / split
+        folder.mkdir(parents=True, exist_ok=True)
+        for i, tcool in enumerate(values):
+            write_well_trl(folder / f"turbulent_radiative_layer_tcool_{tcool}.hdf5", tcool, seed=100 * k + i, n=n,
+                           t=t, shape=shape)
+    return base

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from gno_ext.layers.attention import AttentionKernel, mixed_attention
 from gno_ext.layers.gate import ParameterGate, Routing
 
-__all__ = ["GatedKernelMixture", "dispatch"]
+__all__ = ["GatedKernelMixture", "dispatch", "has_dispatch"]
 
 
 def dispatch(kernels: Sequence[nn.Module], routing: Routing, x: Tensor, **kernel_kwargs: Any) -> Tensor:
@@ -96,6 +96,8 @@ class GatedKernelMixture(nn.Module):
         # Attention kernels of one shape run in one static-shape pass (`mixed_attention`).
         self.stacked = all(isinstance(k, AttentionKernel) for k in kernels) and len(
             {(k.heads, k.q.weight.shape, k.q.bias is None) for k in kernels}) == 1
+        # dispatch leaves the kernels no sample selected out of the graph (DDP must be told)
+        self.dispatches = not self.stacked
 
     def forward(self, x: Tensor, theta: Tensor, routing: Routing | None = None, **kernel_kwargs: Any) -> Tensor:
         """Apply the mixture.
@@ -117,3 +119,11 @@ class GatedKernelMixture(nn.Module):
             y = mixed_attention(self.kernels, routing.index, x, **kernel_kwargs)
             return y * routing.weight.to(y.dtype).view(-1, *([1] * (y.ndim - 1)))
         return dispatch(self.kernels, routing, x, **kernel_kwargs)
+
+
+def has_dispatch(model: nn.Module) -> bool:
+    """Whether a step can leave some parameters of ``model`` without a gradient: a kernel
+    mixture that runs only the selected kernels (dispatch by groups) does, when a batch selects
+    no sample for a kernel. DDP then needs ``find_unused_parameters=True``; the static-shape
+    attention path (`mixed_attention`) keeps every kernel in the graph and does not."""
+    return any(getattr(m, "dispatches", False) for m in model.modules())

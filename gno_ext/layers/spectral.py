@@ -47,6 +47,8 @@ class GatedSpectralConv(BaseSpectralConv):
         Passed to every ``SpectralConv`` (``FNOBlocks`` passes its factorisation, precision...).
     """
 
+    dispatches = True  # only each sample's kernel runs (see `gno_ext.layers.mixture.has_dispatch`)
+
     def __init__(self, in_channels: int, out_channels: int, n_modes: Any, n_kernels: int = 4,
                  n_params: int = 1, gate_hidden: int = 32, **spectral_kwargs: Any) -> None:
         super().__init__(device=spectral_kwargs.get("device"))

@@ -30,7 +30,7 @@ from gno_ext.schema import PDEBatch
 
 __all__ = ["DataSpec", "open_split", "data_spec", "parameter_values", "window_boundary_kinds", "GroupBinner",
            "CurriculumBatchSampler", "model_kwargs_from_data", "rollout_indices", "trajectory_lengths", "default_cache",
-           "prepare_data", "batch_to"]
+           "prepare_data", "batch_to", "resolved_root"]
 
 TRL_HELP = ("The Well's turbulent_radiative_layer_2D is not on this machine. Download it (about 7 GB) with\n"
             "    pip install the_well && the-well-download --base-path /path/to/the_well "
@@ -69,15 +69,23 @@ def prepare_data(cfg: Mapping[str, Any], progress: bool = True) -> None:
              progress=progress)
 
 
-def open_split(cfg: Mapping[str, Any], split: str, n_steps_input: int, n_steps_output: int) -> Dataset:
-    """Open one split of the data described by ``cfg`` as a dataset of `PDESample` windows."""
+def resolved_root(cfg: Mapping[str, Any]) -> str | None:
+    """``data.root`` made explicit (the cache folder of a generated preset), so that a run's saved
+    configuration finds its data again."""
+    return str(_generated_root(cfg)) if cfg["kind"] == "generated" else cfg.get("root")
+
+
+def open_split(cfg: Mapping[str, Any], split: str, n_steps_input: int, n_steps_output: int,
+               metadata_only: bool = False) -> Dataset:
+    """Open one split of the data described by ``cfg`` as a dataset of `PDESample` windows
+    (``metadata_only``: do not read a generated split into memory)."""
     from gno_ext.adapters import GeneratedDataset, PDEBenchDataset, open_dataset
 
     kind = cfg["kind"]
     if kind == "generated":
         folder = _generated_root(cfg) / "datasets" / str(cfg["preset"])
         return GeneratedDataset(folder, n_steps_input, n_steps_output, split=split,
-                                in_memory=bool(cfg.get("in_memory", True)))
+                                in_memory=bool(cfg.get("in_memory", True)) and not metadata_only)
     if kind == "the_well":
         if not cfg.get("root"):
             raise FileNotFoundError(TRL_HELP if cfg.get("name") == "turbulent_radiative_layer_2D" else

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from gno_ext.losses import mse_per_sample, nmse
 from gno_ext.models.registry import get_model, model_class, save_checkpoint
+from gno_ext.layers.mixture import has_dispatch
 from gno_ext.schema import collate
 from gno_ext.training.checkpoint import latest_checkpoint, load_training_checkpoint, save_training_checkpoint
 from gno_ext.training.data import (
@@ -49,6 +50,7 @@ from gno_ext.training.data import (
     open_split,
     parameter_values,
     prepare_data,
+    resolved_root,
     rollout_indices,
     trajectory_lengths,
     window_boundary_kinds,
@@ -56,7 +58,7 @@ from gno_ext.training.data import (
 from gno_ext.training.evaluate import evaluate_rollouts, write_report
 from gno_ext.training.objective import NonFiniteGuard, choose_precision, global_objective
 
-__all__ = ["train", "run_dir_of", "evaluate_run"]
+__all__ = ["train", "run_dir_of", "evaluate_run", "evaluate_saved", "make_binner"]
 
 # keys that may change between a run and its resumption
 RESUME_FREE = ("resume", "overwrite", "run_dir", "trainer.epochs", "trainer.max_steps", "trainer.progress",
@@ -164,6 +166,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
     cfg = json.loads(json.dumps(cfg))  # a plain, private copy
     tr, opt_cfg, data_cfg = cfg["trainer"], cfg["optimizer"], cfg["data"]
+    data_cfg["root"] = resolved_root(data_cfg)
     device_req = tr.get("device", "auto")
     state = PartialState(cpu=device_req == "cpu")
     precision = choose_precision(tr.get("precision", "auto"), state.device.type, state.num_processes)
@@ -189,12 +192,13 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
         saved = yaml.safe_load((checkpoint / "config.yaml").read_text())
         _check_resume_config(saved, cfg, checkpoint)
 
+    find_unused = tr.get("find_unused_parameters", "auto")
+    ddp_kwargs = DistributedDataParallelKwargs(find_unused_parameters=find_unused is True)
     accelerator = Accelerator(
         cpu=device_req == "cpu", mixed_precision=precision,
         gradient_accumulation_steps=1, log_with="tensorboard" if tr.get("tensorboard", True) else None,
         project_dir=str(run_dir),
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=bool(tr.get("find_unused_parameters",
-                                                                                           True)))])
+        kwargs_handlers=[ddp_kwargs])
     main, rank, world = accelerator.is_main_process, accelerator.process_index, accelerator.num_processes
     device = accelerator.device
     set_seed(int(cfg["seed"]))
@@ -208,7 +212,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     train_ds = open_split(data_cfg, "train", t_in, 1)
     spec = data_spec(train_ds, data_cfg.get("log_params"))
     kinds = window_boundary_kinds(train_ds)
-    binner = GroupBinner(parameter_values(train_ds), kinds, int(tr["dro"]["bins"]), spec.log_params)
+    binner = make_binner(cfg, train_ds, spec)
     configs = binner.configuration_ids(torch.as_tensor(np.ascontiguousarray(kinds))).numpy()
     sampler = CurriculumBatchSampler(configs, int(tr["batch_size"]), rank, world, int(cfg["seed"]),
                                      tr["curriculum"].get("order", "interleave"))
@@ -219,6 +223,8 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     name = cfg["model"]["name"]
     kwargs = model_kwargs_from_data(model_class(name), spec, cfg["model"].get("kwargs") or {})
     model = get_model(name, **kwargs)
+    if find_unused == "auto":  # DDP must look for unused parameters only where samples are dispatched
+        ddp_kwargs.find_unused_parameters = has_dispatch(model)
     fit_batch = _fetch(train_ds, _spread(len(train_ds), 256))
     fields = torch.cat([fit_batch.u_in, fit_batch.u_out], 1)
     if hasattr(model, "fit_normalization"):
@@ -373,6 +379,49 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return {"run_dir": str(run_dir), "step": step, "skipped": guard.skipped, "report": report}
+
+
+def make_binner(cfg: Mapping[str, Any], train_ds: Dataset, spec: Any = None) -> GroupBinner:
+    """The DRO groups of a run: its training data's boundary configurations x parameter bins."""
+    spec = spec or data_spec(train_ds, cfg["data"].get("log_params"))
+    return GroupBinner(parameter_values(train_ds), window_boundary_kinds(train_ds), int(cfg["trainer"]["dro"]["bins"]),
+                       spec.log_params)
+
+
+def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, out_dir: str | Path | None = None,
+                   overrides: Mapping[str, Any] | None = None, device: str | None = None) -> dict[str, Any]:
+    """Evaluate a finished or running run from its folder (what ``recipes/evaluate.py`` does).
+
+    Parameters
+    ----------
+    run_dir : str or Path
+        The run folder (it holds ``config.yaml``).
+    checkpoint : str or Path, optional
+        A checkpoint folder (default: the run's final ``model/``, else its newest checkpoint).
+    out_dir : str or Path, optional
+        Where the report goes (default: ``RUN/eval``, or ``CHECKPOINT/eval``).
+    overrides : mapping, optional
+        Changes to the ``eval`` section (``steps``, ``split``, ``max_trajectories``, ...).
+    device : str, optional
+        Default: cuda when available.
+    """
+    from gno_ext.models.registry import from_checkpoint
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise FileNotFoundError(f"{run_dir}: not a run folder (no config.yaml)")
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg["eval"] = {**cfg.get("eval", {}), **(overrides or {})}
+    if checkpoint is None:
+        checkpoint = run_dir / "model" if (run_dir / "model").is_dir() else latest_checkpoint(run_dir)
+        if checkpoint is None:
+            raise FileNotFoundError(f"{run_dir}: no final model and no checkpoint to evaluate")
+    checkpoint = Path(checkpoint)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = from_checkpoint(checkpoint, device=device)
+    train_ds = open_split(cfg["data"], "train", int(cfg["data"].get("n_steps_input", 1)), 1, metadata_only=True)
+    out = Path(out_dir) if out_dir else (run_dir / "eval" if checkpoint == run_dir / "model" else checkpoint / "eval")
+    return evaluate_run(cfg, model, make_binner(cfg, train_ds), out, device)
 
 
 def evaluate_run(cfg: Mapping[str, Any], model: nn.Module, binner: GroupBinner, out_dir: Path,

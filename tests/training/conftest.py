@@ -1,0 +1,67 @@
+"""Shared fixtures of the recipe tests: a data cache, external-layout files, and a runner."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from gno_ext.adapters.fixtures import write_pdebench_cfd, write_pdebench_tensor, write_trl_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN_PY = ROOT / "recipes" / "train.py"
+
+
+def load_train_module():
+    spec = importlib.util.spec_from_file_location("recipes_train", TRAIN_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def train_module():
+    return load_train_module()
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory) -> Path:
+    """One generated-data cache for the whole session (presets are generated on first use)."""
+    return tmp_path_factory.mktemp("gno_cache")
+
+
+@pytest.fixture(autouse=True)
+def _use_cache(cache, monkeypatch):
+    monkeypatch.setenv("GNO_EXT_CACHE", str(cache))
+
+
+@pytest.fixture(scope="session")
+def trl_root(tmp_path_factory) -> Path:
+    """The Well's turbulent_radiative_layer_2D in its published layout (few trajectories and frames)."""
+    return write_trl_dataset(tmp_path_factory.mktemp("the_well"), n=2, t=8)
+
+
+@pytest.fixture(scope="session")
+def pdebench_root(tmp_path_factory) -> Path:
+    """PDEBench files for the pdebench-* recipes, two parameter values each, ten trajectories."""
+    root = tmp_path_factory.mktemp("pdebench")
+    for i, beta in enumerate((0.1, 1.0)):
+        write_pdebench_tensor(root / f"1D_Advection_Sols_beta{beta}.hdf5", n=10, t=8, x=32, seed=i)
+    for i, nu in enumerate((0.001, 0.1)):
+        write_pdebench_tensor(root / f"1D_Burgers_Sols_Nu{nu}.hdf5", n=10, t=8, x=32, seed=10 + i)
+    for i, m in enumerate((0.1, 1.0)):
+        write_pdebench_cfd(root / f"2D_CFD_Rand_M{m}_Eta0.01_Zeta0.01_periodic_16_Train.hdf5", n=10, t=6, x=16, y=8,
+                           seed=20 + i)
+    return root
+
+
+def env_with_cache(cache: Path) -> dict[str, str]:
+    env = dict(os.environ, GNO_EXT_CACHE=str(cache), OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+PYTHON = sys.executable

@@ -1,0 +1,101 @@
+"""Every shipped YAML composes, and every recipe's model is instantiated on its data and runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gno_ext.models import get_model, model_class
+from gno_ext.training.data import data_spec, model_kwargs_from_data, open_split, prepare_data
+from gno_ext.training.loop import _fetch
+
+from .conftest import load_train_module
+
+train_py = load_train_module()
+RECIPES = train_py.available("recipe")
+MODELS = train_py.available("model")
+
+
+def _data_overrides(recipe: str, trl_root, pdebench_root) -> list[str]:
+    if recipe == "trl":
+        return [f"data.root={trl_root}"]
+    if recipe.startswith("pdebench-"):
+        return [f"data.root={pdebench_root}"]
+    return []
+
+
+def _instantiate(cfg: dict) -> None:
+    prepare_data(cfg["data"], progress=False)
+    ds = open_split(cfg["data"], "train", cfg["data"]["n_steps_input"], 1)
+    spec = data_spec(ds, cfg["data"]["log_params"])
+    kwargs = model_kwargs_from_data(model_class(cfg["model"]["name"]), spec, cfg["model"]["kwargs"])
+    model = get_model(cfg["model"]["name"], **kwargs)
+    batch = _fetch(ds, [0, len(ds) - 1])
+    out = model(batch.u_in, theta=batch.theta, theta_field=batch.theta_field, bc=batch.bc, grid=batch.grid)
+    assert out.shape == batch.u_out[:, :1].shape
+    assert torch.isfinite(out).all()
+
+
+def test_recipe_list_matches_design():
+    expected = {"heat-param", "heat-bc", "heat-joint", "advection-param", "advection-bc", "advection-joint",
+                "advection-ood", "advection-3d", "burgers-param", "ns-param", "trl"}
+    assert expected <= set(RECIPES)
+    assert any(r.startswith("pdebench-") for r in RECIPES)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipe_composes_and_instantiates(recipe, trl_root, pdebench_root):
+    cfg = train_py.compose(recipe, ["size=smoke", *_data_overrides(recipe, trl_root, pdebench_root)])
+    assert cfg["recipe"]["name"] == recipe
+    assert cfg["size"] == "smoke" and cfg["trainer"]["epochs"] == 2
+    if cfg["data"]["kind"] == "generated":
+        assert cfg["data"]["preset"] == recipe and cfg["data"]["size"] == "smoke"
+    _instantiate(cfg)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_model_configs_instantiate(model):
+    cfg = train_py.compose("heat-bc", ["size=smoke", f"model={model}"])
+    _instantiate(cfg)
+
+
+@pytest.mark.parametrize("size", train_py.available("size"))
+def test_sizes_compose(size):
+    cfg = train_py.compose("heat-joint", [f"size={size}"])
+    assert cfg["size"] == size == cfg["data"]["size"]
+    assert cfg["model"]["kwargs"]["latent"] == cfg["backbone"]["latent"]
+    if size == "paper":  # the paper's Appendix D backbone
+        assert (cfg["backbone"]["latent"], cfg["backbone"]["patch"], cfg["backbone"]["depth"],
+                cfg["backbone"]["heads"]) == (256, 16, 8, 8)
+        assert cfg["trainer"]["epochs"] == 100 and cfg["trainer"]["curriculum"]["warmup_fraction"] == 0.7
+
+
+def test_recipe_specifics():
+    ns = train_py.compose("ns-param", ["size=smoke"])
+    assert ns["eval"]["steps"] == 50 and ns["model"]["kwargs"]["n_kernels"] == 3
+    trl = train_py.compose("trl", [])
+    assert trl["data"]["kind"] == "the_well" and trl["data"]["name"] == "turbulent_radiative_layer_2D"
+    assert trl["backbone"]["patch"] == 16
+    over = train_py.compose("heat-param", ["size=smoke", "trainer.epochs=7", "model.kwargs.n_kernels=2"])
+    assert over["trainer"]["epochs"] == 7 and over["model"]["kwargs"]["n_kernels"] == 2
+
+
+def test_sizes_come_from_data_not_yaml(cache):
+    cfg = train_py.compose("advection-param", ["size=smoke"])
+    prepare_data(cfg["data"], progress=False)
+    spec = data_spec(open_split(cfg["data"], "train", 1, 1))
+    assert (spec.channels, spec.field_channels, spec.n_params, spec.ndim) == (1, 2, 1, 2)
+    kwargs = model_kwargs_from_data(model_class("gno"), spec, {"latent": 16})
+    assert (kwargs["in_channels"], kwargs["field_channels"], kwargs["n_params"], kwargs["ndim"]) == (1, 2, 1, 2)
+    assert kwargs["latent"] == 16
+    with pytest.raises(ValueError, match="in_channels=3 contradicts the data"):
+        model_kwargs_from_data(model_class("gno"), spec, {"in_channels": 3})
+
+
+def test_bad_recipe_and_arguments(train_module):
+    with pytest.raises(SystemExit, match="unknown; available"):
+        train_module.compose("heat-nonexistent", [])
+    with pytest.raises(SystemExit):
+        train_module.parse(["--recipe", "heat-param", "--epochs", "3"])  # overrides are key=value
+    with pytest.raises(SystemExit, match="data.preset"):
+        train_module.compose("heat-param", ["data.preset=???"])

@@ -1,0 +1,130 @@
+"""The objective across processes, the non-finite guard, precision, the sampler and DRO groups."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from gno_ext.losses import group_dro_loss
+from gno_ext.training.data import CurriculumBatchSampler, GroupBinner
+from gno_ext.training.objective import NonFiniteGuard, NonFiniteLossError, choose_precision, global_objective
+
+from .conftest import PYTHON, ROOT, env_with_cache
+
+
+def _simulated_processes(losses: torch.Tensor, groups: torch.Tensor, world: int, dro: bool):
+    """Run `global_objective` as ``world`` processes would: an all-reduce returns the sum of what
+    every process passes to its k-th call; the per-process gradients are summed and divided by
+    ``world``, as DDP does."""
+    x = losses.detach().clone().requires_grad_(True)
+    shards = list(zip(x.chunk(world), groups.chunk(world)))
+    calls: list[list[torch.Tensor]] = [[] for _ in shards]
+    for k, (s, g) in enumerate(shards):  # pass 1: record what each process would reduce
+        global_objective(s.detach(), g, 5, dro, tau=3.0, world_size=world,
+                         all_reduce=lambda t, k=k: calls[k].append(t.detach().clone()) or t.detach())
+    values = []
+    for k, (s, g) in enumerate(shards):  # pass 2: reduce across the recorded calls
+        n_call = [0]
+
+        def reduce(t, n_call=n_call):
+            out = sum(c[n_call[0]] for c in calls)
+            n_call[0] += 1
+            return out
+        loss, backward = global_objective(s, g, 5, dro, tau=3.0, world_size=world, all_reduce=reduce)
+        (backward / world).backward()
+        values.append(float(loss))
+    return values, x.grad
+
+
+@pytest.mark.parametrize("dro", [True, False])
+def test_sharded_objective_equals_one_process(dro):
+    torch.manual_seed(0)
+    losses = torch.rand(8) * 3
+    groups = torch.tensor([0, 4, 1, 1, 4, 4, 0, 2])
+    ref = losses.clone().requires_grad_(True)
+    expected = group_dro_loss(ref, groups, 3.0) if dro else ref.mean()
+    expected.backward()
+    values, grad = _simulated_processes(losses, groups, world=2, dro=dro)
+    assert values == pytest.approx([float(expected.detach())] * 2, rel=1e-6)
+    torch.testing.assert_close(grad, ref.grad, rtol=1e-6, atol=1e-7)
+    # without the reduction, each process's own DRO differs from the global objective
+    own = group_dro_loss(losses[:4], groups[:4], 3.0) if dro else losses[:4].mean()
+    assert abs(float(own) - float(expected)) > 1e-3
+
+
+def test_two_gloo_processes_match_one(tmp_path, cache):
+    """2 CPU processes (torchrun, gloo, a GNO whose gate routes samples to different kernels)
+    give the loss and gradients of 1 process holding the same global batch."""
+    script = ROOT / "tests" / "training" / "ddp_objective.py"
+    out = {}
+    for n in (1, 2):
+        path = tmp_path / f"world{n}.pt"
+        cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_port", str(29500 + n),
+               str(script), str(path)]
+        proc = subprocess.run(cmd, env=env_with_cache(cache), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[n] = torch.load(path, weights_only=True)
+    assert float(out[1]["loss"]) == pytest.approx(float(out[2]["loss"]), rel=1e-6)
+    scale = max(float(g.abs().max()) for g in out[1]["grads"].values())
+    assert scale > 0
+    for name, g in out[1]["grads"].items():
+        torch.testing.assert_close(out[2]["grads"][name], g, rtol=1e-4, atol=1e-6 * scale, msg=name)
+
+
+def test_non_finite_guard():
+    guard = NonFiniteGuard(patience=3)
+    assert guard.ok(torch.tensor(1.0), "loss", 0)
+    assert not guard.ok(float("nan"), "loss", 1)
+    assert not guard.ok(float("inf"), "loss", 2)
+    assert guard.ok(0.5, "loss", 3) and guard.consecutive == 0 and guard.skipped == 2
+    guard.ok(float("nan"), "loss", 4)
+    guard.ok(float("nan"), "loss", 5)
+    with pytest.raises(NonFiniteLossError, match="step 6: 3 consecutive.*learning rate"):
+        guard.ok(float("nan"), "loss", 6)
+
+
+def test_choose_precision_cpu():
+    assert choose_precision("auto", "cpu") == "no"
+    with pytest.raises(ValueError, match="mixed precision is for GPUs"):
+        choose_precision("bf16", "cpu")
+    with pytest.raises(ValueError, match="expected auto"):
+        choose_precision("half", "cpu")
+
+
+def test_sampler_one_configuration_per_batch_and_shards():
+    configs = np.array([0] * 10 + [1] * 5 + [2] * 3)
+    one = CurriculumBatchSampler(configs, batch_size=4, seed=3)
+    batches = one.global_batches(0)
+    assert all(len({configs[i] for i in b}) == 1 for b in batches)  # one boundary configuration each
+    order = [configs[b[0]] for b in batches]
+    assert order[:3] == [0, 1, 2]  # interleaved: types in turn
+    assert set(np.concatenate(batches)) == set(range(len(configs)))  # every sample seen
+    two = [CurriculumBatchSampler(configs, batch_size=2, rank=r, world_size=2, seed=3) for r in range(2)]
+    shards = [list(s) for s in two]
+    assert len(shards[0]) == len(shards[1]) == len(batches)
+    for b, s0, s1 in zip(batches, *shards):  # two processes see exactly one process's global batches
+        assert s0 + s1 == b.tolist()
+    assert not np.array_equal(np.concatenate(one.global_batches(1)), np.concatenate(batches))  # reshuffled
+    seq = CurriculumBatchSampler(configs, batch_size=4, order="sequential").global_batches(0)
+    assert [configs[b[0]] for b in seq] == sorted(configs[b[0]] for b in seq)
+    resumed = CurriculumBatchSampler(configs, batch_size=4, seed=3)
+    resumed.set_epoch(0, start=2)
+    assert [tuple(b) for b in resumed] == [tuple(b) for b in batches[2:]]
+
+
+def test_group_binner():
+    theta = torch.tensor([[0.01], [0.1], [1.0]]).repeat(4, 1)
+    kinds = np.array([[0, 0, 0, 0], [1, 1, 1, 1]])
+    few = GroupBinner(theta, kinds, bins=8, log_params=[True])  # 3 distinct values: one group each
+    assert few.n_groups == 2 * 3
+    g = few(torch.tensor([[0.01], [0.1], [1.0], [0.1]]), torch.tensor([[0] * 4, [0] * 4, [0] * 4, [1] * 4]))
+    assert g.tolist() == [0, 1, 2, 4]
+    dense = GroupBinner(torch.logspace(-2, 0, 50)[:, None], kinds[:1], bins=2, log_params=[True])
+    g = dense(torch.tensor([[0.02], [0.5], [50.0]]), torch.zeros(3, 4, dtype=torch.long))
+    assert g.tolist() == [0, 1, 1]  # log-spaced halves; out of range -> outer bin
+    assert few.label(4) == "dirichlet/dirichlet/dirichlet/dirichlet, theta0 in [0.03162, 0.3162]"
+    with pytest.raises(ValueError, match="not in the training data"):
+        few(torch.tensor([[0.1]]), torch.tensor([[2, 2, 2, 2]]))
