@@ -168,7 +168,11 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     tr, opt_cfg, data_cfg = cfg["trainer"], cfg["optimizer"], cfg["data"]
     data_cfg["root"] = resolved_root(data_cfg)
     device_req = tr.get("device", "auto")
-    state = PartialState(cpu=device_req == "cpu")
+    if device_req not in ("auto", "cpu"):
+        raise ValueError(f"trainer.device: expected auto or cpu, got {device_req!r} (GPUs are chosen by the launcher)")
+    # Accelerate sets up several CPU processes (gloo) only when told cpu=True
+    use_cpu = device_req == "cpu" or not torch.cuda.is_available()
+    state = PartialState(cpu=use_cpu)
     precision = choose_precision(tr.get("precision", "auto"), state.device.type, state.num_processes)
     run_dir = run_dir_of(cfg)
     resume = cfg.get("resume", False)
@@ -195,7 +199,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     find_unused = tr.get("find_unused_parameters", "auto")
     ddp_kwargs = DistributedDataParallelKwargs(find_unused_parameters=find_unused is True)
     accelerator = Accelerator(
-        cpu=device_req == "cpu", mixed_precision=precision,
+        cpu=use_cpu, mixed_precision=precision,
         gradient_accumulation_steps=1, log_with="tensorboard" if tr.get("tensorboard", True) else None,
         project_dir=str(run_dir),
         kwargs_handlers=[ddp_kwargs])
@@ -243,8 +247,11 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(_param_groups(model, float(opt_cfg["weight_decay"])), lr=float(opt_cfg["lr"]),
                                   betas=tuple(opt_cfg.get("betas", (0.9, 0.999))))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(opt_cfg, total_steps))
+    raw = model
+    compile_mode = tr.get("compile", False)
+    if compile_mode:  # compiled forward (and backward); the weights stay those of `raw`
+        model = torch.compile(model, mode=None if compile_mode is True else str(compile_mode))
     model, optimizer = accelerator.prepare(model, optimizer)
-    raw = accelerator.unwrap_model(model)
     ema = None
     if tr.get("ema", {}).get("enabled", False):
         from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn

@@ -1,0 +1,61 @@
+"""Data-parallel scaling of a recipe: training samples/s on 1, 2, 4, ... GPUs (or CPU processes).
+
+    python recipes/bench_ddp.py --recipe heat-param --size paper --procs 1 2 4 --steps 60
+
+Each count runs ``torchrun --nproc_per_node N recipes/train.py`` for ``--steps`` optimizer steps
+with ``--batch`` samples per process (so the global batch grows with N: weak scaling) and reads
+the throughput the run logs (``train/samples_per_s`` over each logging window); the first window
+(start-up, first kernels) is left out and the median of the rest reported. Scaling efficiency is
+``samples/s(N) / (N x samples/s(1))``. The dataset is generated once, before the first count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+TRAIN = Path(__file__).resolve().parent / "train.py"
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", default="heat-param")
+    parser.add_argument("--size", default="paper")
+    parser.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--batch", type=int, default=32, help="samples per process per step")
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--out", default="runs/bench_ddp")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides")
+    args = parser.parse_args(argv)
+    rows = []
+    for n in args.procs:
+        run = Path(args.out) / f"procs{n}"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), str(TRAIN),
+               "--recipe", args.recipe, f"size={args.size}", f"trainer.max_steps={args.steps}",
+               f"trainer.batch_size={args.batch}", f"trainer.log_every={args.log_every}", "trainer.val_every=100000",
+               "trainer.progress=false", "eval.enabled=false", f"run_dir={run}", "overwrite=true", *args.overrides]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{n} process(es) failed:\n{proc.stderr[-4000:]}")
+        rates = [json.loads(x)["train/samples_per_s"] for x in (run / "metrics.jsonl").read_text().splitlines()
+                 if "train/samples_per_s" in x]
+        rate = statistics.median(rates[1:] if len(rates) > 1 else rates)
+        rows.append({"procs": n, "global_batch": n * args.batch, "samples_per_s": rate})
+    base = rows[0]["samples_per_s"] / rows[0]["procs"]
+    print(f"| processes | global batch | samples/s | speed-up | efficiency |\n|---|---|---|---|---|")
+    for r in rows:
+        r["efficiency"] = r["samples_per_s"] / (r["procs"] * base)
+        print(f"| {r['procs']} | {r['global_batch']} | {r['samples_per_s']:.0f} | "
+              f"{r['samples_per_s'] / rows[0]['samples_per_s']:.2f} | {100 * r['efficiency']:.0f} % |")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "scaling.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""The recipe end to end: training, evaluation and report, resumption, DDP on CPU, failures."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+
+from gno_ext.models import from_checkpoint
+from gno_ext.training import NonFiniteLossError, latest_checkpoint
+from gno_ext.training.checkpoint import list_checkpoints
+
+from .conftest import PYTHON, TRAIN_PY, env_with_cache
+
+QUIET = ["trainer.progress=false", "trainer.tensorboard=false"]
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    return safetensors.torch.load_file(str(run / "model" / "model.safetensors"))
+
+
+def test_heat_param_smoke_end_to_end(train_module, tmp_path):
+    result = train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}",
+                                "trainer.progress=false"])
+    run = Path(result["run_dir"])
+    assert run == tmp_path / "heat-param" / "gno-smoke-seed0"
+    # training: both phases of the curriculum ran, the loss is finite and logged
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "train/loss" in r]
+    assert {r["train/dro"] for r in train_rows} == {0.0, 1.0}
+    assert all(r["train/loss"] == r["train/loss"] and r["train/loss"] < 1e3 for r in train_rows)
+    assert any("valid/nmse_one_step" in r for r in rows)
+    assert list((run / "tb").rglob("events.out.tfevents*")), "no TensorBoard log"
+    # checkpoints and the final model rebuild from their folders alone
+    ckpts = list_checkpoints(run)
+    assert ckpts and latest_checkpoint(run) == ckpts[-1]
+    state = json.loads((ckpts[-1] / "trainer_state.json").read_text())
+    assert state["step"] == result["step"] == 8 and state["epoch"] == 2
+    model = from_checkpoint(run / "model")
+    assert sum(p.numel() for p in model.parameters()) > 0
+    # evaluation: report, figures, the metrics
+    report = json.loads((run / "eval" / "report.json").read_text())
+    assert report == result["report"] | {"figures": report["figures"]}
+    assert report["steps"] == 5  # smoke trajectories have 6 frames: eval.steps is capped
+    assert report["nmse"]["mean"] > 0 and len(report["per_step_nmse"]) == 5
+    assert report["nmse"]["worst_group"]["nmse_mean"] >= report["nmse"]["mean"] - 1e-12
+    for name in ("per_step_nmse.png", "error_vs_parameter.png", "rollout_0.png", "report.md"):
+        assert (run / "eval" / name).stat().st_size > 0
+    # recipes/evaluate.py reproduces the numbers from the saved model
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("recipes_evaluate", TRAIN_PY.parent / "evaluate.py")
+    evaluate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(evaluate)
+    again = evaluate.main([str(run), "--out", str(tmp_path / "again")])
+    assert again["nmse"]["mean"] == pytest.approx(report["nmse"]["mean"], rel=1e-6)
+
+
+def test_existing_run_and_resume_checks(train_module, tmp_path):
+    args = ["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}", "trainer.epochs=1", *QUIET]
+    train_module.main(args)
+    with pytest.raises(FileExistsError, match="resume=auto"):
+        train_module.main(args)
+    with pytest.raises(ValueError, match="model.kwargs.n_kernels: 4 -> 2"):
+        train_module.main([*args, "resume=auto", "model.kwargs.n_kernels=2"])
+    done = train_module.main([*args, "resume=auto", "trainer.epochs=2"])  # extend a finished run
+    assert done["step"] == 8
+    fresh = train_module.main([*args, "overwrite=true"])
+    assert fresh["step"] == 4
+
+
+def test_kill_and_resume_reaches_the_same_weights(tmp_path, cache):
+    """A run killed (SIGKILL) mid-training and resumed with resume=auto ends with exactly the
+    weights of an uninterrupted run (CPU, deterministic)."""
+    common = [PYTHON, str(TRAIN_PY), "--recipe", "heat-param", "size=smoke", "trainer.epochs=12",
+              "trainer.checkpoint_every=2", "backbone.latent=64", "backbone.depth=3", "eval.enabled=false", *QUIET]
+    env = env_with_cache(cache)
+    ref = subprocess.run([*common, f"run_dir={tmp_path / 'ref'}"], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    run = tmp_path / "killed"
+    proc = subprocess.Popen([*common, f"run_dir={run}"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        ckpt = latest_checkpoint(run)
+        if ckpt is not None and int(ckpt.name.split("_")[1]) >= 6:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert not (run / "model").exists()
+    killed_at = json.loads((latest_checkpoint(run) / "trainer_state.json").read_text())["step"]
+    assert 6 <= killed_at < 48
+    resumed = subprocess.run([*common, f"run_dir={run}", "resume=auto"], env=env, capture_output=True, text=True,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed from" in resumed.stdout
+    a, b = _weights(tmp_path / "ref"), _weights(run)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_interrupted_save_is_not_a_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_00000004").mkdir(parents=True)
+    (run / "checkpoints" / "step_00000004" / "trainer_state.json").write_text("{}")
+    (run / "checkpoints" / ".tmp-step_00000008-123").mkdir()  # a save killed before its rename
+    (run / "checkpoints" / "step_00000012").mkdir()  # a folder without its state file
+    assert latest_checkpoint(run).name == "step_00000004"
+
+
+def test_two_processes_train_like_one(tmp_path, cache):
+    """torchrun with 2 CPU processes (gloo) and batch 2 each trains like 1 process with batch 4:
+    the same global batches, the objective reduced across processes, one run folder."""
+    env = env_with_cache(cache)
+    # the gates' load-balance term is per process, as usual for mixture-of-experts aux losses: off here
+    common = ["--recipe", "heat-joint", "size=smoke", "trainer.max_steps=3", "eval.enabled=false",
+              "model.balance_weight=0", *QUIET]
+    one = subprocess.run([PYTHON, str(TRAIN_PY), *common, "trainer.batch_size=4", f"run_dir={tmp_path / 'one'}"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run([PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+                          str(TRAIN_PY), *common, "trainer.batch_size=2", f"run_dir={tmp_path / 'two'}"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "2 process(es)" in two.stdout
+    rows = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "train/loss" in r]
+    assert steps == sorted(set(steps)) == [1, 2, 3]  # written once, by the main process
+    loss = lambda d: [json.loads(x)["train/loss"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()
+                      if "train/loss" in x]
+    assert loss("two") == pytest.approx(loss("one"), rel=1e-6)
+    a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
+    for key in a:
+        # Parameters whose exact gradient is zero (attention key biases: softmax ignores a shift)
+        # get float-rounding gradients that differ between the two reductions, and Adam scales
+        # those to steps of up to lr (1e-3 here, 3 steps): hence the absolute tolerance.
+        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=5e-5, msg=key)
+
+
+def test_non_finite_training_stops_with_a_clear_error(train_module, tmp_path):
+    with pytest.raises(NonFiniteLossError, match="consecutive updates with a non-finite"):
+        train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}", "optimizer.lr=1e30",
+                           "optimizer.warmup_fraction=0", "trainer.clip_grad=null", "trainer.max_nonfinite=2",
+                           *QUIET])
+
+
+def test_trl_on_a_well_layout_dataset(train_module, tmp_path, trl_root):
+    result = train_module.main(["--recipe", "trl", "size=smoke", f"data.root={trl_root}", f"output_root={tmp_path}",
+                                *QUIET])
+    report = result["report"]
+    assert report["steps"] == 7 and report["trajectories"] == 4
+    assert {g["label"].split(",")[0] for g in report["groups"]} == {"periodic/periodic/open/open"}
+    model = from_checkpoint(Path(result["run_dir"]) / "model")
+    assert model.in_channels == 4 and model.n_params == 1  # density, pressure, velocity x/y; tcool
+
+
+def test_trl_without_data_says_what_to_download(train_module, tmp_path):
+    with pytest.raises(FileNotFoundError, match="the-well-download.*turbulent_radiative_layer_2D"):
+        train_module.main(["--recipe", "trl", "size=smoke", f"output_root={tmp_path}", *QUIET])
