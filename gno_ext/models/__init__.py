@@ -3,6 +3,7 @@
 `GatedFNO` needs the optional ``neuraloperator`` package and is imported on first use.
 """
 
+from gno_ext.models import baselines  # noqa: F401  (registers the baselines)
 from gno_ext.models.gno import GNO, GNOBlock
 from gno_ext.models.registry import (
     available_models,

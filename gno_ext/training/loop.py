@@ -77,11 +77,12 @@ def _flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def run_dir_of(cfg: Mapping[str, Any]) -> Path:
-    """The run folder: ``run_dir`` if set, else ``output_root/RECIPE/MODEL-SIZE-seedN``."""
+    """The run folder: ``run_dir`` if set, else ``output_root/RECIPE/MODEL-SIZE-seedN`` (MODEL is
+    ``model.label`` when set, e.g. ``vit-5``, else ``model.name``)."""
     if cfg.get("run_dir"):
         return Path(cfg["run_dir"])
-    return Path(cfg.get("output_root", "runs")) / cfg["recipe"]["name"] / \
-        f"{cfg['model']['name']}-{cfg['size']}-seed{cfg['seed']}"
+    label = cfg["model"].get("label") or cfg["model"]["name"]
+    return Path(cfg.get("output_root", "runs")) / cfg["recipe"]["name"] / f"{label}-{cfg['size']}-seed{cfg['seed']}"
 
 
 def _check_resume_config(saved: Mapping[str, Any], cfg: Mapping[str, Any], path: Path) -> None:
@@ -245,7 +246,8 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if tr.get("max_steps"):
         total_steps = min(total_steps, int(tr["max_steps"]))
     optimizer = torch.optim.AdamW(_param_groups(model, float(opt_cfg["weight_decay"])), lr=float(opt_cfg["lr"]),
-                                  betas=tuple(opt_cfg.get("betas", (0.9, 0.999))))
+                                  betas=tuple(opt_cfg.get("betas", (0.9, 0.999))),
+                                  fused=device.type == "cuda")  # one kernel for all parameters on GPUs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(opt_cfg, total_steps))
     raw = model
     compile_mode = tr.get("compile", False)
@@ -287,6 +289,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
         say("no validation split: skipping validation")
     metrics_file = run_dir / "metrics.jsonl"
     balance_weight = float(cfg["model"].get("balance_weight", 0.0))
+    physics_weight = float(cfg["model"].get("physics_weight", 0.0))
     clip = tr.get("clip_grad")
     ckpt_every = int(tr.get("checkpoint_every") or 0)
     log_every = int(tr.get("log_every", 10))
@@ -331,6 +334,8 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
                 if finite:
                     if balance_weight and hasattr(raw, "balance_loss"):
                         backward_loss = backward_loss + balance_weight * raw.balance_loss()
+                    if physics_weight and hasattr(raw, "physics_loss"):  # PINO's residual term
+                        backward_loss = backward_loss + physics_weight * raw.physics_loss(batch, pred)
                     accelerator.backward(backward_loss / accum)
             batch_index += 1
             seen += len(batch.theta) * world

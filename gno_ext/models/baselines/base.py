@@ -1,0 +1,158 @@
+"""What every baseline shares: the schema forward, normalisation, and condition encodings.
+
+A baseline predicts the next frame from ``u_in`` (B, T_in, C, *S) like the GNO, through
+``forward(u_in, theta=, theta_field=, bc=, grid=)`` (or a `PDEBatch`), as an increment over
+the last input frame in the units of the training data's per-channel statistics. What a model
+uses of ``theta``, ``theta_field`` and ``bc`` is its own affair and said in its docstring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gno_ext.layers.embeddings import ParameterNormalizer
+from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, face_view
+
+__all__ = ["SchemaModel", "TransformerBlock", "boundary_summary", "boundary_channels", "N_TYPES"]
+
+N_TYPES = len(BCType)
+
+
+def boundary_summary(bc: BoundarySpec, scale: Tensor | float = 1.0) -> Tensor:
+    """A fixed-size description of a batched boundary spec, ``(B, F * (N_TYPES + 2))``: per face
+    the one-hot type, and the mean data at the input and the target time divided by ``scale``."""
+    kind = F.one_hot(bc.kind.long(), N_TYPES).to(bc.values.dtype)  # (B, F, N_TYPES)
+    start = bc.values[:, :, 0].mean(-1, keepdim=True) / scale
+    target = bc.values[:, :, -1].mean(-1, keepdim=True) / scale
+    return torch.cat([kind, start, target], -1).flatten(1)
+
+
+def boundary_channels(bc: BoundarySpec, grid: Grid, scale: Tensor | float = 1.0) -> Tensor:
+    """The boundary description painted on the grid, ``(B, N_TYPES + 1, *S)``: on the layer of
+    cells next to each face, the face's type (one-hot) and its data at the target time
+    (divided by ``scale``); zero inside. Corner cells take the sum of their faces."""
+    b = bc.kind.shape[0]
+    out = bc.values.new_zeros(b, N_TYPES + 1, *grid.shape)
+    for face in range(grid.n_faces):
+        axis, side = divmod(face, 2)
+        index = [slice(None)] * grid.ndim
+        index[axis] = 0 if side == 0 else grid.shape[axis] - 1
+        data = face_view(bc.values[:, :, -1], face, grid) / scale  # (B, *face_shape)
+        kind = F.one_hot(bc.kind[:, face].long(), N_TYPES).to(out.dtype)  # (B, N_TYPES)
+        view = out[(slice(None), slice(None), *index)]  # (B, N_TYPES + 1, *face_shape)
+        shape = (b, N_TYPES) + (1,) * (view.ndim - 2)
+        view[:, :N_TYPES] += kind.view(shape)
+        view[:, N_TYPES] += data
+    return out
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm self-attention (``scaled_dot_product_attention``) and MLP."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim={dim} is not divisible by heads={heads}")
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        hidden = int(mlp_ratio * dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def attention(self, x: Tensor) -> Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v)
+        return self.out(y.transpose(1, 2).reshape(b, n, d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attention(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class SchemaModel(nn.Module):
+    """Base of the baselines: input checks, field and parameter normalisation, the increment.
+
+    Parameters
+    ----------
+    in_channels, n_params, field_channels, ndim, t_in : int
+        Read from the data by the recipes.
+    log_params : sequence of bool, optional
+        Parameters normalised on a log scale.
+    """
+
+    def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2,
+                 t_in: int = 1, log_params: Sequence[bool] | None = None) -> None:
+        super().__init__()
+        self.in_channels, self.n_params, self.field_channels = in_channels, n_params, field_channels
+        self.ndim, self.t_in = ndim, t_in
+        self.register_buffer("u_mean", torch.zeros(in_channels))
+        self.register_buffer("u_std", torch.ones(in_channels))
+        self.param_norm = ParameterNormalizer(n_params, log_params)
+
+    @torch.no_grad()
+    def fit_normalization(self, u: Tensor, theta: Tensor | None = None) -> SchemaModel:
+        """Set the field statistics from samples ``u`` (N, T, C, *S) and the parameter
+        normalisation from ``theta`` (N, P)."""
+        flat = u.transpose(0, 2).reshape(self.in_channels, -1)
+        self.u_mean.copy_(flat.mean(1))
+        self.u_std.copy_(flat.std(1).clamp_min(1e-6))
+        if theta is not None and self.n_params:
+            self.param_norm.fit(theta)
+        return self
+
+    def _std(self) -> Tensor:
+        return self.u_std.view(1, 1, -1, *([1] * self.ndim))
+
+    def check(self, u_in: Tensor, theta: Tensor | None, theta_field: Tensor | None) -> None:
+        want = f"(B, {self.t_in}, {self.in_channels}, *S) with {self.ndim} spatial axes"
+        if u_in.ndim != 3 + self.ndim or u_in.shape[1] != self.t_in or u_in.shape[2] != self.in_channels:
+            raise ValueError(f"u_in: expected shape {want}, got {tuple(u_in.shape)}")
+        if self.n_params and (theta is None or theta.shape != (u_in.shape[0], self.n_params)):
+            raise ValueError(f"theta: expected shape ({u_in.shape[0]}, {self.n_params}), got "
+                             f"{None if theta is None else tuple(theta.shape)}")
+        if self.field_channels and (theta_field is None or theta_field.shape[:2] != (u_in.shape[0], self.field_channels)):
+            raise ValueError(f"theta_field: expected shape ({u_in.shape[0]}, {self.field_channels}, *S), got "
+                             f"{None if theta_field is None else tuple(theta_field.shape)}")
+
+    def normalized_input(self, u_in: Tensor) -> Tensor:
+        """Input frames, normalised, stacked on channels: ``(B, T_in * C, *S)``."""
+        std = self._std()
+        return ((u_in - self.u_mean.view_as(std)) / std).flatten(1, 2)
+
+    def increment(self, u_in: Tensor, delta: Tensor) -> Tensor:
+        """The next frame from a normalised increment ``delta`` (B, C, *S)."""
+        return u_in[:, -1:] + delta[:, None] * self._std()
+
+    def condition(self, theta: Tensor | None, theta_field: Tensor | None, bc: BoundarySpec | None,
+                  batch: int, dtype: torch.dtype, use_boundary: bool = True) -> Tensor:
+        """Domain-wise condition vector: normalised ``theta``, the mean and RMS of each field
+        parameter channel, and (``use_boundary``) the `boundary_summary`."""
+        parts = []
+        if self.n_params:
+            parts.append(self.param_norm(theta))
+        if self.field_channels:
+            dims = tuple(range(2, 2 + self.ndim))
+            parts += [theta_field.mean(dims), theta_field.pow(2).mean(dims).sqrt()]
+        if use_boundary:
+            bc = bc if bc is not None else BoundarySpec.periodic(self.ndim, batch).to(self.u_std.device)
+            parts.append(boundary_summary(bc.to(self.u_std.device), self.u_std.mean()))
+        if not parts:
+            return self.u_std.new_zeros(batch, 1).to(dtype)
+        return torch.cat(parts, 1).to(dtype)
+
+    def condition_size(self, use_boundary: bool = True) -> int:
+        """Length of `condition`'s vector."""
+        n = self.n_params + 2 * self.field_channels + (2 * self.ndim * (N_TYPES + 2) if use_boundary else 0)
+        return max(n, 1)
+
+    @staticmethod
+    def unpack(u_in: Tensor | PDEBatch, theta, theta_field, bc, grid):
+        """``forward``'s arguments from a `PDEBatch` or as given."""
+        if isinstance(u_in, PDEBatch):
+            return u_in.u_in, u_in.theta, u_in.theta_field, u_in.bc, u_in.grid
+        return u_in, theta, theta_field, bc, grid

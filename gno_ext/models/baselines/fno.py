@@ -1,0 +1,59 @@
+"""neuraloperator's FNO with the parameters and the boundary description as input channels.
+
+A strong, widely used reference that the paper does not list: the input frames, the normalised
+``theta`` broadcast over the grid, the field parameters, and the boundary conditions painted on
+the cells next to each face (`gno_ext.models.baselines.base.boundary_channels`: type one-hot
+and data at the target time) go into an ``FNO`` as channels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from gno_ext.models.baselines.base import N_TYPES, SchemaModel, boundary_channels
+from gno_ext.models.registry import register_model
+from gno_ext.schema import BoundarySpec, Grid, PDEBatch
+
+__all__ = ["ChannelFNO"]
+
+
+@register_model("fno")
+class ChannelFNO(SchemaModel):
+    """FNO (neuraloperator) with ``theta``, ``theta_field`` and boundary channels.
+
+    Parameters
+    ----------
+    in_channels, n_params, field_channels, ndim, t_in, log_params
+        As `SchemaModel`.
+    n_modes, hidden_channels, n_layers : int
+        FNO sizes (the same number of modes on every axis).
+    """
+
+    def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2, t_in: int = 1,
+                 log_params: Sequence[bool] | None = None, n_modes: int = 12, hidden_channels: int = 64,
+                 n_layers: int = 4) -> None:
+        from neuralop.models import FNO
+
+        super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
+        channels = t_in * in_channels + n_params + field_channels + N_TYPES + 1
+        self.net = FNO((n_modes,) * ndim, channels, in_channels, hidden_channels, n_layers=n_layers)
+
+    def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
+                bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:
+        """Next frame ``(B, 1, C, *S)``."""
+        u_in, theta, theta_field, bc, grid = self.unpack(u_in, theta, theta_field, bc, grid)
+        self.check(u_in, theta, theta_field)
+        x = self.normalized_input(u_in)
+        grid = grid or Grid(tuple(x.shape[2:]))
+        bc = bc if bc is not None else BoundarySpec.periodic(self.ndim, x.shape[0])
+        parts = [x]
+        if self.n_params:
+            t = self.param_norm(theta).to(x.dtype)
+            parts.append(t.view(*t.shape, *([1] * self.ndim)).expand(-1, -1, *x.shape[2:]))
+        if self.field_channels:
+            parts.append(theta_field.to(x.dtype))
+        parts.append(boundary_channels(bc.to(x.device), grid, self.u_std.mean()).to(x.dtype))
+        return self.increment(u_in, self.net(torch.cat(parts, 1)))

@@ -1,0 +1,100 @@
+r"""MoE-POT-style mixture of experts (Wang et al., 2025), over the ViT backbone.
+
+Every block's MLP is a sparse mixture: a router on each token's **latent state** picks the top 2
+of 4 experts (weights: softmax over the two chosen logits), plus a shared expert every token
+uses; only the chosen experts run on a token (dispatch by expert). A Switch-style load-balance
+loss $E \sum_e f_e P_e$ ($f_e$ the share of routing slots given to expert $e$, $P_e$ its mean
+router probability) keeps the experts in use. Like ViT-k it conditions on nothing but the input
+frames: routing comes from the state, not from ``theta`` or the boundary conditions (ignored).
+Implemented from the paper's description.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gno_ext.models.baselines.base import SchemaModel, TransformerBlock
+from gno_ext.models.baselines.vit import ViTBackbone
+from gno_ext.models.registry import register_model
+from gno_ext.schema import BoundarySpec, Grid, PDEBatch
+
+__all__ = ["MoEMLP", "MoEPOT"]
+
+
+def _mlp(dim: int, hidden: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+
+class MoEMLP(nn.Module):
+    """Top-``k`` mixture of ``n_experts`` MLPs routed per token, plus a shared expert."""
+
+    dispatches = True  # unselected experts get no gradient (DDP: find_unused_parameters)
+
+    def __init__(self, dim: int, hidden: int, n_experts: int = 4, top_k: int = 2) -> None:
+        super().__init__()
+        if not 1 <= top_k <= n_experts:
+            raise ValueError(f"top_k: expected 1..{n_experts}, got {top_k}")
+        self.top_k, self.n_experts = top_k, n_experts
+        self.router = nn.Linear(dim, n_experts)
+        self.experts = nn.ModuleList(_mlp(dim, hidden) for _ in range(n_experts))
+        self.shared = _mlp(dim, hidden)
+        self.last_balance_loss: Tensor | None = None
+        self.last_index: Tensor | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        logits = self.router(flat).float()
+        top, index = logits.topk(self.top_k, -1)
+        weight = top.softmax(-1).to(x.dtype)
+        out = self.shared(flat)
+        for e, expert in enumerate(self.experts):
+            rows, slot = torch.nonzero(index == e, as_tuple=True)
+            if rows.numel():
+                out = out.index_add(0, rows, expert(flat[rows]) * weight[rows, slot, None])
+        probs = logits.softmax(-1)
+        share = F.one_hot(index, self.n_experts).float().sum(1).mean(0) / self.top_k
+        self.last_balance_loss = self.n_experts * (share * probs.mean(0)).sum()
+        self.last_index = index.view(*shape[:-1], self.top_k)
+        return out.view(shape)
+
+
+@register_model("moe_pot")
+class MoEPOT(SchemaModel):
+    """ViT whose block MLPs are top-2-of-4 mixtures routed by the latent state, with a shared
+    expert; ``theta``, ``theta_field`` and the boundary conditions are ignored.
+
+    Parameters
+    ----------
+    in_channels, n_params, field_channels, ndim, t_in, log_params
+        As `SchemaModel`.
+    latent, patch, depth, heads, mlp_ratio
+        Backbone sizes (paper: 256, 16, 8, 8, 4).
+    n_experts, top_k : int
+        4 and 2.
+    """
+
+    def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2, t_in: int = 1,
+                 log_params: Sequence[bool] | None = None, latent: int = 256, patch: int = 16, depth: int = 8,
+                 heads: int = 8, mlp_ratio: float = 4.0, n_experts: int = 4, top_k: int = 2) -> None:
+        super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
+        self.backbone = ViTBackbone(t_in * in_channels, in_channels, ndim, latent, patch, depth, heads, mlp_ratio)
+        for block in self.backbone.blocks:
+            block.mlp = MoEMLP(latent, int(mlp_ratio * latent), n_experts, top_k)
+
+    def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
+                bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:
+        """Next frame ``(B, 1, C, *S)`` from the input frames alone."""
+        u_in, theta, theta_field, bc, grid = self.unpack(u_in, theta, theta_field, bc, grid)
+        self.check(u_in, theta, theta_field)
+        return self.increment(u_in, self.backbone(self.normalized_input(u_in)))
+
+    def balance_loss(self) -> Tensor:
+        """Sum of the blocks' load-balance losses of the latest forward pass."""
+        losses = [b.mlp.last_balance_loss for b in self.backbone.blocks if isinstance(b, TransformerBlock)
+                  and b.mlp.last_balance_loss is not None]
+        return torch.stack(losses).sum() if losses else self.u_std.new_zeros(())
