@@ -171,9 +171,12 @@ class CAPEFNO(_CAPEModel):
 
     Parameters
     ----------
+    in_channels, n_params, field_channels, ndim, t_in, log_params
+        As `SchemaModel`.
     n_modes, hidden_channels, n_layers : int
         FNO sizes (the same number of modes on every axis).
-    Others as `CAPEUNet`.
+    widening, kernel, norm_dim, embed_channels, cape_modes : int
+        CAPE sizes, as `CAPEUNet`.
     """
 
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2, t_in: int = 1,
@@ -194,9 +197,12 @@ class CAPEAttn(_CAPEModel):
 
     Parameters
     ----------
+    in_channels, n_params, field_channels, ndim, t_in, log_params
+        As `SchemaModel`.
     latent, patch, depth, heads, mlp_ratio
         Backbone sizes (paper: 256, 16, 8, 8, 4).
-    Others as `CAPEUNet`.
+    widening, kernel, norm_dim, embed_channels, cape_modes : int
+        CAPE sizes, as `CAPEUNet`.
     """
 
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2, t_in: int = 1,

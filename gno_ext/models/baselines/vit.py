@@ -87,7 +87,10 @@ class Concat(SchemaModel):
 
     Parameters
     ----------
-    As `ViT`.
+    in_channels, n_params, field_channels, ndim, t_in, log_params
+        As `SchemaModel`.
+    latent, patch, depth, heads, mlp_ratio
+        Backbone sizes (paper: 256, 16, 8, 8, 4).
     """
 
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2, t_in: int = 1,
