@@ -149,7 +149,7 @@ def test_moe_pot_routes_by_latent_state_with_a_positive_balance_loss():
     run(model, batch)
     first = model.backbone.blocks[0].mlp.last_index.clone()
     assert first.shape == (4, 16, 2) and (first[..., 0] != first[..., 1]).all()  # two distinct experts per token
-    loss = model.balance_loss()
+    loss = model.balance_loss().detach()
     assert torch.isfinite(loss) and loss > 0
     assert not _changes(model, batch, theta=batch.theta * 3)  # routing ignores theta
     run(model, PDEBatch(**{**batch.__dict__, "u_in": batch.u_in * 5 + 1}))
