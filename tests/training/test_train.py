@@ -167,3 +167,33 @@ def test_trl_on_a_well_layout_dataset(train_module, tmp_path, trl_root):
 def test_trl_without_data_says_what_to_download(train_module, tmp_path):
     with pytest.raises(FileNotFoundError, match="the-well-download.*turbulent_radiative_layer_2D"):
         train_module.main(["--recipe", "trl", "size=smoke", f"output_root={tmp_path}", *QUIET])
+
+
+def test_gradient_accumulation_matches_the_larger_batch(train_module, tmp_path):
+    """Two micro-batches of 2 with grad_accum=2 take the step one batch of 4 takes (MSE phase:
+    the mean of equal-size micro-batch means is the batch mean)."""
+    # the gates' load-balance term is per micro-batch (as it is per process): off here
+    common = ["--recipe", "heat-param", "size=smoke", "trainer.max_steps=3", "trainer.curriculum.warmup_epochs=5",
+              "model.balance_weight=0", "eval.enabled=false", *QUIET]
+    train_module.main([*common, "trainer.batch_size=4", f"run_dir={tmp_path / 'big'}"])
+    train_module.main([*common, "trainer.batch_size=2", "trainer.grad_accum=2", f"run_dir={tmp_path / 'accum'}"])
+    a, b = _weights(tmp_path / "big"), _weights(tmp_path / "accum")
+    for key in a:  # see test_two_processes_train_like_one for the absolute tolerance
+        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=5e-5, msg=key)
+
+
+def test_ema_weights_are_the_final_model_and_survive_resume(train_module, tmp_path):
+    args = ["--recipe", "heat-param", "size=smoke", "trainer.ema.enabled=true", "trainer.ema.decay=0.5",
+            "eval.enabled=false", f"run_dir={tmp_path / 'run'}", *QUIET]
+    train_module.main([*args, "trainer.epochs=1"])
+    ckpt = latest_checkpoint(tmp_path / "run")
+    ema = safetensors.torch.load_file(str(ckpt / "ema.safetensors"))
+    raw = safetensors.torch.load_file(str(ckpt / "model.safetensors"))
+    final = _weights(tmp_path / "run")
+    key = next(k for k in raw if k.endswith("weight"))
+    assert torch.equal(final[key], ema["module." + key])  # the final model is the EMA
+    assert not torch.equal(final[key], raw[key])
+    done = train_module.main([*args, "trainer.epochs=2", "resume=auto"])  # resumes with its EMA state
+    assert done["step"] == 8
+    assert float(safetensors.torch.load_file(str(latest_checkpoint(tmp_path / "run") / "ema.safetensors"))
+                 ["n_averaged"]) == 8
