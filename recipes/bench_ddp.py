@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rate = statistics.median(rates[1:] if len(rates) > 1 else rates)
         rows.append({"procs": n, "global_batch": n * args.batch, "samples_per_s": rate})
     base = rows[0]["samples_per_s"] / rows[0]["procs"]
-    print(f"| processes | global batch | samples/s | speed-up | efficiency |\n|---|---|---|---|---|")
+    print("| processes | global batch | samples/s | speed-up | efficiency |\n|---|---|---|---|---|")
     for r in rows:
         r["efficiency"] = r["samples_per_s"] / (r["procs"] * base)
         print(f"| {r['procs']} | {r['global_batch']} | {r['samples_per_s']:.0f} | "

@@ -36,11 +36,15 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 
+from gno_ext.layers.mixture import has_dispatch
 from gno_ext.losses import mse_per_sample, nmse
 from gno_ext.models.registry import get_model, model_class, save_checkpoint
-from gno_ext.layers.mixture import has_dispatch
 from gno_ext.schema import collate
-from gno_ext.training.checkpoint import latest_checkpoint, load_training_checkpoint, save_training_checkpoint
+from gno_ext.training.checkpoint import (
+    latest_checkpoint,
+    load_training_checkpoint,
+    save_training_checkpoint,
+)
 from gno_ext.training.data import (
     CurriculumBatchSampler,
     GroupBinner,
@@ -56,7 +60,11 @@ from gno_ext.training.data import (
     window_boundary_kinds,
 )
 from gno_ext.training.evaluate import evaluate_rollouts, write_report
-from gno_ext.training.objective import NonFiniteGuard, choose_precision, global_objective
+from gno_ext.training.objective import (
+    NonFiniteGuard,
+    choose_precision,
+    global_objective,
+)
 
 __all__ = ["train", "run_dir_of", "evaluate_run", "evaluate_saved", "make_binner"]
 

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from gno_ext.models import get_model, model_class
-from gno_ext.training.data import data_spec, model_kwargs_from_data, open_split, prepare_data
+from gno_ext.training.data import (
+    data_spec,
+    model_kwargs_from_data,
+    open_split,
+    prepare_data,
+)
 from gno_ext.training.loop import _fetch
 
 from .conftest import load_train_module

@@ -10,7 +10,12 @@ import torch
 
 from gno_ext.losses import group_dro_loss
 from gno_ext.training.data import CurriculumBatchSampler, GroupBinner
-from gno_ext.training.objective import NonFiniteGuard, NonFiniteLossError, choose_precision, global_objective
+from gno_ext.training.objective import (
+    NonFiniteGuard,
+    NonFiniteLossError,
+    choose_precision,
+    global_objective,
+)
 
 from .conftest import PYTHON, ROOT, env_with_cache
 

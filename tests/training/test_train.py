@@ -102,7 +102,7 @@ def test_kill_and_resume_reaches_the_same_weights(tmp_path, cache):
     resumed = subprocess.run([*common, f"run_dir={run}", "resume=auto"], env=env, capture_output=True, text=True,
                              timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"resumed from" in resumed.stdout
+    assert "resumed from" in resumed.stdout
     a, b = _weights(tmp_path / "ref"), _weights(run)
     assert a.keys() == b.keys()
     for key in a:

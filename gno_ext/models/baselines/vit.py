@@ -11,7 +11,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from gno_ext.layers.embeddings import PatchEmbed, PatchProject, sincos_position, token_shape
+from gno_ext.layers.embeddings import (
+    PatchEmbed,
+    PatchProject,
+    sincos_position,
+    token_shape,
+)
 from gno_ext.models.baselines.base import SchemaModel, TransformerBlock
 from gno_ext.models.registry import register_model
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch
