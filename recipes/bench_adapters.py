@@ -37,6 +37,7 @@ def make_files(root: Path) -> dict[str, tuple[str, Path, dict]]:
         f["u"] = np.random.default_rng(0).standard_normal((32, 21, 1, 128, 128)).astype(np.float32)
         f["theta"] = np.random.default_rng(1).random((32, 1)).astype(np.float32)
     return {"the_well (TRL 128x384, 4 ch)": ("the_well", well, {}),
+            "the_well, reader='h5py'": ("the_well", well, {"reader": "h5py"}),
             "pdebench (CFD 128^2, 4 ch)": ("pdebench", cfd, {}),
             "custom (128^2, 1 ch)": ("custom", custom, {}),
             "custom in memory (128^2, 1 ch)": ("memory", custom, {})}

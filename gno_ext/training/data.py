@@ -95,7 +95,7 @@ def open_split(cfg: Mapping[str, Any], split: str, n_steps_input: int, n_steps_o
         if not root.exists():
             raise FileNotFoundError(f"data.root={root}: no such folder.\n{TRL_HELP}")
         return open_dataset("the_well", root, n_steps_input, n_steps_output, split=split, name=cfg.get("name"),
-                            normalize=bool(cfg.get("normalize", False)))
+                            normalize=bool(cfg.get("normalize", False)), reader=cfg.get("reader", "the_well"))
     if kind == "pdebench":
         if not cfg.get("root"):
             raise FileNotFoundError(f"data.root: set it to the folder holding PDEBench files matching "

@@ -91,3 +91,46 @@ def test_nan_is_reported_with_file_trajectory_and_frame(tmp_path):
         ds[(T - 1) + 2]
     with pytest.raises(ValueError, match=r"trajectory 1, frame 2 \(output_fields\)"):
         ds[(T - 1) + 1]
+
+
+def _same_samples(a, b):
+    assert len(a) == len(b)
+    for i in range(len(a)):
+        x, y = a[i], b[i]
+        assert torch.equal(x.u_in, y.u_in) and torch.equal(x.u_out, y.u_out), i
+        assert torch.equal(x.theta, y.theta) and torch.equal(x.bc.kind, y.bc.kind) and x.dt == y.dt
+        assert x.group == y.group and x.meta == y.meta
+        assert (x.theta_field is None) == (y.theta_field is None)
+        if x.theta_field is not None:
+            assert torch.equal(x.theta_field, y.theta_field)
+
+
+@pytest.mark.parametrize("n_in,n_out,stride", [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2)])
+def test_direct_reader_gives_the_samples_of_well_dataset(trl_base, n_in, n_out, stride):
+    base, _ = trl_base
+    kw = dict(name="turbulent_radiative_layer_2D", n_steps_input=n_in, n_steps_output=n_out, stride=stride)
+    _same_samples(open_dataset("the_well", base, **kw), open_dataset("the_well", base, reader="h5py", **kw))
+
+
+def test_direct_reader_on_the_wells_own_dummy_file(tmp_path):
+    """The Well's own writer: scalar and vector fields, a constant field, two constant scalars."""
+    split = tmp_path / "datasets" / "dummy" / "data" / "train"
+    split.mkdir(parents=True)
+    write_dummy_data(str(split / "dummy.hdf5"))
+    _same_samples(open_dataset("the_well", tmp_path, name="dummy", n_steps_output=2),
+                  open_dataset("the_well", tmp_path, name="dummy", n_steps_output=2, reader="h5py"))
+    with pytest.raises(ValueError, match="normalize=True needs reader='the_well'"):
+        open_dataset("the_well", tmp_path, name="dummy", reader="h5py", normalize=True)
+    with pytest.raises(ValueError, match="reader: expected"):
+        open_dataset("the_well", tmp_path, name="dummy", reader="zarr")
+
+
+def test_direct_reader_reports_nan(tmp_path):
+    split = tmp_path / "datasets" / "turbulent_radiative_layer_2D" / "data" / "train"
+    split.mkdir(parents=True)
+    write_trl(split / "trl_tcool_0.10.hdf5", 0.1, 5)
+    with h5py.File(split / "trl_tcool_0.10.hdf5", "a") as f:
+        f["t1_fields/velocity"][0, 1, 3, 3, 1] = np.inf
+    ds = open_dataset("the_well", split, reader="h5py")
+    with pytest.raises(ValueError, match=r"NaN or Inf in trajectory 0, frame 1 \(input_fields\)"):
+        ds[1]
