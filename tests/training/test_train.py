@@ -197,3 +197,19 @@ def test_ema_weights_are_the_final_model_and_survive_resume(train_module, tmp_pa
     assert done["step"] == 8
     assert float(safetensors.torch.load_file(str(latest_checkpoint(tmp_path / "run") / "ema.safetensors"))
                  ["n_averaged"]) == 8
+
+
+def test_ddp_with_kernels_a_batch_does_not_select(tmp_path, cache):
+    """GatedFNO runs only each sample's kernel, so a process's batch leaves kernels without
+    gradient; with find_unused_parameters=auto the 2-process run trains, and (checked here so the
+    test means something) with it forced off DDP fails."""
+    env = env_with_cache(cache)
+    common = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29544", str(TRAIN_PY),
+              "--recipe", "heat-joint", "size=smoke", "model=gated_fno", "trainer.max_steps=4", "trainer.batch_size=2",
+              "eval.enabled=false", *QUIET]
+    ok = subprocess.run([*common, f"run_dir={tmp_path / 'auto'}"], env=env, capture_output=True, text=True, timeout=600)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert json.loads((latest_checkpoint(tmp_path / "auto") / "trainer_state.json").read_text())["step"] == 4
+    off = subprocess.run([*common, f"run_dir={tmp_path / 'off'}", "trainer.find_unused_parameters=false"], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert off.returncode != 0 and "were not used in producing loss" in off.stderr
