@@ -451,7 +451,7 @@ def evaluate_run(cfg: Mapping[str, Any], model: nn.Module, binner: GroupBinner, 
     t_in = int(data_cfg.get("n_steps_input", 1))
     steps = int(ev.get("steps", 10))
     split = ev.get("split", "test")
-    longest = max(trajectory_lengths(open_split(data_cfg, split, t_in, 1)))
+    longest = max(trajectory_lengths(open_split(data_cfg, split, t_in, 1, metadata_only=True)))
     if steps > longest - t_in:
         print(f"eval.steps={steps} but the {split} trajectories have {longest} frames: rolling out {longest - t_in}")
         steps = longest - t_in
