@@ -20,6 +20,7 @@ many GPUs and nodes (``accelerate launch`` or ``torchrun``).
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import shutil
@@ -181,7 +182,9 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"trainer.device: expected auto or cpu, got {device_req!r} (GPUs are chosen by the launcher)")
     # Accelerate sets up several CPU processes (gloo) only when told cpu=True
     use_cpu = device_req == "cpu" or not torch.cuda.is_available()
-    state = PartialState(cpu=use_cpu)
+    # the other processes wait while the main one generates data or evaluates: a long timeout
+    timeout = datetime.timedelta(minutes=float(tr.get("dist_timeout_minutes", 120)))
+    state = PartialState(cpu=use_cpu, timeout=timeout)
     precision = choose_precision(tr.get("precision", "auto"), state.device.type, state.num_processes)
     run_dir = run_dir_of(cfg)
     resume = cfg.get("resume", False)
