@@ -30,7 +30,7 @@ import torch
 from gno_ext.adapters.windows import Windows
 from torch.utils.data import Dataset
 
-from gno_ext.schema import BCType, BoundarySpec, Grid, PDESample
+from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, PDESample
 
 __all__ = ["PDEBenchDataset", "parameters_from_name"]
 
@@ -209,6 +209,21 @@ class PDEBenchDataset(Dataset):
                          dt=self.dt, group=self.group,
                          meta={"dataset": "pdebench", "file": self.path.name, "trajectory": traj,
                                "start": start, "fields": list(self.fields)})
+
+    def __getitems__(self, indices: list[int]) -> PDEBatch:
+        """A whole batch as one `PDEBatch` (what the DataLoader asks for): the windows' frames
+        are read as for `__getitem__` and stacked, with no per-sample objects."""
+        slots, starts = self.windows.locate_many(np.asarray(indices))
+        n_in = self.windows.n_steps_input
+        frames = [np.concatenate(self.windows.frames(int(s))) for s in starts]
+        trajs = [self.trajectories[int(k)] for k in slots]
+        arr = torch.from_numpy(np.stack([self._frames(t, fr) for t, fr in zip(trajs, frames)])).float()
+        b = len(indices)
+        return PDEBatch(u_in=arr[:, :n_in], u_out=arr[:, n_in:], theta=self.theta.expand(b, -1).clone(),
+                        bc=self.bc.expand(b), grid=self.grid, dt=torch.full((b,), self.dt),
+                        group=torch.full((b,), self.group, dtype=torch.long),
+                        meta=[{"dataset": "pdebench", "file": self.path.name, "trajectory": t, "start": int(s),
+                               "fields": list(self.fields)} for t, s in zip(trajs, starts)])
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

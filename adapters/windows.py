@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import bisect
+
 import numpy as np
 import torch
+from torch.utils.data import ConcatDataset
 
-__all__ = ["Windows", "window_boundary_values"]
+__all__ = ["Windows", "window_boundary_values", "BatchedConcat"]
 
 
 def window_boundary_values(values: torch.Tensor, frames: np.ndarray, n_steps_input: int) -> torch.Tensor:
@@ -88,3 +91,48 @@ class Windows:
         inputs = start + k * np.arange(self.n_steps_input)
         outputs = start + k * np.arange(self.n_steps_input, self.n_steps_input + self.n_steps_output)
         return inputs, outputs
+
+
+class BatchedConcat(ConcatDataset):
+    """``ConcatDataset`` whose batches are read part by part through each part's batched reader.
+
+    ``__getitems__`` splits a batch's indices by part, lets every part build its `PDEBatch`
+    (its own ``__getitems__``, or per-sample reads and `collate`), and joins them in the order
+    asked for. Parts must agree on the grid and on the shapes of their boundary data, as they
+    must for `collate`.
+    """
+
+    def __getitems__(self, indices: list[int]):
+        from gno_ext.schema import BoundarySpec, PDEBatch, collate
+
+        parts: dict[int, list[tuple[int, int]]] = {}
+        for pos, index in enumerate(indices):
+            if index < 0:
+                index += len(self)
+            d = bisect.bisect_right(self.cumulative_sizes, index)
+            local = index - (self.cumulative_sizes[d - 1] if d else 0)
+            parts.setdefault(d, []).append((pos, local))
+        batches, order = [], []
+        for d, items in parts.items():
+            ds = self.datasets[d]
+            local = [i for _, i in items]
+            got = ds.__getitems__(local) if hasattr(ds, "__getitems__") else [ds[i] for i in local]
+            batches.append(collate(got))
+            order += [pos for pos, _ in items]
+        if len(batches) == 1:
+            return batches[0]
+        first = batches[0]
+        uniform = all(b.grid == first.grid and b.bc.values.shape[1:] == first.bc.values.shape[1:]
+                      and (b.bc.coeffs is None) == (first.bc.coeffs is None)
+                      and (b.theta_field is None) == (first.theta_field is None) for b in batches)
+        if not uniform:  # let collate reconcile (broadcasting, or its error naming the mismatch)
+            return collate([self[i] for i in indices])
+        inverse = torch.as_tensor(np.argsort(order))
+        join = lambda ts: torch.cat(ts).index_select(0, inverse)
+        cat = lambda name: join([getattr(b, name) for b in batches])
+        bc = BoundarySpec(join([b.bc.kind for b in batches]), join([b.bc.values for b in batches]),
+                          None if first.bc.coeffs is None else join([b.bc.coeffs for b in batches]))
+        meta = [m for b in batches for m in b.meta]
+        return PDEBatch(u_in=cat("u_in"), u_out=cat("u_out"), theta=cat("theta"), bc=bc, grid=first.grid,
+                        dt=cat("dt"), theta_field=None if first.theta_field is None else cat("theta_field"),
+                        group=cat("group"), meta=[meta[i] for i in inverse.tolist()])

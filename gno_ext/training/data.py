@@ -80,6 +80,7 @@ def open_split(cfg: Mapping[str, Any], split: str, n_steps_input: int, n_steps_o
     """Open one split of the data described by ``cfg`` as a dataset of `PDESample` windows
     (``metadata_only``: do not read a generated split into memory)."""
     from gno_ext.adapters import GeneratedDataset, PDEBenchDataset, open_dataset
+    from gno_ext.adapters.windows import BatchedConcat
 
     kind = cfg["kind"]
     if kind == "generated":
@@ -105,7 +106,7 @@ def open_split(cfg: Mapping[str, Any], split: str, n_steps_input: int, n_steps_o
             raise FileNotFoundError(f"data.root={cfg['root']}: no file matches {cfg['pattern']!r}")
         parts = [PDEBenchDataset(f, n_steps_input, n_steps_output, split=split, boundary=cfg.get("boundary"),
                                  parameters=cfg.get("parameters"), group=i) for i, f in enumerate(files)]
-        return ConcatDataset(parts)
+        return BatchedConcat(parts)
     if kind == "custom":
         if not cfg.get("root"):
             raise FileNotFoundError("data.root: set it to a generated dataset folder or an .h5/.npz file")
