@@ -27,7 +27,7 @@ from typing import Any
 import h5py
 import numpy as np
 import torch
-from gno_ext.adapters.windows import Windows
+from gno_ext.adapters.windows import Windows, split_trajectories
 from torch.utils.data import Dataset
 
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, PDESample
@@ -113,7 +113,7 @@ class PDEBenchDataset(Dataset):
         self.grid = Grid(shape, tuple(n * h for n, h in zip(shape, spacing)))
         t = coords[d]
         self.dt = float(t[1] - t[0]) * stride if len(t) > 1 else 1.0
-        self.trajectories = self._split(n_traj, split, split_fractions)
+        self.trajectories = split_trajectories(n_traj, split, split_fractions)
         if parameter_filter is not None and not parameter_filter(dict(self.params)):
             self.trajectories = []
         self.windows = Windows([n_frames] * max(len(self.trajectories), 1), n_steps_input, n_steps_output, stride)
@@ -161,17 +161,6 @@ class PDEBenchDataset(Dataset):
             if n not in f:
                 raise ValueError(f"{self.path.name}: missing dataset '{n}'")
         return [f[n][()] for n in names]
-
-    @staticmethod
-    def _split(n: int, split: str | None, fractions: tuple[float, float, float]) -> list[int]:
-        if split is None:
-            return list(range(n))
-        names = ("train", "valid", "test")
-        if split not in names:
-            raise ValueError(f"split: expected one of {names} or None, got {split!r}")
-        bounds = np.round(np.cumsum([0.0, *fractions]) / sum(fractions) * n).astype(int)
-        i = names.index(split)
-        return list(range(bounds[i], bounds[i + 1]))
 
     # ------------------------------------------------------------------ reading
     def _file(self) -> h5py.File:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import ConcatDataset
 
-__all__ = ["Windows", "window_boundary_values", "BatchedConcat"]
+__all__ = ["Windows", "window_boundary_values", "BatchedConcat", "split_trajectories"]
 
 
 def window_boundary_values(values: torch.Tensor, frames: np.ndarray, n_steps_input: int) -> torch.Tensor:
@@ -33,6 +33,19 @@ def window_boundary_values(values: torch.Tensor, frames: np.ndarray, n_steps_inp
                                             frames[:, n_steps_input:]], 1))
     index = times[:, None, :, None].expand(-1, values.shape[1], -1, values.shape[3])
     return torch.gather(values, 2, index)
+
+
+def split_trajectories(n: int, split: str | None, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)) -> list[int]:
+    """A deterministic train/valid/test split of ``n`` trajectories in consecutive blocks of the
+    given ``fractions`` (for sources that carry no split); ``split=None`` keeps all."""
+    if split is None:
+        return list(range(n))
+    names = ("train", "valid", "test")
+    if split not in names:
+        raise ValueError(f"split: expected one of {names} or None, got {split!r}")
+    bounds = np.round(np.cumsum([0.0, *fractions]) / sum(fractions) * n).astype(int)
+    i = names.index(split)
+    return list(range(bounds[i], bounds[i + 1]))
 
 
 @dataclass(frozen=True)

@@ -110,8 +110,19 @@ def open_split(cfg: Mapping[str, Any], split: str, n_steps_input: int, n_steps_o
     if kind == "custom":
         if not cfg.get("root"):
             raise FileNotFoundError("data.root: set it to a generated dataset folder or an .h5/.npz file")
-        return open_dataset("custom", cfg["root"], n_steps_input, n_steps_output,
-                            **({"split": split} if Path(cfg["root"]).is_dir() else {}))
+        root = Path(cfg["root"])
+        if root.is_dir():
+            return open_dataset("custom", root, n_steps_input, n_steps_output, split=split)
+        from gno_ext.adapters.windows import split_trajectories
+
+        # a single file carries no split: consecutive blocks of trajectories (data.split_fractions)
+        n = len(open_dataset("custom", root, 1, 1).trajectories)
+        fractions = tuple(cfg.get("split_fractions") or (0.8, 0.1, 0.1))
+        chosen = split_trajectories(n, split, fractions)
+        if not chosen:
+            raise ValueError(f"data.root={root}: its {n} trajectories leave the {split} split empty with "
+                             f"data.split_fractions={list(fractions)}")
+        return open_dataset("custom", root, n_steps_input, n_steps_output, trajectories=chosen)
     raise ValueError(f"data.kind: expected generated, the_well, pdebench or custom, got {kind!r}")
 
 

@@ -65,3 +65,15 @@ def env_with_cache(cache: Path) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+@pytest.fixture(scope="session")
+def custom_file(tmp_path_factory) -> Path:
+    """A user's own trajectories in an .npz (the names of gno_ext.adapters.custom)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    path = tmp_path_factory.mktemp("custom") / "my_runs.npz"
+    u = rng.standard_normal((10, 8, 2, 16, 16)).astype(np.float32)
+    np.savez(path, u=u, theta=np.linspace(0.5, 2.0, 10, dtype=np.float32)[:, None], dt=np.float32(0.1))
+    return path

@@ -21,9 +21,11 @@ RECIPES = train_py.available("recipe")
 MODELS = train_py.available("model")
 
 
-def _data_overrides(recipe: str, trl_root, pdebench_root) -> list[str]:
+def _data_overrides(recipe: str, trl_root, pdebench_root, custom_file) -> list[str]:
     if recipe == "trl":
         return [f"data.root={trl_root}"]
+    if recipe == "custom":
+        return [f"data.root={custom_file}"]
     if recipe.startswith("pdebench-"):
         return [f"data.root={pdebench_root}"]
     return []
@@ -49,8 +51,8 @@ def test_recipe_list_matches_design():
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_recipe_composes_and_instantiates(recipe, trl_root, pdebench_root):
-    cfg = train_py.compose(recipe, ["size=smoke", *_data_overrides(recipe, trl_root, pdebench_root)])
+def test_recipe_composes_and_instantiates(recipe, trl_root, pdebench_root, custom_file):
+    cfg = train_py.compose(recipe, ["size=smoke", *_data_overrides(recipe, trl_root, pdebench_root, custom_file)])
     assert cfg["recipe"]["name"] == recipe
     assert cfg["size"] == "smoke" and cfg["trainer"]["epochs"] == 2
     if cfg["data"]["kind"] == "generated":

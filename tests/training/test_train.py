@@ -213,3 +213,15 @@ def test_ddp_with_kernels_a_batch_does_not_select(tmp_path, cache):
     off = subprocess.run([*common, f"run_dir={tmp_path / 'off'}", "trainer.find_unused_parameters=false"], env=env,
                          capture_output=True, text=True, timeout=600)
     assert off.returncode != 0 and "were not used in producing loss" in off.stderr
+
+
+def test_custom_recipe_on_a_users_file(train_module, tmp_path, custom_file):
+    """--recipe custom on an .npz: trajectories split 8/1/1 in consecutive blocks, trained and
+    evaluated; an empty split is a clear error."""
+    result = train_module.main(["--recipe", "custom", "size=smoke", f"data.root={custom_file}", f"output_root={tmp_path}",
+                                *QUIET])
+    assert result["report"]["trajectories"] == 1 and result["report"]["steps"] == 7
+    assert from_checkpoint(Path(result["run_dir"]) / "model").in_channels == 2
+    with pytest.raises(ValueError, match="leave the valid split empty"):
+        train_module.main(["--recipe", "custom", "size=smoke", f"data.root={custom_file}", f"output_root={tmp_path}",
+                           "data.split_fractions=[1.0,0.0,0.0]", "overwrite=true", *QUIET])
