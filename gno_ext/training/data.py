@@ -85,8 +85,12 @@ def open_split(cfg: Mapping[str, Any], split: str, n_steps_input: int, n_steps_o
     kind = cfg["kind"]
     if kind == "generated":
         folder = _generated_root(cfg) / "datasets" / str(cfg["preset"])
+        in_memory = cfg.get("in_memory", "auto")
+        if in_memory == "auto":  # in memory when the split's files are small enough (each process holds a copy)
+            size = sum(f.stat().st_size for f in (folder / "data" / split).glob("*.hdf5"))
+            in_memory = size <= float(cfg.get("in_memory_limit_gb", 4)) * 2**30
         return GeneratedDataset(folder, n_steps_input, n_steps_output, split=split,
-                                in_memory=bool(cfg.get("in_memory", True)) and not metadata_only)
+                                in_memory=bool(in_memory) and not metadata_only)
     if kind == "the_well":
         if not cfg.get("root"):
             raise FileNotFoundError(TRL_HELP if cfg.get("name") == "turbulent_radiative_layer_2D" else

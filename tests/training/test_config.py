@@ -109,3 +109,13 @@ def test_bad_recipe_and_arguments(train_module):
         train_module.parse(["--recipe", "heat-param", "--epochs", "3"])  # overrides are key=value
     with pytest.raises(SystemExit, match="data.preset"):
         train_module.compose("heat-param", ["data.preset=???"])
+
+
+def test_generated_split_in_memory_only_when_small(cache):
+    cfg = train_py.compose("heat-param", ["size=smoke"])
+    prepare_data(cfg["data"], progress=False)
+    assert open_split(cfg["data"], "train", 1, 1)._memory is not None  # a few kB: in memory
+    small_limit = {**cfg["data"], "in_memory_limit_gb": 1e-9}
+    ds = open_split(small_limit, "train", 1, 1)
+    assert ds._memory is None  # over the limit: read from the files
+    assert torch.equal(ds[3].u_in, open_split(cfg["data"], "train", 1, 1)[3].u_in)
