@@ -128,10 +128,11 @@ class SchemaModel(nn.Module):
         """The next frame from a normalised increment ``delta`` (B, C, *S)."""
         return u_in[:, -1:] + delta[:, None] * self._std()
 
-    def condition(self, theta: Tensor | None, theta_field: Tensor | None, bc: BoundarySpec | None,
+    def condition(self, theta: Tensor | None, theta_field: Tensor | None, bc: BoundarySpec,
                   batch: int, dtype: torch.dtype, use_boundary: bool = True) -> Tensor:
         """Domain-wise condition vector: normalised ``theta``, the mean and RMS of each field
-        parameter channel, and (``use_boundary``) the `boundary_summary`."""
+        parameter channel, and (``use_boundary``) the `boundary_summary` of ``bc`` (as `inputs`
+        returns it)."""
         parts = []
         if self.n_params:
             parts.append(self.param_norm(theta))
@@ -139,8 +140,7 @@ class SchemaModel(nn.Module):
             dims = tuple(range(2, 2 + self.ndim))
             parts += [theta_field.mean(dims), theta_field.pow(2).mean(dims).sqrt()]
         if use_boundary:
-            bc = bc if bc is not None else BoundarySpec.periodic(self.ndim, batch).to(self.u_std.device)
-            parts.append(boundary_summary(bc.to(self.u_std.device), self.u_std.mean()))
+            parts.append(boundary_summary(bc, self.u_std.mean()))
         if not parts:
             return self.u_std.new_zeros(batch, 1).to(dtype)
         return torch.cat(parts, 1).to(dtype)
@@ -150,9 +150,29 @@ class SchemaModel(nn.Module):
         n = self.n_params + 2 * self.field_channels + (2 * self.ndim * (N_TYPES + 2) if use_boundary else 0)
         return max(n, 1)
 
-    @staticmethod
-    def unpack(u_in: Tensor | PDEBatch, theta, theta_field, bc, grid):
-        """``forward``'s arguments from a `PDEBatch` or as given."""
+    def inputs(self, u_in: Tensor | PDEBatch, theta: Tensor | None, theta_field: Tensor | None,
+               bc: BoundarySpec | None, grid: Grid | None) -> tuple:
+        """``forward``'s arguments (from a `PDEBatch` or as given), checked, with the defaults
+        filled in: periodic faces on ``u_in``'s device and the unit box of its shape."""
         if isinstance(u_in, PDEBatch):
-            return u_in.u_in, u_in.theta, u_in.theta_field, u_in.bc, u_in.grid
-        return u_in, theta, theta_field, bc, grid
+            u_in, theta, theta_field, bc, grid = u_in.u_in, u_in.theta, u_in.theta_field, u_in.bc, u_in.grid
+        self.check(u_in, theta, theta_field)
+        bc = bc if bc is not None else BoundarySpec.periodic(self.ndim, u_in.shape[0])
+        if bc.kind.device != u_in.device:
+            bc = bc.to(u_in.device)
+        return u_in, theta, theta_field, bc, grid or Grid(tuple(u_in.shape[3:]))
+
+    def parameter_channels(self, x: Tensor, theta: Tensor | None, theta_field: Tensor | None) -> list[Tensor]:
+        """The normalised ``theta`` broadcast over the grid of ``x`` (B, *, *S) and the field
+        parameters, as extra input channels (none without parameters)."""
+        parts = []
+        if self.n_params:
+            t = self.param_norm(theta).to(x.dtype)
+            parts.append(t.view(*t.shape, *([1] * self.ndim)).expand(-1, -1, *x.shape[2:]))
+        if self.field_channels:
+            parts.append(theta_field.to(x.dtype))
+        return parts
+
+    def condition_encoder(self, width: int) -> nn.Sequential:
+        """An MLP from the `condition` vector to ``width`` features."""
+        return nn.Sequential(nn.Linear(self.condition_size(), width), nn.GELU(), nn.Linear(width, width))

@@ -131,8 +131,7 @@ class _CAPEModel(SchemaModel):
     def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
                 bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:
         """Next frame ``(B, 1, C, *S)``; uses ``theta`` only."""
-        u_in, theta, theta_field, bc, grid = self.unpack(u_in, theta, theta_field, bc, grid)
-        self.check(u_in, theta, theta_field)
+        u_in, theta, theta_field, bc, grid = self.inputs(u_in, theta, theta_field, bc, grid)
         x = self.normalized_input(u_in)
         theta_n = self.param_norm(theta).to(x.dtype) if self.n_params else x.new_zeros(x.shape[0], 0)
         return self.increment(u_in, self.net(torch.cat([x, self.cape(x, theta_n)], 1)))

@@ -75,14 +75,13 @@ class ConditionedViT(SchemaModel):
             raise ValueError(f"where: expected one of {PLACES}, got {where!r}")
         self.method, self.where = method, where
         self.backbone = ViTBackbone(t_in * in_channels, in_channels, ndim, latent, patch, depth, heads, mlp_ratio)
-        self.encode = nn.Sequential(nn.Linear(self.condition_size(), latent), nn.GELU(), nn.Linear(latent, latent))
+        self.encode = self.condition_encoder(latent)
         self.conditioners = nn.ModuleList(Conditioner(method, latent) for _ in range(depth if where == "layers" else 1))
 
     def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
                 bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:
         """Next frame ``(B, 1, C, *S)``."""
-        u_in, theta, theta_field, bc, grid = self.unpack(u_in, theta, theta_field, bc, grid)
-        self.check(u_in, theta, theta_field)
+        u_in, theta, theta_field, bc, grid = self.inputs(u_in, theta, theta_field, bc, grid)
         x = self.normalized_input(u_in)
         tokens, grid_tokens = self.backbone.tokens(x)
         c = self.encode(self.condition(theta, theta_field, bc, x.shape[0], x.dtype))

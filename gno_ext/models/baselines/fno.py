@@ -44,16 +44,8 @@ class ChannelFNO(SchemaModel):
     def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
                 bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:
         """Next frame ``(B, 1, C, *S)``."""
-        u_in, theta, theta_field, bc, grid = self.unpack(u_in, theta, theta_field, bc, grid)
-        self.check(u_in, theta, theta_field)
+        u_in, theta, theta_field, bc, grid = self.inputs(u_in, theta, theta_field, bc, grid)
         x = self.normalized_input(u_in)
-        grid = grid or Grid(tuple(x.shape[2:]))
-        bc = bc if bc is not None else BoundarySpec.periodic(self.ndim, x.shape[0])
-        parts = [x]
-        if self.n_params:
-            t = self.param_norm(theta).to(x.dtype)
-            parts.append(t.view(*t.shape, *([1] * self.ndim)).expand(-1, -1, *x.shape[2:]))
-        if self.field_channels:
-            parts.append(theta_field.to(x.dtype))
-        parts.append(boundary_channels(bc.to(x.device), grid, self.u_std.mean()).to(x.dtype))
-        return self.increment(u_in, self.net(torch.cat(parts, 1)))
+        boundary = boundary_channels(bc, grid, self.u_std.mean()).to(x.dtype)
+        channels = [x, *self.parameter_channels(x, theta, theta_field), boundary]
+        return self.increment(u_in, self.net(torch.cat(channels, 1)))

@@ -89,8 +89,7 @@ class MoEPOT(SchemaModel):
     def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
                 bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:
         """Next frame ``(B, 1, C, *S)`` from the input frames alone."""
-        u_in, theta, theta_field, bc, grid = self.unpack(u_in, theta, theta_field, bc, grid)
-        self.check(u_in, theta, theta_field)
+        u_in, theta, theta_field, bc, grid = self.inputs(u_in, theta, theta_field, bc, grid)
         return self.increment(u_in, self.backbone(self.normalized_input(u_in)))
 
     def balance_loss(self) -> Tensor:

@@ -42,7 +42,7 @@ class Unisolver(SchemaModel):
                  heads: int = 8, mlp_ratio: float = 4.0) -> None:
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
         self.backbone = ViTBackbone(t_in * in_channels, in_channels, ndim, latent, patch, depth, heads, mlp_ratio)
-        self.domain = nn.Sequential(nn.Linear(self.condition_size(), latent), nn.GELU(), nn.Linear(latent, latent))
+        self.domain = self.condition_encoder(latent)
         self.point = PatchEmbed(field_channels, latent, patch, ndim) if field_channels else None
         self.modulations = nn.ModuleList(nn.Linear(latent, 6 * latent) for _ in range(depth))
         for m in self.modulations:  # zero-initialised: the model starts as the plain backbone
@@ -52,8 +52,7 @@ class Unisolver(SchemaModel):
     def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
                 bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:
         """Next frame ``(B, 1, C, *S)``."""
-        u_in, theta, theta_field, bc, grid = self.unpack(u_in, theta, theta_field, bc, grid)
-        self.check(u_in, theta, theta_field)
+        u_in, theta, theta_field, bc, grid = self.inputs(u_in, theta, theta_field, bc, grid)
         x = self.normalized_input(u_in)
         tokens, grid_tokens = self.backbone.tokens(x)
         cond = self.domain(self.condition(theta, theta_field, bc, x.shape[0], x.dtype))[:, None]

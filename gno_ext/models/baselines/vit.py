@@ -79,8 +79,7 @@ class ViT(SchemaModel):
     def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
                 bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:
         """Next frame ``(B, 1, C, *S)`` from the k frames of ``u_in`` alone."""
-        u_in, theta, theta_field, bc, grid = self.unpack(u_in, theta, theta_field, bc, grid)
-        self.check(u_in, theta, theta_field)
+        u_in, theta, theta_field, bc, grid = self.inputs(u_in, theta, theta_field, bc, grid)
         return self.increment(u_in, self.backbone(self.normalized_input(u_in)))
 
 
@@ -109,13 +108,6 @@ class Concat(SchemaModel):
     def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
                 bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:
         """Next frame ``(B, 1, C, *S)``."""
-        u_in, theta, theta_field, bc, grid = self.unpack(u_in, theta, theta_field, bc, grid)
-        self.check(u_in, theta, theta_field)
+        u_in, theta, theta_field, bc, grid = self.inputs(u_in, theta, theta_field, bc, grid)
         x = self.normalized_input(u_in)
-        parts = [x]
-        if self.n_params:
-            t = self.param_norm(theta).to(x.dtype)
-            parts.append(t.view(*t.shape, *([1] * self.ndim)).expand(-1, -1, *x.shape[2:]))
-        if self.field_channels:
-            parts.append(theta_field.to(x.dtype))
-        return self.increment(u_in, self.backbone(torch.cat(parts, 1)))
+        return self.increment(u_in, self.backbone(torch.cat([x, *self.parameter_channels(x, theta, theta_field)], 1)))
