@@ -160,11 +160,12 @@ def parameter_values(ds: Dataset) -> Tensor:
     return ds[0].theta.reshape(1, -1)
 
 
-def data_spec(ds: Dataset, log_params: Sequence[bool] | None = None) -> DataSpec:
+def data_spec(ds: Dataset, log_params: Sequence[bool] | None = None, values: Tensor | None = None) -> DataSpec:
     """Model sizes of ``ds``. A parameter is normalised on a log scale when it is positive and
-    spans more than a decade in the training data (unless ``log_params`` says otherwise)."""
+    spans more than a decade in the training data (unless ``log_params`` says otherwise);
+    ``values`` are `parameter_values` of ``ds`` when already at hand."""
     s = ds[0]
-    values = parameter_values(ds)
+    values = parameter_values(ds) if values is None else values
     if log_params is None:
         log_params = tuple(bool((v > 0).all() and v.max() > 10 * v.min()) for v in values.T)
     elif len(log_params) != values.shape[1]:

@@ -67,7 +67,7 @@ from gno_ext.training.objective import (
     global_objective,
 )
 
-__all__ = ["train", "run_dir_of", "evaluate_run", "evaluate_saved", "make_binner"]
+__all__ = ["train", "run_dir_of", "evaluate_run", "evaluate_saved", "training_groups"]
 
 # keys that may change between a run and its resumption
 RESUME_FREE = ("resume", "overwrite", "run_dir", "trainer.epochs", "trainer.max_steps", "trainer.progress",
@@ -226,9 +226,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
             prepare_data(data_cfg, progress=bool(tr.get("progress", True)))
     t_in = int(data_cfg.get("n_steps_input", 1))
     train_ds = open_split(data_cfg, "train", t_in, 1)
-    spec = data_spec(train_ds, data_cfg.get("log_params"))
-    kinds = window_boundary_kinds(train_ds)
-    binner = make_binner(cfg, train_ds, spec)
+    spec, values, kinds, binner = training_groups(cfg, train_ds)
     configs = binner.configuration_ids(torch.as_tensor(np.ascontiguousarray(kinds))).numpy()
     sampler = CurriculumBatchSampler(configs, int(tr["batch_size"]), rank, world, int(cfg["seed"]),
                                      tr["curriculum"].get("order", "interleave"))
@@ -244,7 +242,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     fit_batch = _fetch(train_ds, _spread(len(train_ds), 256))
     fields = torch.cat([fit_batch.u_in, fit_batch.u_out], 1)
     if hasattr(model, "fit_normalization"):
-        model.fit_normalization(fields, parameter_values(train_ds))
+        model.fit_normalization(fields, values)
     dims = [d for d in range(fields.ndim) if d != 2]
     scale = fields.float().std(dim=dims).clamp_min(1e-6) if tr.get("loss_normalization", True) \
         else torch.ones(spec.channels)
@@ -404,11 +402,13 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {"run_dir": str(run_dir), "step": step, "skipped": guard.skipped, "report": report}
 
 
-def make_binner(cfg: Mapping[str, Any], train_ds: Dataset, spec: Any = None) -> GroupBinner:
-    """The DRO groups of a run: its training data's boundary configurations x parameter bins."""
-    spec = spec or data_spec(train_ds, cfg["data"].get("log_params"))
-    return GroupBinner(parameter_values(train_ds), window_boundary_kinds(train_ds), int(cfg["trainer"]["dro"]["bins"]),
-                       spec.log_params)
+def training_groups(cfg: Mapping[str, Any], train_ds: Dataset) -> tuple[Any, Any, Any, GroupBinner]:
+    """From the training split's metadata, read once: the model sizes (`DataSpec`), the parameter
+    values, the boundary types of every window, and the run's DRO groups (boundary
+    configurations x parameter bins)."""
+    values, kinds = parameter_values(train_ds), window_boundary_kinds(train_ds)
+    spec = data_spec(train_ds, cfg["data"].get("log_params"), values)
+    return spec, values, kinds, GroupBinner(values, kinds, int(cfg["trainer"]["dro"]["bins"]), spec.log_params)
 
 
 def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, out_dir: str | Path | None = None,
@@ -444,7 +444,7 @@ def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, ou
     model = from_checkpoint(checkpoint, device=device)
     train_ds = open_split(cfg["data"], "train", int(cfg["data"].get("n_steps_input", 1)), 1, metadata_only=True)
     out = Path(out_dir) if out_dir else (run_dir / "eval" if checkpoint == run_dir / "model" else checkpoint / "eval")
-    return evaluate_run(cfg, model, make_binner(cfg, train_ds), out, device)
+    return evaluate_run(cfg, model, training_groups(cfg, train_ds)[3], out, device)
 
 
 def evaluate_run(cfg: Mapping[str, Any], model: nn.Module, binner: GroupBinner, out_dir: Path,
