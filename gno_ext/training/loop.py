@@ -208,20 +208,12 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
         saved = yaml.safe_load((checkpoint / "config.yaml").read_text())
         _check_resume_config(saved, cfg, checkpoint)
 
-    find_unused = tr.get("find_unused_parameters", "auto")
-    ddp_kwargs = DistributedDataParallelKwargs(find_unused_parameters=find_unused is True)
-    accelerator = Accelerator(
-        cpu=use_cpu, mixed_precision=precision,
-        gradient_accumulation_steps=1, log_with="tensorboard" if tr.get("tensorboard", True) else None,
-        project_dir=str(run_dir),
-        kwargs_handlers=[ddp_kwargs])
-    main, rank, world = accelerator.is_main_process, accelerator.process_index, accelerator.num_processes
-    device = accelerator.device
+    main, rank, world, device = state.is_main_process, state.process_index, state.num_processes, state.device
     set_seed(int(cfg["seed"]))
-    say = accelerator.print
+    say = state.print
 
     # ---- data
-    with accelerator.main_process_first():
+    with state.main_process_first():
         if main:
             prepare_data(data_cfg, progress=bool(tr.get("progress", True)))
     t_in = int(data_cfg.get("n_steps_input", 1))
@@ -237,8 +229,6 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     name = cfg["model"]["name"]
     kwargs = model_kwargs_from_data(model_class(name), spec, cfg["model"].get("kwargs") or {})
     model = get_model(name, **kwargs)
-    if find_unused == "auto":  # DDP must look for unused parameters only where samples are dispatched
-        ddp_kwargs.find_unused_parameters = has_dispatch(model)
     fit_batch = _fetch(train_ds, _spread(len(train_ds), 256))
     fields = torch.cat([fit_batch.u_in, fit_batch.u_out], 1)
     if hasattr(model, "fit_normalization"):
@@ -262,6 +252,13 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     compile_mode = tr.get("compile", False)
     if compile_mode:  # compiled forward (and backward); the weights stay those of `raw`
         model = torch.compile(model, mode=None if compile_mode is True else str(compile_mode))
+    find_unused = tr.get("find_unused_parameters", "auto")
+    if find_unused == "auto":  # DDP must look for unused parameters only where samples are dispatched
+        find_unused = has_dispatch(raw)
+    accelerator = Accelerator(
+        cpu=use_cpu, mixed_precision=precision, log_with="tensorboard" if tr.get("tensorboard", True) else None,
+        project_dir=str(run_dir),
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=bool(find_unused))])
     model, optimizer = accelerator.prepare(model, optimizer)
     ema = None
     if tr.get("ema", {}).get("enabled", False):
