@@ -32,13 +32,13 @@ a window gets the data at its input time and at its output times.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 import torch
+from gno_ext.adapters.files import ProcessFiles
 from gno_ext.adapters.windows import Windows, window_boundary_values
 from torch.utils.data import Dataset
 
@@ -53,21 +53,16 @@ class H5Array:
     def __init__(self, dataset: h5py.Dataset) -> None:
         self.filename, self.name = dataset.file.filename, dataset.name
         self.shape, self.ndim = dataset.shape, dataset.ndim
-        self._pid, self._data = os.getpid(), dataset
+        self._files = ProcessFiles()
 
     def _dataset(self) -> h5py.Dataset:
-        if self._data is None or self._pid != os.getpid():
-            self._pid, self._data = os.getpid(), h5py.File(self.filename, "r")[self.name]
-        return self._data
+        return self._files.get(self.filename)[self.name]
 
     def __getitem__(self, index: Any) -> np.ndarray:
         return self._dataset()[index]
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return np.asarray(self._dataset()[()], dtype=dtype)
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_data": None}
 
 
 def _wrap(value: Any) -> Any:

@@ -8,7 +8,6 @@ window: ``bc.values[:, 0]`` at the last input frame, then one entry per output f
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from gno_ext.adapters.files import ProcessFiles
 from gno_ext.adapters.windows import Windows, window_boundary_values
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch, PDESample
 
@@ -84,7 +84,7 @@ class GeneratedDataset(Dataset):
         offsets = np.cumsum([0] + [m["n"] for m in self.meta_per_file])
         lengths = [lengths[offsets[i] + j] for i, j in self.index]
         self.windows = Windows(lengths, n_steps_input, n_steps_output, stride)
-        self._handles: tuple[int, dict[int, h5py.File]] | None = None
+        self._files = ProcessFiles()
         self._memory: dict[tuple[int, str, str], np.ndarray] | None = None
         if in_memory:
             self._memory = {}
@@ -99,11 +99,7 @@ class GeneratedDataset(Dataset):
         return self._file(i)[order][name]
 
     def _file(self, i: int) -> h5py.File:
-        if self._handles is None or self._handles[0] != os.getpid():
-            self._handles = (os.getpid(), {})
-        if i not in self._handles[1]:
-            self._handles[1][i] = h5py.File(self.files[i], "r")
-        return self._handles[1][i]
+        return self._files.get(self.files[i])
 
     def __len__(self) -> int:
         return len(self.windows)
@@ -174,6 +170,3 @@ class GeneratedDataset(Dataset):
                          m["coeffs"][j]), grid=m["grid"], dt=m["dt"] * self.stride, theta_field=field,
                          group=int(m["group"][j]), meta={"dataset": m["preset"], "file": self.files[i].name,
                                                          "trajectory": j, "start": start})
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_handles": None}

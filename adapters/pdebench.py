@@ -18,7 +18,6 @@ file handle.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 import h5py
 import numpy as np
 import torch
+from gno_ext.adapters.files import ProcessFiles
 from gno_ext.adapters.windows import Windows, split_trajectories
 from torch.utils.data import Dataset
 
@@ -118,7 +118,7 @@ class PDEBenchDataset(Dataset):
             self.trajectories = []
         self.windows = Windows([n_frames] * max(len(self.trajectories), 1), n_steps_input, n_steps_output, stride)
         self.group = group
-        self._handle: tuple[int, h5py.File] | None = None
+        self._files = ProcessFiles()  # one handle per DataLoader worker
 
     # ------------------------------------------------------------------ layout detection
     def _inspect(self, f: h5py.File):
@@ -164,10 +164,7 @@ class PDEBenchDataset(Dataset):
 
     # ------------------------------------------------------------------ reading
     def _file(self) -> h5py.File:
-        pid = os.getpid()  # one handle per DataLoader worker
-        if self._handle is None or self._handle[0] != pid:
-            self._handle = (pid, h5py.File(self.path, "r"))
-        return self._handle[1]
+        return self._files.get(self.path)
 
     def _frames(self, traj: int, frames: np.ndarray) -> np.ndarray:
         f = self._file()
@@ -213,8 +210,3 @@ class PDEBenchDataset(Dataset):
                         group=torch.full((b,), self.group, dtype=torch.long),
                         meta=[{"dataset": "pdebench", "file": self.path.name, "trajectory": t, "start": int(s),
                                "fields": list(self.fields)} for t, s in zip(trajs, starts)])
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["_handle"] = None  # h5py handles do not cross process boundaries
-        return state

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from gno_ext.adapters.files import ProcessFiles
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDESample
 
 __all__ = ["WellAdapter", "WELL_BC"]
@@ -116,7 +117,7 @@ class WellAdapter(Dataset):
             dims = [f["dimensions"][a][()] for a in f["dimensions"].attrs["spatial_dims"]]
         extent = tuple(float(len(c) * (c[1] - c[0])) for c in dims)
         self.grid = Grid(tuple(meta.spatial_resolution), extent)
-        self._handles: tuple[int, dict[Any, Any]] | None = None
+        self._files = ProcessFiles()
         if reader == "h5py":  # what does not change from window to window, once
             first = self.well[0]
             self._codes = first["boundary_conditions"].long().flatten().tolist()
@@ -144,22 +145,11 @@ class WellAdapter(Dataset):
         per = w.n_windows_per_trajectory[file_idx]
         return Path(w.files_paths[file_idx]).name, local // per, local % per
 
-    def _file(self, name: str) -> h5py.File:
-        import os
-
-        if self._handles is None or self._handles[0] != os.getpid():  # one set of handles per worker
-            self._handles = (os.getpid(), {})
-        if name not in self._handles[1]:
-            self._handles[1][name] = h5py.File(self._folder / name, "r")
-        return self._handles[1][name]
-
     def _layout(self, name: str) -> tuple[list[tuple[h5py.Dataset, bool, bool]], np.ndarray]:
         """The field datasets of a file in ``WellDataset``'s order with their flags, and its time
         axis, read once per file and process (attributes are slow to read)."""
-        key = ("layout", name)
-        f = self._file(name)
-        cache = self._handles[1]
-        if key not in cache:
+        def read() -> tuple[list[tuple[h5py.Dataset, bool, bool]], np.ndarray]:
+            f = self._files.get(self._folder / name)
             fields = []
             for order in ("t0_fields", "t1_fields", "t2_fields"):
                 if order in f:
@@ -167,8 +157,8 @@ class WellAdapter(Dataset):
                         ds = f[order][field]
                         fields.append((ds, bool(ds.attrs.get("sample_varying", True)),
                                        bool(ds.attrs.get("time_varying", True))))
-            cache[key] = (fields, f["dimensions"]["time"][()])
-        return cache[key]
+            return fields, f["dimensions"]["time"][()]
+        return self._files.memo(("layout", name), read)
 
     def _direct(self, index: int) -> dict[str, Any]:
         """The fields of window ``index`` read from the file, in ``WellDataset``'s layout."""
@@ -226,6 +216,3 @@ class WellAdapter(Dataset):
                          meta={"dataset": self.metadata.dataset_name, "fields": self.field_names,
                                "parameters": self.parameter_names, "index": index,
                                **dict(zip(("file", "trajectory", "start"), self.locate(index)))})
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_handles": None}

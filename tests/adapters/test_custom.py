@@ -90,3 +90,21 @@ def test_batched_reads_equal_per_sample_reads():
     assert fast.meta == slow.meta
     loader = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=collate)
     assert torch.equal(next(iter(loader)).u_in, collate([ds[i] for i in range(4)]).u_in)
+
+
+def test_process_files_open_once_per_process_and_pickle_empty(tmp_path):
+    import pickle
+
+    from gno_ext.adapters.files import ProcessFiles
+
+    path = tmp_path / "a.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(4)
+    files = ProcessFiles()
+    first = files.get(path)
+    assert files.get(path) is first and first["x"][2] == 2  # opened once here
+    calls = []
+    assert files.memo("k", lambda: calls.append(1) or 7) == 7 and files.memo("k", lambda: calls.append(1)) == 7
+    assert calls == [1]
+    clone = pickle.loads(pickle.dumps(files))  # what a DataLoader worker receives
+    assert clone._cache == {} and clone.get(path)["x"][3] == 3

@@ -134,3 +134,12 @@ def test_direct_reader_reports_nan(tmp_path):
     ds = open_dataset("the_well", split, reader="h5py")
     with pytest.raises(ValueError, match=r"NaN or Inf in trajectory 0, frame 1 \(input_fields\)"):
         ds[1]
+
+
+def test_direct_reader_in_dataloader_workers(trl_base):
+    base, _ = trl_base
+    ds = open_dataset("the_well", base, name="turbulent_radiative_layer_2D", reader="h5py")
+    ds[0]  # handles opened in this process must not travel to the workers
+    loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=2, collate_fn=collate)
+    got = torch.cat([b.u_in for b in loader])
+    assert torch.equal(got, torch.stack([ds[i].u_in for i in range(len(ds))]))
