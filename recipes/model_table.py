@@ -10,13 +10,12 @@ the chosen size's backbone; the data-dependent sizes come from the same code the
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
 
 from gno_ext.models import get_model, model_class
 from gno_ext.training.data import DataSpec, model_kwargs_from_data
 
-HERE = Path(__file__).resolve().parent
+import train  # recipes/train.py (this script's folder is on the path)
+
 RECEIVES = {
     "gno": ("frames, theta, v(x), boundary (types and data)", "this project (the GNO paper)"),
     "gated_fno": ("frames, theta", "this project (gated neuraloperator FNO)"),
@@ -37,9 +36,6 @@ def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="paper")
     args = parser.parse_args(argv)
-    spec_ = importlib.util.spec_from_file_location("recipes_train", HERE / "train.py")
-    train = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(train)
     spec = DataSpec(channels=1, n_params=1, field_channels=0, ndim=2, t_in=1, shape=(128, 128), log_params=(True,))
     lines = ["| config (`model=`) | registered model | receives | parameters | source |", "|---|---|---|---|---|"]
     for name in train.available("model"):
