@@ -324,13 +324,19 @@ class CurriculumBatchSampler:
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.seed, self.order, self.shuffle = seed, order, shuffle
         self.epoch, self.start = 0, 0
+        self._cached: tuple[int, list[np.ndarray]] | None = None
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Select the epoch (its shuffle) and the first batch to yield (to resume mid-epoch)."""
         self.epoch, self.start = epoch, start
 
     def global_batches(self, epoch: int) -> list[np.ndarray]:
-        """Every global batch of ``epoch`` (arrays of sample indices)."""
+        """Every global batch of ``epoch`` (arrays of sample indices; computed once per epoch)."""
+        if self._cached is None or self._cached[0] != epoch:
+            self._cached = (epoch, self._make_batches(epoch))
+        return self._cached[1]
+
+    def _make_batches(self, epoch: int) -> list[np.ndarray]:
         size = self.batch_size * self.world_size
         per_type = []
         for c in np.unique(self.configurations):
