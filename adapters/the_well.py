@@ -22,17 +22,18 @@ not apply ``normalize`` (use the default reader for that).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 import torch
+from torch import Tensor
 from torch.utils.data import Dataset
 
 from gno_ext.adapters.files import ProcessFiles
-from gno_ext.schema import BCType, BoundarySpec, Grid, PDESample
+from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, PDESample
 
 __all__ = ["WellAdapter", "WELL_BC"]
 
@@ -160,59 +161,108 @@ class WellAdapter(Dataset):
             return fields, f["dimensions"]["time"][()]
         return self._files.memo(("layout", name), read)
 
-    def _direct(self, index: int) -> dict[str, Any]:
-        """The fields of window ``index`` read from the file, in ``WellDataset``'s layout."""
-        file, traj, start = self.locate(index)
-        fields_of, time = self._layout(file)
-        n_in, n_out = self.well.n_steps_input, self.well.n_steps_output
-        sel = slice(start, start + (n_in + n_out - 1) * self.stride + 1, self.stride)
-        variable, constant = [], []
-        for ds, sample_varying, time_varying in fields_of:
-            rows = (traj,) if sample_varying else ()
-            if time_varying:
-                x = torch.from_numpy(np.ascontiguousarray(ds[(*rows, sel)]))  # (T, *S, comps...)
-                variable.append(x.reshape(*x.shape[: 1 + self.grid.ndim], -1))
-            else:
-                x = torch.from_numpy(np.ascontiguousarray(ds[rows] if rows else ds[()]))
-                constant.append(x.reshape(*x.shape[: self.grid.ndim], -1))
-        fields = torch.cat(variable, -1)
-        t = time[traj] if time.ndim > 1 else time
-        names = self.parameter_names
-        scalars = self._scalars[file]
-        out = {"input_fields": fields[:n_in], "output_fields": fields[n_in:],
-               "constant_scalars": torch.tensor([scalars[k] for k in names], dtype=torch.float64),
-               "boundary_conditions": torch.tensor(self._codes),
-               "input_time_grid": torch.as_tensor(t[sel][:n_in]), "output_time_grid": torch.as_tensor(t[sel][n_in:])}
-        if constant:
-            out["constant_fields"] = torch.cat(constant, -1)
-        return out
+    def _read(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """Windows ``indices`` read straight from the files into schema layout.
 
-    def __getitem__(self, index: int) -> PDESample:
-        s = self.well[index] if self.reader == "the_well" else self._direct(index)
+        Returns the frames ``(B, T_in + T_out, C, *S)`` (float32), the constant fields
+        ``(B, C_f, *S)`` or None, and the time of every frame ``(B, T_in + T_out)``. Scalar fields
+        are read by HDF5 into their place in the batch (no intermediate copy); vector and tensor
+        fields are read, then their components moved to the channel axis.
+        """
         d = self.grid.ndim
-        for key in ("input_fields", "output_fields"):
-            finite = torch.isfinite(s[key].flatten(1)).all(1)
+        n = self.well.n_steps_input + self.well.n_steps_output
+        fields = np.empty((len(indices), n, len(self.field_names), *self.grid.shape), dtype=np.float32)
+        constant, times = None, []
+        for i, index in enumerate(indices):
+            file, traj, start = self.locate(index)
+            fields_of, time = self._layout(file)
+            sel = slice(start, start + (n - 1) * self.stride + 1, self.stride)
+            times.append((time[traj] if time.ndim > 1 else time)[sel])
+            channel, parts = 0, []
+            for ds, sample_varying, time_varying in fields_of:
+                rows = (traj,) if sample_varying else ()
+                comps = int(np.prod(ds.shape[len(rows) + time_varying + d:], dtype=int))
+                if not time_varying:  # a constant field: theta_field
+                    x = ds[rows] if rows else ds[()]
+                    parts.append(np.moveaxis(x.reshape(*x.shape[:d], comps), -1, 0))
+                elif ds.ndim == len(rows) + 1 + d:  # scalar field: HDF5 writes it into its channel
+                    ds.read_direct(fields, np.s_[(*rows, sel)], np.s_[i, :, channel])
+                else:
+                    x = ds[(*rows, sel)]
+                    fields[i, :, channel:channel + comps] = np.moveaxis(x.reshape(*x.shape[: 1 + d], comps), -1, 1)
+                channel += comps * time_varying
+            if parts:
+                constant = constant if constant is not None else np.empty(
+                    (len(indices), sum(len(p) for p in parts), *self.grid.shape), dtype=np.float32)
+                constant[i] = np.concatenate(parts)
+        return fields, constant, np.stack(times)
+
+    def _check_finite(self, frames: Tensor, indices: Sequence[int]) -> None:
+        """Name the file, trajectory and frame of the first NaN or Inf in windows ``indices``.
+
+        One sum per window first: it is finite if every value is, so the exact search runs only
+        where a sum is not (a NaN or Inf, or a float32 overflow of large finite values, which
+        the search then clears).
+        """
+        n_in = self.well.n_steps_input
+        for i in torch.nonzero(~torch.isfinite(frames.flatten(1).sum(1))).flatten().tolist():
+            finite = torch.isfinite(frames[i].flatten(1)).all(1)
             if not finite.all():
-                file, traj, start = self.locate(index)
-                frame = start + int(torch.nonzero(~finite)[0]) + (self.well.n_steps_input if key == "output_fields" else 0)
-                raise ValueError(f"{file}: NaN or Inf in trajectory {traj}, frame {frame} ({key})")
-        to_schema = lambda x: x.permute(0, d + 1, *range(1, d + 1)).float().contiguous()
-        raw = s["constant_scalars"] if "constant_scalars" in s else torch.zeros(0, dtype=torch.float64)
-        theta = raw.float()
-        field = None
-        if "constant_fields" in s and s["constant_fields"].shape[-1] > 0:
-            field = s["constant_fields"].permute(d, *range(d)).float().contiguous()
-        codes = s["boundary_conditions"].long().flatten().tolist()
+                file, traj, start = self.locate(indices[i])
+                k = int(torch.nonzero(~finite)[0])
+                key = "input_fields" if k < n_in else "output_fields"
+                raise ValueError(f"{file}: NaN or Inf in trajectory {traj}, frame {start + k * self.stride} ({key})")
+
+    def _kinds(self, codes: Sequence[int]) -> list[BCType]:
         try:
-            kinds = [WELL_BC[c] for c in codes]
+            return [WELL_BC[c] for c in codes]
         except KeyError as err:
             raise ValueError(f"{self.metadata.dataset_name}: unknown Well boundary code {err.args[0]} "
                              f"(known: {WELL_BC})") from None
+
+    def _meta(self, index: int) -> dict[str, Any]:
+        return {"dataset": self.metadata.dataset_name, "fields": self.field_names, "parameters": self.parameter_names,
+                "index": index, **dict(zip(("file", "trajectory", "start"), self.locate(index)))}
+
+    def __getitem__(self, index: int) -> PDESample:
+        if self.reader == "h5py":
+            batch = self.__getitems__([index])
+            return PDESample(u_in=batch.u_in[0], u_out=batch.u_out[0], theta=batch.theta[0], bc=batch.bc[0],
+                             grid=self.grid, dt=float(batch.dt[0]), group=int(batch.group[0]), meta=batch.meta[0],
+                             theta_field=None if batch.theta_field is None else batch.theta_field[0])
+        s = self.well[index]
+        d = self.grid.ndim
+        frames = torch.cat([s["input_fields"], s["output_fields"]])
+        self._check_finite(frames[None], [index])
+        to_schema = lambda x: x.permute(0, d + 1, *range(1, d + 1)).float().contiguous()
+        raw = s["constant_scalars"] if "constant_scalars" in s else torch.zeros(0, dtype=torch.float64)
+        field = None
+        if "constant_fields" in s and s["constant_fields"].shape[-1] > 0:
+            field = s["constant_fields"].permute(d, *range(d)).float().contiguous()
+        kinds = self._kinds(s["boundary_conditions"].long().flatten().tolist())
         key = tuple(raw.double().tolist())  # exact file values (theta is float32)
         dt = float(s["output_time_grid"][0] - s["input_time_grid"][-1])
-        return PDESample(u_in=to_schema(s["input_fields"]), u_out=to_schema(s["output_fields"]), theta=theta,
+        return PDESample(u_in=to_schema(s["input_fields"]), u_out=to_schema(s["output_fields"]), theta=raw.float(),
                          bc=BoundarySpec.from_types(kinds), grid=self.grid, dt=dt, theta_field=field,
-                         group=self._groups.get(key, 0),
-                         meta={"dataset": self.metadata.dataset_name, "fields": self.field_names,
-                               "parameters": self.parameter_names, "index": index,
-                               **dict(zip(("file", "trajectory", "start"), self.locate(index)))})
+                         group=self._groups.get(key, 0), meta=self._meta(index))
+
+    def __getitems__(self, indices: Sequence[int]) -> PDEBatch | list[PDESample]:
+        """A whole batch (what the DataLoader asks for). With ``reader="h5py"`` one `PDEBatch`
+        whose frames are read straight into the batch (no per-sample objects, no stacking); it
+        equals `collate` of the samples. With ``reader="the_well"`` the list of samples."""
+        if self.reader == "the_well":
+            return [self[i] for i in indices]
+        indices = [int(i) for i in indices]
+        fields, constant, times = self._read(indices)
+        frames = torch.from_numpy(fields)
+        self._check_finite(frames, indices)
+        n_in = self.well.n_steps_input
+        files = [self.locate(i)[0] for i in indices]
+        raw = [tuple(self._scalars[f].get(k, np.nan) for k in self.parameter_names) for f in files]
+        bc = BoundarySpec.from_types(self._kinds(self._codes)).expand(len(indices))
+        return PDEBatch(u_in=frames[:, :n_in], u_out=frames[:, n_in:], 
+                        theta=torch.tensor(raw, dtype=torch.float32).reshape(len(indices), len(self.parameter_names)),
+                        bc=bc, grid=self.grid, dt=torch.from_numpy(times[:, n_in] - times[:, n_in - 1]).float(),
+                        theta_field=None if constant is None else torch.from_numpy(constant),
+                        group=torch.tensor([self._groups.get(r, 0) for r in raw], dtype=torch.long),
+                        meta=[self._meta(i) for i in indices])

@@ -104,6 +104,41 @@ def bench(name: str, batch: int, mode: str, size: int, device: str, repeats: int
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
 
 
+def profile(name: str, batch: int, size: int, device: str, top: int) -> None:
+    """Print the GPU kernels of one compiled training step (inductor, no CUDA graphs, so that
+    every kernel is seen), grouped by name and sorted by total time."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    torch.manual_seed(0)
+    model = GNO(**MODELS[name]).to(device)
+    model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].to(device))
+    net = torch.compile(model)
+    x = make_inputs(batch, size, device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+
+    def step() -> None:
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = (net(x["u"], theta=x["theta"], bc=x["bc"]).float() - x["u"]).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.time_range.elapsed_us() for e in events)
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        by_name.setdefault(e.name, []).append(e.time_range.elapsed_us())
+    print(f"\n{name}, batch {batch}: {len(events)} kernels, {total / 1e3:.2f} ms of GPU time in one step")
+    for kname, times in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]:
+        print(f"  {sum(times) / 1e3:8.3f} ms {len(times):5d} x  {kname[:110]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -114,8 +149,15 @@ def main() -> None:
                         choices=["eager", "compiled", "graphs"])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--profile", type=int, metavar="TOP", default=0,
+                        help="instead of timing, list the TOP kernels of a compiled training step (CUDA)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
+    if args.profile:
+        for batch in args.batch:
+            for model in args.models:
+                profile(model, batch, args.size, args.device, args.profile)
+        return
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     meta = {"device": name, "torch": torch.__version__, "size": args.size}
     rows = []

@@ -125,6 +125,37 @@ def test_direct_reader_on_the_wells_own_dummy_file(tmp_path):
         open_dataset("the_well", tmp_path, name="dummy", reader="zarr")
 
 
+def _same_batches(a, b, indices):
+    x, y = collate(a.__getitems__(indices)), b.__getitems__(indices)
+    for key in ("u_in", "u_out", "theta", "dt", "group", "theta_field"):
+        u, v = getattr(x, key), getattr(y, key)
+        assert (u is None and v is None) or (u.dtype == v.dtype and torch.equal(u, v)), key
+    assert torch.equal(x.bc.kind, y.bc.kind) and torch.equal(x.bc.values, y.bc.values)
+    assert x.meta == y.meta and x.grid == y.grid
+
+
+@pytest.mark.parametrize("n_in,n_out,stride", [(1, 1, 1), (2, 1, 1), (1, 1, 2)])
+def test_direct_reader_batches_equal_collated_well_dataset_samples(trl_base, n_in, n_out, stride):
+    base, _ = trl_base
+    kw = dict(name="turbulent_radiative_layer_2D", n_steps_input=n_in, n_steps_output=n_out, stride=stride)
+    well, direct = open_dataset("the_well", base, **kw), open_dataset("the_well", base, reader="h5py", **kw)
+    indices = torch.randperm(len(well), generator=torch.Generator().manual_seed(0)).tolist()
+    _same_batches(well, direct, indices[:5])
+    _same_batches(well, direct, indices)  # windows of both files in one batch
+
+
+def test_direct_reader_batches_with_constant_fields(tmp_path):
+    """The Well's own dummy file: a constant field becomes the batch's theta_field."""
+    split = tmp_path / "datasets" / "dummy" / "data" / "train"
+    split.mkdir(parents=True)
+    write_dummy_data(str(split / "dummy.hdf5"))
+    kw = dict(name="dummy", n_steps_output=2)
+    well, direct = open_dataset("the_well", tmp_path, **kw), open_dataset("the_well", tmp_path, reader="h5py", **kw)
+    batch = direct.__getitems__([3, 0, 1])
+    assert batch.theta_field is not None and batch.theta.shape == (3, len(direct.parameter_names))
+    _same_batches(well, direct, [3, 0, 1])
+
+
 def test_direct_reader_reports_nan(tmp_path):
     split = tmp_path / "datasets" / "turbulent_radiative_layer_2D" / "data" / "train"
     split.mkdir(parents=True)
@@ -134,6 +165,10 @@ def test_direct_reader_reports_nan(tmp_path):
     ds = open_dataset("the_well", split, reader="h5py")
     with pytest.raises(ValueError, match=r"NaN or Inf in trajectory 0, frame 1 \(input_fields\)"):
         ds[1]
+    with pytest.raises(ValueError, match=r"NaN or Inf in trajectory 0, frame 1 \(output_fields\)"):
+        ds.__getitems__([T + 1, 0, 3])  # a clean window first, then windows 0 (frames 0-1) and 1
+    batch = ds.__getitems__([2, T - 1])  # windows that do not touch frame 1 of trajectory 0
+    assert torch.isfinite(batch.u_in).all()
 
 
 def test_direct_reader_in_dataloader_workers(trl_base):
@@ -143,3 +178,14 @@ def test_direct_reader_in_dataloader_workers(trl_base):
     loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=2, collate_fn=collate)
     got = torch.cat([b.u_in for b in loader])
     assert torch.equal(got, torch.stack([ds[i].u_in for i in range(len(ds))]))
+
+
+def test_direct_reader_accepts_large_finite_values(tmp_path):
+    """The fast check sums each window in float32; an overflow of finite values is not an error."""
+    split = tmp_path / "train"
+    split.mkdir()
+    write_trl(split / "trl_tcool_0.10.hdf5", 0.1, 5)
+    with h5py.File(split / "trl_tcool_0.10.hdf5", "a") as f:
+        f["t0_fields/density"][0, 0] = 3e38
+    batch = open_dataset("the_well", split, reader="h5py").__getitems__([0, 1])
+    assert batch.u_in[0, 0, 0].min() == np.float32(3e38)
