@@ -37,12 +37,12 @@ MODELS = {
 }
 
 
-def make_inputs(batch: int, size: int, device: str) -> dict:
+def make_inputs(batch: int, shape: tuple[int, int], channels: int, device: str) -> dict:
     g = torch.Generator().manual_seed(0)
     theta = torch.logspace(-2, 0, batch)[:, None] if batch > 1 else torch.tensor([[0.1]])
     kinds = torch.tensor([1, 1, 2, 2]).repeat(batch, 1)
     values = (torch.rand(batch, 4, 2, 1, generator=g) * 20 - 10)
-    return {"u": torch.randn(batch, 1, 1, size, size, generator=g).to(device), "theta": theta.to(device),
+    return {"u": torch.randn(batch, 1, channels, *shape, generator=g).to(device), "theta": theta.to(device),
             "bc": BoundarySpec(kinds, values).to(device)}
 
 
@@ -60,13 +60,13 @@ def timed(fn, repeats: int, device: str) -> float:
     return statistics.median(times)
 
 
-def bench(name: str, batch: int, mode: str, size: int, device: str, repeats: int) -> dict:
+def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int) -> dict:
     torch.manual_seed(0)
-    model = GNO(**MODELS[name]).to(device)
+    model = GNO(in_channels=channels, **MODELS[name]).to(device)
     model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].to(device))
     graphs = mode == "graphs"
     net = model if mode == "eager" else torch.compile(model, mode="reduce-overhead" if graphs else None)
-    x = make_inputs(batch, size, device)
+    x = make_inputs(batch, shape, channels, device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     target = x["u"] + 0.01
 
@@ -104,16 +104,16 @@ def bench(name: str, batch: int, mode: str, size: int, device: str, repeats: int
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
 
 
-def profile(name: str, batch: int, size: int, device: str, top: int) -> None:
+def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device: str, top: int) -> None:
     """Print the GPU kernels of one compiled training step (inductor, no CUDA graphs, so that
     every kernel is seen), grouped by name and sorted by total time."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     torch.manual_seed(0)
-    model = GNO(**MODELS[name]).to(device)
+    model = GNO(in_channels=channels, **MODELS[name]).to(device)
     model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].to(device))
     net = torch.compile(model)
-    x = make_inputs(batch, size, device)
+    x = make_inputs(batch, shape, channels, device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
 
     def step() -> None:
@@ -143,7 +143,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 256])
-    parser.add_argument("--size", type=int, default=128)
+    parser.add_argument("--shape", type=int, nargs=2, default=[128, 128], help="grid (128 384: The Well TRL)")
+    parser.add_argument("--channels", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled", "graphs"],
                         choices=["eager", "compiled", "graphs"])
@@ -156,18 +157,18 @@ def main() -> None:
     if args.profile:
         for batch in args.batch:
             for model in args.models:
-                profile(model, batch, args.size, args.device, args.profile)
+                profile(model, batch, tuple(args.shape), args.channels, args.device, args.profile)
         return
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    meta = {"device": name, "torch": torch.__version__, "size": args.size}
+    meta = {"device": name, "torch": torch.__version__, "shape": args.shape, "channels": args.channels}
     rows = []
-    print(f"device: {name}, torch {torch.__version__}, grid {args.size}^2, bf16 autocast")
+    print(f"device: {name}, torch {torch.__version__}, grid {args.shape}, {args.channels} channels, bf16 autocast")
     print(f"{'model':12s} {'batch':>5s} {'mode':>8s} {'fwd ms':>8s} {'step ms':>8s} {'TFLOP/s':>8s} "
           f"{'GFLOP':>8s} {'GiB':>6s}  kernels used per block")
     for batch in args.batch:
         for mode in args.modes:
             for model in args.models:
-                r = bench(model, batch, mode, args.size, args.device, args.repeats)
+                r = bench(model, batch, mode, tuple(args.shape), args.channels, args.device, args.repeats)
                 rows.append(r)
                 print(f"{model:12s} {batch:5d} {mode:>8s} {r['forward_ms']:8.3f} {r['step_ms']:8.3f} "
                       f"{r['train_tflops']:8.1f} {r['step_gflop']:8.1f} {r['peak_gib']:6.2f}  {r['kernels_used']}",

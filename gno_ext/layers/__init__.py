@@ -4,7 +4,7 @@
 imported on first use.
 """
 
-from gno_ext.layers.attention import AttentionKernel, mixed_attention
+from gno_ext.layers.attention import AttentionKernel, chunk_plan, default_chunk, mixed_attention
 from gno_ext.layers.boundary import BoundaryTransfer, boundary_features, edge_tokens
 from gno_ext.layers.embeddings import (
     ParameterNormalizer,
@@ -27,7 +27,9 @@ __all__ = [
     "PatchProject",
     "Routing",
     "boundary_features",
+    "chunk_plan",
     "condition_on",
+    "default_chunk",
     "dispatch",
     "edge_tokens",
     "mixed_attention",

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["AttentionKernel", "SDPA_BACKENDS", "mixed_attention"]
+__all__ = ["AttentionKernel", "SDPA_BACKENDS", "chunk_plan", "default_chunk", "mixed_attention"]
 
 # cuDNN attention builds an execution plan per input shape; the per-kernel sub-batches of a
 # gated mixture change shape every step, so its plan building (tens of ms per call) would
@@ -72,10 +72,10 @@ class AttentionKernel(nn.Module):
 
 
 def _stacked(kernels: Sequence[AttentionKernel], name: str, select: Tensor) -> tuple[Tensor, Tensor | None]:
-    """Per-sample weights ``(B, in, out)`` (and biases) of the selected kernels.
+    """Weights ``(G, in, out)`` (and biases) of the kernel chosen for each of ``G`` groups.
 
-    The selection is a product with the one-hot matrix ``select`` (B, K): its backward pass is
-    a matrix product too (no atomic scatter-add of B weight copies onto K kernels).
+    The selection is a product with the one-hot matrix ``select`` (G, K): its backward pass is
+    a matrix product too (no atomic scatter-add of G weight copies onto K kernels).
     """
     layers = [getattr(k, name) for k in kernels]
     weights = torch.stack([lin.weight.transpose(0, 1) for lin in layers])  # (K, in, out)
@@ -85,19 +85,52 @@ def _stacked(kernels: Sequence[AttentionKernel], name: str, select: Tensor) -> t
     return weight, (select @ torch.stack([lin.bias for lin in layers]))[:, None]
 
 
-def _apply(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    return torch.bmm(x, weight) if bias is None else torch.baddbmm(bias, x, weight)
+def _apply(x: Tensor, chunk: int, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``x`` (G * chunk, N, in) through group ``g``'s weight for its ``chunk`` samples."""
+    g, (_, n, d) = weight.shape[0], x.shape
+    x = x.reshape(g, chunk * n, d)
+    y = torch.bmm(x, weight) if bias is None else torch.baddbmm(bias, x, weight)
+    return y.view(g * chunk, n, -1)
+
+
+def default_chunk(batch: int, n_kernels: int) -> int:
+    """Samples per weight group in `mixed_attention`: a power of two, about ``batch / (16 K)``,
+    so that padding the ``K`` kernels' groups to whole chunks adds at most about 6 % rows."""
+    per = batch // (16 * n_kernels)
+    return 1 << (per.bit_length() - 1) if per > 1 else 1
+
+
+def chunk_plan(index: Tensor, n_kernels: int, chunk: int) -> tuple[Tensor, Tensor]:
+    """Where each sample goes when the batch is sorted by kernel, each kernel's samples padded
+    to whole chunks: ``(slot, chunk_kernel)``.
+
+    ``slot`` (B,) is the sample's row among ``G * chunk`` rows, ``chunk_kernel`` (G,) the kernel
+    of each chunk, with the static bound ``G = (B + K (chunk - 1)) // chunk`` (unused chunks
+    at the end are padding). Computed on the device with static shapes: no host synchronisation.
+    """
+    b = index.shape[0]
+    groups = (b + n_kernels * (chunk - 1)) // chunk
+    onehot = F.one_hot(index, n_kernels)
+    padded = (onehot.sum(0) + chunk - 1) // chunk * chunk  # rows of each kernel, whole chunks
+    ends = padded.cumsum(0)
+    rank = (onehot.cumsum(0) * onehot).sum(1) - 1  # order of the sample among its kernel's samples
+    slot = (ends - padded)[index] + rank
+    first_row = torch.arange(groups, device=index.device)[:, None] * chunk
+    chunk_kernel = (first_row >= ends[None]).sum(1).clamp_max(n_kernels - 1)
+    return slot, chunk_kernel
 
 
 def mixed_attention(kernels: Sequence[AttentionKernel], index: Tensor, x: Tensor,
-                    context: Tensor | None = None) -> Tensor:
+                    context: Tensor | None = None, chunk: int | None = None) -> Tensor:
     """Each sample's selected `AttentionKernel`, for the whole batch in one pass.
 
-    Sample ``i`` is computed with the projection weights of ``kernels[index[i]]`` only (the
-    weights are gathered per sample), so the result equals running each kernel on its own
-    samples, but with static shapes and no host synchronisation: one batched product per
-    projection and one attention call for the batch, which ``torch.compile`` can capture in
-    a CUDA graph. Unselected kernels receive zero gradient.
+    The batch is grouped by selected kernel into chunks of ``chunk`` samples (each kernel's
+    samples padded with zero rows to whole chunks); every chunk is computed with the weights
+    of its kernel only, so sample ``i`` gets exactly ``kernels[index[i]](x[i], context[i])``:
+    one batched product per projection and one attention call, static shapes and no host
+    synchronisation, which ``torch.compile`` can capture in a CUDA graph. Chunks of several
+    samples read each kernel's weights once per chunk instead of once per sample. Unselected
+    kernels receive zero gradient.
 
     Parameters
     ----------
@@ -107,14 +140,27 @@ def mixed_attention(kernels: Sequence[AttentionKernel], index: Tensor, x: Tensor
         Selected kernel per sample.
     x : Tensor, shape (B, N, D)
     context : Tensor, shape (B, M, D), optional
+    chunk : int, optional
+        Samples per weight group (default `default_chunk`: 1, i.e. weights per sample, for
+        batches under ``32 K``).
     """
     b, n, d = x.shape
-    heads = kernels[0].heads
-    select = F.one_hot(index, len(kernels)).to(x.dtype)
+    heads, n_kernels = kernels[0].heads, len(kernels)
+    chunk = chunk or default_chunk(b, n_kernels)
     source = x if context is None else torch.cat([x, context], 1)
-    q = _apply(x, *_stacked(kernels, "q", select)).view(b, n, heads, -1).transpose(1, 2)
-    kv = _apply(source, *_stacked(kernels, "kv", select))
-    k, v = kv.view(b, source.shape[1], 2, heads, -1).permute(2, 0, 3, 1, 4)
+    if chunk == 1:
+        slot, select = None, F.one_hot(index, n_kernels).to(x.dtype)
+    else:
+        slot, chunk_kernel = chunk_plan(index, n_kernels, chunk)
+        select = F.one_hot(chunk_kernel, n_kernels).to(x.dtype)
+        rows = select.shape[0] * chunk
+        x = x.new_zeros(rows, n, d).index_copy(0, slot, x)
+        source = x if context is None else source.new_zeros(rows, *source.shape[1:]).index_copy(0, slot, source)
+    rows = x.shape[0]
+    q = _apply(x, chunk, *_stacked(kernels, "q", select)).view(rows, n, heads, -1).transpose(1, 2)
+    kv = _apply(source, chunk, *_stacked(kernels, "kv", select))
+    k, v = kv.view(rows, source.shape[1], 2, heads, -1).permute(2, 0, 3, 1, 4)
     with sdpa_kernel(SDPA_BACKENDS):
         y = F.scaled_dot_product_attention(q, k, v)
-    return _apply(y.transpose(1, 2).reshape(b, n, d), *_stacked(kernels, "out", select))
+    y = _apply(y.transpose(1, 2).reshape(rows, n, d), chunk, *_stacked(kernels, "out", select))
+    return y if slot is None else y.index_select(0, slot)

@@ -143,3 +143,42 @@ def test_static_attention_mixture_equals_dispatch_with_gradients():
     assert torch.allclose(fast, slow, atol=1e-5)
     for g_fast, p in zip(fast_grads, mix.parameters()):
         assert torch.allclose(g_fast, p.grad if p.grad is not None else torch.zeros_like(g_fast), atol=1e-4)
+
+
+@pytest.mark.parametrize("batch,chunk", [(7, 1), (7, 2), (40, 4), (40, 8)])
+def test_chunked_attention_mixture_equals_each_samples_kernel_with_gradients(batch, chunk):
+    """Grouped in chunks by kernel (one kernel chosen by no sample), each sample still gets
+    exactly its own kernel's output, and each kernel the gradient of its own samples."""
+    from gno_ext.layers import mixed_attention
+
+    torch.manual_seed(7)
+    kernels = [AttentionKernel(16, 4) for _ in range(4)]
+    x, ctx = torch.randn(batch, 5, 16, requires_grad=True), torch.randn(batch, 3, 16)
+    index = torch.randint(0, 3, (batch,))  # kernel 3 unused
+    y = mixed_attention(kernels, index, x, ctx, chunk=chunk)
+    weights = torch.randn_like(y)
+    (y * weights).sum().backward()
+    got = [[p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in k.parameters()] for k in kernels]
+    gx = x.grad.clone()
+    for k in kernels:
+        k.zero_grad()
+    x.grad = None
+    ref = torch.cat([kernels[int(i)](x[j:j + 1], ctx[j:j + 1]) for j, i in enumerate(index)])
+    (ref * weights).sum().backward()
+    assert torch.allclose(y, ref, atol=1e-5)
+    assert torch.allclose(gx, x.grad, atol=1e-5)
+    for k, grads in zip(kernels, got):
+        for g, p in zip(grads, k.parameters()):
+            assert torch.allclose(g, p.grad if p.grad is not None else torch.zeros_like(g), atol=1e-4)
+    assert all(g.abs().max() == 0 for g in got[3])
+
+
+def test_chunk_plan_groups_samples_of_one_kernel_per_chunk():
+    from gno_ext.layers.attention import chunk_plan, default_chunk
+
+    index = torch.tensor([2, 0, 2, 2, 1, 2, 0])
+    slot, chunk_kernel = chunk_plan(index, 3, 2)
+    assert len(set(slot.tolist())) == len(index)  # distinct rows
+    assert chunk_kernel.shape == ((7 + 3 * (2 - 1)) // 2,)
+    assert torch.equal(chunk_kernel[slot // 2], index)  # each sample sits in a chunk of its kernel
+    assert default_chunk(32, 4) == 1 and default_chunk(256, 4) == 4 and default_chunk(1024, 4) == 16
