@@ -29,7 +29,7 @@ def make_files(root: Path) -> dict[str, tuple[str, Path, dict]]:
     well = root / "datasets" / "turbulent_radiative_layer_2D" / "data" / "train"
     well.mkdir(parents=True)
     for i, tcool in enumerate((0.03, 0.1, 0.32, 1.0)):
-        write_well_trl(well / f"trl_tcool_{tcool}.hdf5", tcool, seed=i, n=2, t=21)
+        write_well_trl(well / f"trl_tcool_{tcool}.hdf5", tcool, seed=i, n=8, t=21)
     cfd = root / "2D_CFD_Rand_M0.1_Eta0.01_Zeta0.01_periodic_128_Train.hdf5"
     write_pdebench_cfd(cfd, n=8, t=21, x=128, y=128)
     custom = root / "custom.h5"

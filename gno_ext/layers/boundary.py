@@ -130,6 +130,22 @@ class BoundaryTransfer(nn.Module):
                                  nn.Linear(int(hidden_ratio * w), w))
         self.out = nn.Linear(w, dim)
 
+    def describe(self, features: tuple[Tensor, Tensor, Tensor, Tensor], dtype: torch.dtype) -> Tensor:
+        """The boundary description part of the tokens: type embedding + face embedding + data
+        and position projections, ``(B, M, width)``.
+
+        An embedding is a linear map of a one-hot code, so the four terms are one product of
+        ``[onehot(type), onehot(face), data, position]`` with the four weights stacked: one
+        matrix product forward and backward (no scatter-add of embedding gradients).
+        """
+        data, kind, face, position = features
+        b, m = kind.shape
+        inputs = torch.cat([F.one_hot(kind, len(BCType)), F.one_hot(face, 2 * self.ndim).expand(b, m, -1),
+                            data, position.expand(b, m, -1)], -1).to(dtype)
+        weight = torch.cat([self.type_embedding.weight, self.face_embedding.weight, self.data.weight.t(),
+                            self.position.weight.t()])
+        return F.linear(inputs, weight.t(), self.data.bias + self.position.bias)
+
     def forward(self, features: tuple[Tensor, Tensor, Tensor, Tensor], state: Tensor) -> Tensor:
         """Latent Dirichlet tokens.
 
@@ -144,9 +160,7 @@ class BoundaryTransfer(nn.Module):
         -------
         Tensor, shape (B, M, D)
         """
-        data, kind, face, position = features
-        x = (self.type_embedding(kind) + self.face_embedding(face) + self.data(data.to(state.dtype))
-             + self.position(position.to(state.dtype)) + self.state(state))
+        x = self.describe(features, state.dtype) + self.state(state)
         q, k, v = self.qkv(self.norm(x)).chunk(3, -1)
         with sdpa_kernel(SDPA_BACKENDS):
             attn = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]

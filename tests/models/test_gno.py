@@ -189,3 +189,21 @@ def test_committed_reference_output():
 
 if __name__ == "__main__":  # regenerate after an intended change of the model
     safetensors.torch.save_file({"output": reference_case()}, REFERENCE)
+
+
+def test_boundary_description_is_the_sum_of_its_embeddings():
+    """`BoundaryTransfer.describe` computes the four input terms as one product; it must equal
+    the embeddings and projections applied one by one, for every boundary type and in 3-D."""
+    from gno_ext.layers import BoundaryTransfer, boundary_features
+    from gno_ext.schema import BCType
+
+    torch.manual_seed(3)
+    block = BoundaryTransfer(32, 3)
+    kinds = torch.tensor([[int(t) for t in BCType], [int(t) for t in reversed(BCType)]])
+    bc = BoundarySpec(kinds, torch.randn(2, 6, 2, 1), coeffs=torch.rand(2, 6, 2) + 0.5)
+    feats = boundary_features(bc, Grid((8, 8, 8)), 4)
+    data, kind, face, position = feats
+    ref = (block.type_embedding(kind) + block.face_embedding(face) + block.data(data.float())
+           + block.position(position.float()))
+    assert torch.allclose(block.describe(feats, torch.float32), ref, atol=1e-6)
+    assert kind.unique().numel() == len(BCType)
