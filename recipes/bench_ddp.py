@@ -6,7 +6,8 @@ Each count runs ``torchrun --nproc_per_node N recipes/train.py`` for ``--steps``
 with ``--batch`` samples per process (so the global batch grows with N: weak scaling) and reads
 the throughput the run logs (``train/samples_per_s`` over each logging window); the first window
 (start-up, first kernels) is left out and the median of the rest reported. Scaling efficiency is
-``samples/s(N) / (N x samples/s(1))``. The dataset is generated once, before the first count.
+``samples/s(N) / (N x samples/s(1))``; "data wait" is the median fraction of the time the
+loop waited for the loader (``train/data_wait``). The dataset is generated once, before the first count.
 """
 
 from __future__ import annotations
@@ -42,16 +43,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"{n} process(es) failed:\n{proc.stderr[-4000:]}")
-        rates = [json.loads(x)["train/samples_per_s"] for x in (run / "metrics.jsonl").read_text().splitlines()
-                 if "train/samples_per_s" in x]
-        rate = statistics.median(rates[1:] if len(rates) > 1 else rates)
-        rows.append({"procs": n, "global_batch": n * args.batch, "samples_per_s": rate})
+        logged = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if "train/samples_per_s" in x]
+        logged = logged[1:] if len(logged) > 1 else logged
+        rows.append({"procs": n, "global_batch": n * args.batch,
+                     "samples_per_s": statistics.median(r["train/samples_per_s"] for r in logged),
+                     "data_wait": statistics.median(r.get("train/data_wait", float("nan")) for r in logged)})
     base = rows[0]["samples_per_s"] / rows[0]["procs"]
-    print("| processes | global batch | samples/s | speed-up | efficiency |\n|---|---|---|---|---|")
+    print("| processes | global batch | samples/s | speed-up | efficiency | data wait |\n|---|---|---|---|---|---|")
     for r in rows:
         r["efficiency"] = r["samples_per_s"] / (r["procs"] * base)
         print(f"| {r['procs']} | {r['global_batch']} | {r['samples_per_s']:.0f} | "
-              f"{r['samples_per_s'] / rows[0]['samples_per_s']:.2f} | {100 * r['efficiency']:.0f} % |")
+              f"{r['samples_per_s'] / rows[0]['samples_per_s']:.2f} | {100 * r['efficiency']:.0f} % | "
+              f"{100 * r['data_wait']:.1f} % |")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "scaling.json").write_text(json.dumps(rows, indent=1))
     return rows

@@ -60,10 +60,14 @@ def timed(fn, repeats: int, device: str) -> float:
     return statistics.median(times)
 
 
-def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int) -> dict:
+def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int,
+          chunk: int | None = None) -> dict:
     torch.manual_seed(0)
     model = GNO(in_channels=channels, **MODELS[name]).to(device)
     model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].to(device))
+    for block in model.blocks:
+        if block.mixture is not None:
+            block.mixture.chunk = chunk
     graphs = mode == "graphs"
     net = model if mode == "eager" else torch.compile(model, mode="reduce-overhead" if graphs else None)
     x = make_inputs(batch, shape, channels, device)
@@ -101,7 +105,7 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
     return {"model": name, "batch": batch, "mode": mode, "forward_ms": 1e3 * t_fwd,
             "step_ms": 1e3 * t_step, "train_tflops": flops / t_step / 1e12, "step_gflop": flops / 1e9,
             "peak_gib": memory, "kernels_used": kernels_used,
-            "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
+            "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "chunk": chunk}
 
 
 def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device: str, top: int) -> None:
@@ -145,6 +149,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 256])
     parser.add_argument("--shape", type=int, nargs=2, default=[128, 128], help="grid (128 384: The Well TRL)")
     parser.add_argument("--channels", type=int, default=1)
+    parser.add_argument("--chunk", type=int, nargs="+", default=[0],
+                        help="samples per weight group of the mixture (0: automatic, default_chunk)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled", "graphs"],
                         choices=["eager", "compiled", "graphs"])
@@ -168,11 +174,13 @@ def main() -> None:
     for batch in args.batch:
         for mode in args.modes:
             for model in args.models:
-                r = bench(model, batch, mode, tuple(args.shape), args.channels, args.device, args.repeats)
-                rows.append(r)
-                print(f"{model:12s} {batch:5d} {mode:>8s} {r['forward_ms']:8.3f} {r['step_ms']:8.3f} "
-                      f"{r['train_tflops']:8.1f} {r['step_gflop']:8.1f} {r['peak_gib']:6.2f}  {r['kernels_used']}",
-                      flush=True)
+                for chunk in args.chunk if MODELS[model].get("n_kernels", 4) > 1 else [0]:
+                    r = bench(model, batch, mode, tuple(args.shape), args.channels, args.device, args.repeats,
+                              chunk or None)
+                    rows.append(r)
+                    print(f"{model:12s} {batch:5d} {mode:>8s} {r['forward_ms']:8.3f} {r['step_ms']:8.3f} "
+                          f"{r['train_tflops']:8.1f} {r['step_gflop']:8.1f} {r['peak_gib']:6.2f}  {r['kernels_used']}"
+                          f"  chunk {chunk or 'auto'}", flush=True)
                 if args.out:
                     args.out.parent.mkdir(parents=True, exist_ok=True)
                     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -78,6 +78,8 @@ class GatedKernelMixture(nn.Module):
     kernels : nn.ModuleList
     last_routing : Routing or None
         Routing of the latest forward pass (for inspection and the load-balance loss).
+    chunk : int or None
+        Samples per weight group of the attention path (`mixed_attention`); None: by batch size.
 
     Examples
     --------
@@ -93,6 +95,7 @@ class GatedKernelMixture(nn.Module):
         self.kernels = nn.ModuleList(kernels)
         self.gate = gate
         self.last_routing: Routing | None = None
+        self.chunk: int | None = None
         # Attention kernels of one shape run in one static-shape pass (`mixed_attention`).
         self.stacked = all(isinstance(k, AttentionKernel) for k in kernels) and len(
             {(k.heads, k.q.weight.shape, k.q.bias is None) for k in kernels}) == 1
@@ -116,7 +119,7 @@ class GatedKernelMixture(nn.Module):
         routing = routing if routing is not None else self.gate(theta)
         self.last_routing = routing
         if self.stacked:
-            y = mixed_attention(self.kernels, routing.index, x, **kernel_kwargs)
+            y = mixed_attention(self.kernels, routing.index, x, chunk=self.chunk, **kernel_kwargs)
             return y * routing.weight.to(y.dtype).view(-1, *([1] * (y.ndim - 1)))
         return dispatch(self.kernels, routing, x, **kernel_kwargs)
 

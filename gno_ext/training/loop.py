@@ -222,8 +222,10 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     configs = binner.configuration_ids(torch.as_tensor(np.ascontiguousarray(kinds))).numpy()
     sampler = CurriculumBatchSampler(configs, int(tr["batch_size"]), rank, world, int(cfg["seed"]),
                                      tr["curriculum"].get("order", "interleave"))
-    loader = DataLoader(train_ds, batch_sampler=sampler, collate_fn=collate, num_workers=int(tr.get("num_workers", 0)),
-                        pin_memory=device.type == "cuda", generator=torch.Generator().manual_seed(int(cfg["seed"])))
+    workers = int(tr.get("num_workers", 0))
+    loader = DataLoader(train_ds, batch_sampler=sampler, collate_fn=collate, num_workers=workers,
+                        pin_memory=device.type == "cuda", persistent_workers=workers > 0,  # no restart per epoch
+                        generator=torch.Generator().manual_seed(int(cfg["seed"])))
 
     # ---- model
     name = cfg["model"]["name"]
@@ -316,7 +318,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
                 f.write(json.dumps({"step": step, **values}) + "\n")
 
     model.train()
-    t0, window_seen = time.perf_counter(), 0
+    t0, window_seen, data_wait = time.perf_counter(), 0, 0.0
     for epoch in range(epoch0, epochs):
         if done:
             break
@@ -326,9 +328,13 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
         bar = tqdm(total=n_batches, desc=f"epoch {epoch + 1}/{epochs} ({'DRO' if dro else 'MSE'})",
                    disable=not (main and tr.get("progress", True)), leave=False)
         batch_index = sampler.start
+        waiting = time.perf_counter()
         for micro, batch in enumerate(loader):
+            data_wait += time.perf_counter() - waiting  # time the loop stood waiting for the loader
             batch = batch_to(batch, device)
             last_micro = (micro + 1) % accum == 0 or micro == n_batches - 1
+            if micro % accum == 0:
+                finite = True
             groups = binner(batch.theta, batch.bc.kind)
             with accelerator.no_sync(model) if not last_micro else nullcontext():
                 with accelerator.autocast():
@@ -336,18 +342,20 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
                                  grid=batch.grid)
                 per_sample = mse_per_sample(pred.float() / scale, batch.u_out[:, :1].float() / scale)
                 loss, backward_loss = global_objective(per_sample, groups, binner.n_groups, dro, tau, world)
-                finite = guard.ok(loss, "loss", step)
-                if finite:
-                    if balance_weight and hasattr(raw, "balance_loss"):
-                        backward_loss = backward_loss + balance_weight * raw.balance_loss()
-                    if physics_weight and hasattr(raw, "physics_loss"):  # PINO's residual term
-                        backward_loss = backward_loss + physics_weight * raw.physics_loss(batch, pred)
-                    accelerator.backward(backward_loss / accum)
+                if balance_weight and hasattr(raw, "balance_loss"):
+                    backward_loss = backward_loss + balance_weight * raw.balance_loss()
+                if physics_weight and hasattr(raw, "physics_loss"):  # PINO's residual term
+                    backward_loss = backward_loss + physics_weight * raw.physics_loss(batch, pred)
+                accelerator.backward(backward_loss / accum)
+            # checked once the backward pass is queued (the check waits for the GPU): a non-finite
+            # loss in any micro-batch skips the whole update, whose gradients it has reached
+            finite = guard.ok(loss, "loss", step) and finite
             batch_index += 1
             seen += len(batch.theta) * world
             window_seen += len(batch.theta) * world
             bar.update(1)
             if not last_micro:
+                waiting = time.perf_counter()
                 continue
             grad_norm = float("nan")
             if finite and clip:
@@ -366,13 +374,15 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
                 elapsed = time.perf_counter() - t0
                 log({"train/loss": float(loss), "train/lr": scheduler.get_last_lr()[0], "train/grad_norm": grad_norm,
                      "train/dro": float(dro), "train/skipped": guard.skipped,
-                     "train/samples_per_s": window_seen / max(elapsed, 1e-9)})
-                t0, window_seen = time.perf_counter(), 0
+                     "train/samples_per_s": window_seen / max(elapsed, 1e-9),
+                     "train/data_wait": data_wait / max(elapsed, 1e-9)})
+                t0, window_seen, data_wait = time.perf_counter(), 0, 0.0
             if finite and ckpt_every and step % ckpt_every == 0:
                 checkpoint_now(epoch, batch_index)
             if step >= total_steps:
                 done = True
                 break
+            waiting = time.perf_counter()
         bar.close()
         if valid_ds is not None and (epoch + 1) % int(tr.get("val_every", 1)) == 0:
             v = _validate(model, valid_ds, scale, device, int(tr["batch_size"]), int(tr.get("val_batches", 4)),

@@ -36,6 +36,7 @@ def test_heat_param_smoke_end_to_end(train_module, tmp_path):
     assert {r["train/dro"] for r in train_rows} == {0.0, 1.0}
     assert all(r["train/loss"] == r["train/loss"] and r["train/loss"] < 1e3 for r in train_rows)
     assert any("valid/nmse_one_step" in r for r in rows)
+    assert all(0 <= r["train/data_wait"] <= 1 for r in train_rows)
     assert list((run / "tb").rglob("events.out.tfevents*")), "no TensorBoard log"
     # checkpoints and the final model rebuild from their folders alone
     ckpts = list_checkpoints(run)
@@ -152,6 +153,26 @@ def test_non_finite_training_stops_with_a_clear_error(train_module, tmp_path):
         train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}", "optimizer.lr=1e30",
                            "optimizer.warmup_fraction=0", "trainer.clip_grad=null", "trainer.max_nonfinite=2",
                            *QUIET])
+
+
+def test_a_non_finite_micro_batch_skips_the_whole_update(train_module, tmp_path, monkeypatch):
+    """With gradient accumulation the NaN of the first micro-batch has reached the gradients:
+    the update is skipped (counted once) even though the second micro-batch is finite."""
+    import gno_ext.training.loop as loop
+
+    calls = {"n": 0}
+
+    def mse_with_one_nan(pred, target):
+        calls["n"] += 1
+        value = loop.mse_per_sample.__wrapped__(pred, target)
+        return value * float("nan") if calls["n"] == 3 else value  # micro-batch 1 of update 2
+
+    mse_with_one_nan.__wrapped__ = loop.mse_per_sample
+    monkeypatch.setattr(loop, "mse_per_sample", mse_with_one_nan)
+    result = train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}",
+                                "trainer.grad_accum=2", "trainer.max_steps=3", "eval.enabled=false", *QUIET])
+    assert result["skipped"] == 1 and result["step"] == 3
+    assert all(torch.isfinite(w).all() for w in _weights(Path(result["run_dir"])).values())
 
 
 def test_trl_on_a_well_layout_dataset(train_module, tmp_path, trl_root):
