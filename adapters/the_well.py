@@ -260,9 +260,9 @@ class WellAdapter(Dataset):
         files = [self.locate(i)[0] for i in indices]
         raw = [tuple(self._scalars[f].get(k, np.nan) for k in self.parameter_names) for f in files]
         bc = BoundarySpec.from_types(self._kinds(self._codes)).expand(len(indices))
-        return PDEBatch(u_in=frames[:, :n_in], u_out=frames[:, n_in:], 
-                        theta=torch.tensor(raw, dtype=torch.float32).reshape(len(indices), len(self.parameter_names)),
-                        bc=bc, grid=self.grid, dt=torch.from_numpy(times[:, n_in] - times[:, n_in - 1]).float(),
+        theta = torch.tensor(raw, dtype=torch.float32).reshape(len(indices), len(self.parameter_names))
+        return PDEBatch(u_in=frames[:, :n_in], u_out=frames[:, n_in:], theta=theta, bc=bc, grid=self.grid,
+                        dt=torch.from_numpy(times[:, n_in] - times[:, n_in - 1]).float(),
                         theta_field=None if constant is None else torch.from_numpy(constant),
                         group=torch.tensor([self._groups.get(r, 0) for r in raw], dtype=torch.long),
                         meta=[self._meta(i) for i in indices])
