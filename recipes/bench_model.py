@@ -15,6 +15,9 @@ The parameters of the batch are spread over [0.01, 1] (log scale) and the bounda
 Dirichlet and Neumann faces; the table reports how many kernels each block actually used.
 
     python recipes/bench_model.py --device cuda --batch 1 256 --out docs/benchmarks/model_h100.json
+    python recipes/bench_model.py --batch 256 --modes graphs --chunk 0 1     # mixture chunk: auto against 1
+    python recipes/bench_model.py --batch 32 --shape 128 384 --channels 4    # The Well TRL size
+    python recipes/bench_model.py --batch 256 --profile 40                   # kernels of one compiled step
 """
 
 from __future__ import annotations
