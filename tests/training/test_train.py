@@ -175,6 +175,19 @@ def test_a_non_finite_micro_batch_skips_the_whole_update(train_module, tmp_path,
     assert all(torch.isfinite(w).all() for w in _weights(Path(result["run_dir"])).values())
 
 
+def test_dataloader_workers_give_the_losses_of_the_main_process(train_module, tmp_path):
+    """Workers (kept alive across epochs) read the batches the sampler chose for each epoch:
+    two epochs with 2 workers log exactly the losses of reading in the main process."""
+    losses = {}
+    for workers in (0, 2):
+        result = train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path / str(workers)}",
+                                    f"trainer.num_workers={workers}", "trainer.log_every=1", "eval.enabled=false",
+                                    *QUIET])
+        rows = (Path(result["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+        losses[workers] = [json.loads(x)["train/loss"] for x in rows if "train/loss" in x]
+    assert len(losses[0]) == 8 and losses[2] == losses[0]
+
+
 def test_trl_on_a_well_layout_dataset(train_module, tmp_path, trl_root):
     result = train_module.main(["--recipe", "trl", "size=smoke", f"data.root={trl_root}", f"output_root={tmp_path}",
                                 *QUIET])
