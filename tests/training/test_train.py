@@ -160,14 +160,13 @@ def test_a_non_finite_micro_batch_skips_the_whole_update(train_module, tmp_path,
     the update is skipped (counted once) even though the second micro-batch is finite."""
     import gno_ext.training.loop as loop
 
-    calls = {"n": 0}
+    calls, mse = {"n": 0}, loop.mse_per_sample
 
     def mse_with_one_nan(pred, target):
         calls["n"] += 1
-        value = loop.mse_per_sample.__wrapped__(pred, target)
+        value = mse(pred, target)
         return value * float("nan") if calls["n"] == 3 else value  # micro-batch 1 of update 2
 
-    mse_with_one_nan.__wrapped__ = loop.mse_per_sample
     monkeypatch.setattr(loop, "mse_per_sample", mse_with_one_nan)
     result = train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}",
                                 "trainer.grad_accum=2", "trainer.max_steps=3", "eval.enabled=false", *QUIET])
