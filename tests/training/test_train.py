@@ -169,8 +169,8 @@ def test_a_non_finite_micro_batch_skips_the_whole_update(train_module, tmp_path,
 
     monkeypatch.setattr(loop, "mse_per_sample", mse_with_one_nan)
     result = train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}",
-                                "trainer.grad_accum=2", "trainer.max_steps=3", "trainer.clip_grad=null", "eval.enabled=false",
-                                *QUIET])
+                                "trainer.grad_accum=2", "trainer.max_steps=3", "trainer.clip_grad=null",
+                                "eval.enabled=false", *QUIET])
     assert result["skipped"] == 1 and result["step"] == 3
     assert all(torch.isfinite(w).all() for w in _weights(Path(result["run_dir"])).values())
 
