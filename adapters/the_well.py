@@ -161,8 +161,8 @@ class WellAdapter(Dataset):
             return fields, f["dimensions"]["time"][()]
         return self._files.memo(("layout", name), read)
 
-    def _read(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-        """Windows ``indices`` read straight from the files into schema layout.
+    def _read(self, places: Sequence[tuple[str, int, int]]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """Windows at ``places`` (`locate` of each) read straight from the files into schema layout.
 
         Returns the frames ``(B, T_in + T_out, C, *S)`` (float32), the constant fields
         ``(B, C_f, *S)`` or None, and the time of every frame ``(B, T_in + T_out)``. Scalar fields
@@ -171,10 +171,9 @@ class WellAdapter(Dataset):
         """
         d = self.grid.ndim
         n = self.well.n_steps_input + self.well.n_steps_output
-        fields = np.empty((len(indices), n, len(self.field_names), *self.grid.shape), dtype=np.float32)
+        fields = np.empty((len(places), n, len(self.field_names), *self.grid.shape), dtype=np.float32)
         constant, times = None, []
-        for i, index in enumerate(indices):
-            file, traj, start = self.locate(index)
+        for i, (file, traj, start) in enumerate(places):
             fields_of, time = self._layout(file)
             sel = slice(start, start + (n - 1) * self.stride + 1, self.stride)
             times.append((time[traj] if time.ndim > 1 else time)[sel])
@@ -193,7 +192,7 @@ class WellAdapter(Dataset):
                 channel += comps * time_varying
             if parts:
                 constant = constant if constant is not None else np.empty(
-                    (len(indices), sum(len(p) for p in parts), *self.grid.shape), dtype=np.float32)
+                    (len(places), sum(len(p) for p in parts), *self.grid.shape), dtype=np.float32)
                 constant[i] = np.concatenate(parts)
         return fields, constant, np.stack(times)
 
@@ -220,9 +219,9 @@ class WellAdapter(Dataset):
             raise ValueError(f"{self.metadata.dataset_name}: unknown Well boundary code {err.args[0]} "
                              f"(known: {WELL_BC})") from None
 
-    def _meta(self, index: int) -> dict[str, Any]:
+    def _meta(self, index: int, place: tuple[str, int, int]) -> dict[str, Any]:
         return {"dataset": self.metadata.dataset_name, "fields": self.field_names, "parameters": self.parameter_names,
-                "index": index, **dict(zip(("file", "trajectory", "start"), self.locate(index)))}
+                "index": index, **dict(zip(("file", "trajectory", "start"), place))}
 
     def __getitem__(self, index: int) -> PDESample:
         if self.reader == "h5py":
@@ -244,7 +243,7 @@ class WellAdapter(Dataset):
         dt = float(s["output_time_grid"][0] - s["input_time_grid"][-1])
         return PDESample(u_in=to_schema(s["input_fields"]), u_out=to_schema(s["output_fields"]), theta=raw.float(),
                          bc=BoundarySpec.from_types(kinds), grid=self.grid, dt=dt, theta_field=field,
-                         group=self._groups.get(key, 0), meta=self._meta(index))
+                         group=self._groups.get(key, 0), meta=self._meta(index, self.locate(index)))
 
     def __getitems__(self, indices: Sequence[int]) -> PDEBatch | list[PDESample]:
         """A whole batch (what the DataLoader asks for). With ``reader="h5py"`` one `PDEBatch`
@@ -253,16 +252,16 @@ class WellAdapter(Dataset):
         if self.reader == "the_well":
             return [self[i] for i in indices]
         indices = [int(i) for i in indices]
-        fields, constant, times = self._read(indices)
+        places = [self.locate(i) for i in indices]
+        fields, constant, times = self._read(places)
         frames = torch.from_numpy(fields)
         self._check_finite(frames, indices)
         n_in = self.well.n_steps_input
-        files = [self.locate(i)[0] for i in indices]
-        raw = [tuple(self._scalars[f].get(k, np.nan) for k in self.parameter_names) for f in files]
+        raw = [tuple(self._scalars[file].get(k, np.nan) for k in self.parameter_names) for file, _, _ in places]
         bc = BoundarySpec.from_types(self._kinds(self._codes)).expand(len(indices))
         theta = torch.tensor(raw, dtype=torch.float32).reshape(len(indices), len(self.parameter_names))
         return PDEBatch(u_in=frames[:, :n_in], u_out=frames[:, n_in:], theta=theta, bc=bc, grid=self.grid,
                         dt=torch.from_numpy(times[:, n_in] - times[:, n_in - 1]).float(),
                         theta_field=None if constant is None else torch.from_numpy(constant),
                         group=torch.tensor([self._groups.get(r, 0) for r in raw], dtype=torch.long),
-                        meta=[self._meta(i) for i in indices])
+                        meta=[self._meta(i, place) for i, place in zip(indices, places)])
