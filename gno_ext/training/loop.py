@@ -25,7 +25,7 @@ import json
 import math
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -318,7 +318,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
                 f.write(json.dumps({"step": step, **values}) + "\n")
 
     model.train()
-    t0, window_seen, data_wait = time.perf_counter(), 0, 0.0
+    t0, window_seen, data_wait = time.perf_counter(), 0, [0.0]  # data_wait[0]: seconds waited for the loader
     for epoch in range(epoch0, epochs):
         if done:
             break
@@ -328,9 +328,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
         bar = tqdm(total=n_batches, desc=f"epoch {epoch + 1}/{epochs} ({'DRO' if dro else 'MSE'})",
                    disable=not (main and tr.get("progress", True)), leave=False)
         batch_index = sampler.start
-        waiting = time.perf_counter()
-        for micro, batch in enumerate(loader):
-            data_wait += time.perf_counter() - waiting  # time the loop stood waiting for the loader
+        for micro, batch in enumerate(_timed(loader, data_wait)):
             batch = batch_to(batch, device)
             last_micro = (micro + 1) % accum == 0 or micro == n_batches - 1
             if micro % accum == 0:
@@ -355,7 +353,6 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
             window_seen += len(batch.theta) * world
             bar.update(1)
             if not last_micro:
-                waiting = time.perf_counter()
                 continue
             grad_norm = float("nan")
             if finite and clip:
@@ -375,14 +372,13 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
                 log({"train/loss": float(loss), "train/lr": scheduler.get_last_lr()[0], "train/grad_norm": grad_norm,
                      "train/dro": float(dro), "train/skipped": guard.skipped,
                      "train/samples_per_s": window_seen / max(elapsed, 1e-9),
-                     "train/data_wait": data_wait / max(elapsed, 1e-9)})
-                t0, window_seen, data_wait = time.perf_counter(), 0, 0.0
+                     "train/data_wait": data_wait[0] / max(elapsed, 1e-9)})
+                t0, window_seen, data_wait[0] = time.perf_counter(), 0, 0.0
             if finite and ckpt_every and step % ckpt_every == 0:
                 checkpoint_now(epoch, batch_index)
             if step >= total_steps:
                 done = True
                 break
-            waiting = time.perf_counter()
         bar.close()
         if valid_ds is not None and (epoch + 1) % int(tr.get("val_every", 1)) == 0:
             v = _validate(model, valid_ds, scale, device, int(tr["batch_size"]), int(tr.get("val_batches", 4)),
@@ -407,6 +403,19 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return {"run_dir": str(run_dir), "step": step, "skipped": guard.skipped, "report": report}
+
+
+def _timed(batches: Iterable[Any], waited: list[float]) -> Iterator[Any]:
+    """Yield from ``batches``, adding the seconds spent waiting for each item to ``waited[0]``."""
+    it = iter(batches)
+    while True:
+        start = time.perf_counter()
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        waited[0] += time.perf_counter() - start
+        yield item
 
 
 def training_groups(cfg: Mapping[str, Any], train_ds: Dataset) -> tuple[Any, Any, Any, GroupBinner]:
