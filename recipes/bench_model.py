@@ -63,19 +63,36 @@ def timed(fn, repeats: int, device: str) -> float:
     return statistics.median(times)
 
 
-def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int,
-          chunk: int | None = None) -> dict:
+def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: str,
+          chunk: int | None) -> tuple[GNO, dict, torch.optim.Optimizer]:
+    """The model (normalisation fitted, mixture chunk set), its inputs and a fused AdamW."""
     torch.manual_seed(0)
     model = GNO(in_channels=channels, **MODELS[name]).to(device)
     model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].to(device))
     for block in model.blocks:
         if block.mixture is not None:
             block.mixture.chunk = chunk
+    x = make_inputs(batch, shape, channels, device)
+    x["target"] = x["u"] + 0.01
+    return model, x, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+
+
+def train_step(net: torch.nn.Module, x: dict, opt: torch.optim.Optimizer, device: str, graphs: bool = False) -> None:
+    """Forward in bf16 autocast, MSE loss, backward, optimizer step."""
+    if graphs:
+        torch.compiler.cudagraph_mark_step_begin()
+    with torch.autocast(device, dtype=torch.bfloat16):
+        loss = (net(x["u"], theta=x["theta"], bc=x["bc"]).float() - x["target"]).pow(2).mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
+def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int,
+          chunk: int | None = None) -> dict:
+    model, x, opt = setup(name, batch, shape, channels, device, chunk)
     graphs = mode == "graphs"
     net = model if mode == "eager" else torch.compile(model, mode="reduce-overhead" if graphs else None)
-    x = make_inputs(batch, shape, channels, device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
-    target = x["u"] + 0.01
 
     def forward() -> None:
         if graphs:
@@ -83,18 +100,9 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
         with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
             net(x["u"], theta=x["theta"], bc=x["bc"])
 
-    def step() -> None:
-        if graphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        with torch.autocast(device, dtype=torch.bfloat16):
-            loss = (net(x["u"], theta=x["theta"], bc=x["bc"]).float() - target).pow(2).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
     with FlopCounterMode(display=False) as counter:
         with torch.autocast(device, dtype=torch.bfloat16):
-            loss = (model(x["u"], theta=x["theta"], bc=x["bc"]).float() - target).pow(2).mean()
+            loss = (model(x["u"], theta=x["theta"], bc=x["bc"]).float() - x["target"]).pow(2).mean()
         loss.backward()
     flops = counter.get_total_flops()
     kernels_used = [len(set(b.mixture.last_routing.index.tolist())) if b.mixture is not None else 1
@@ -103,7 +111,7 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t_fwd = timed(forward, repeats, device)
-    t_step = timed(step, repeats, device)
+    t_step = timed(lambda: train_step(net, x, opt, device, graphs), repeats, device)
     memory = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
     return {"model": name, "batch": batch, "mode": mode, "forward_ms": 1e3 * t_fwd,
             "step_ms": 1e3 * t_step, "train_tflops": flops / t_step / 1e12, "step_gflop": flops / 1e9,
@@ -111,30 +119,19 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "chunk": chunk}
 
 
-def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device: str, top: int) -> None:
+def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device: str, top: int,
+            chunk: int | None = None) -> None:
     """Print the GPU kernels of one compiled training step (inductor, no CUDA graphs, so that
     every kernel is seen), grouped by name and sorted by total time."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    torch.manual_seed(0)
-    model = GNO(in_channels=channels, **MODELS[name]).to(device)
-    model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].to(device))
+    model, x, opt = setup(name, batch, shape, channels, device, chunk)
     net = torch.compile(model)
-    x = make_inputs(batch, shape, channels, device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
-
-    def step() -> None:
-        with torch.autocast(device, dtype=torch.bfloat16):
-            loss = (net(x["u"], theta=x["theta"], bc=x["bc"]).float() - x["u"]).pow(2).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
     for _ in range(3):
-        step()
+        train_step(net, x, opt, device)
     torch.cuda.synchronize()
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
+        train_step(net, x, opt, device)
         torch.cuda.synchronize()
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     total = sum(e.time_range.elapsed_us() for e in events)
@@ -166,7 +163,8 @@ def main() -> None:
     if args.profile:
         for batch in args.batch:
             for model in args.models:
-                profile(model, batch, tuple(args.shape), args.channels, args.device, args.profile)
+                profile(model, batch, tuple(args.shape), args.channels, args.device, args.profile,
+                        args.chunk[0] or None)
         return
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     meta = {"device": name, "torch": torch.__version__, "shape": args.shape, "channels": args.channels}
