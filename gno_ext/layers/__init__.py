@@ -13,7 +13,7 @@ from gno_ext.layers.embeddings import (
     sincos_position,
     token_shape,
 )
-from gno_ext.layers.gate import ParameterGate, Routing, plan_all
+from gno_ext.layers.gate import ParameterGate, Routing, plan_all, route_all
 from gno_ext.layers.mixture import GatedKernelMixture, dispatch
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "edge_tokens",
     "mixed_attention",
     "plan_all",
+    "route_all",
     "sincos_position",
     "token_shape",
 ]

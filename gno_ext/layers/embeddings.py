@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = ["PatchEmbed", "PatchProject", "sincos_position", "ParameterNormalizer", "token_shape"]
@@ -27,6 +28,10 @@ def token_shape(spatial: Sequence[int], patch: int) -> tuple[int, ...]:
 class PatchEmbed(nn.Module):
     r"""Lifting $\mathcal{E}$: non-overlapping patches to tokens (a strided convolution).
 
+    The weights are those of the convolution (``proj``), applied as one matrix product on the
+    flattened patches: the same result without the layout conversions and implicit-GEMM
+    kernels of a convolution.
+
     Parameters
     ----------
     in_channels : int
@@ -46,8 +51,12 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, C, *S)`` to tokens ``(B, N, D)`` with ``N = prod(S) / patch^d``."""
-        token_shape(x.shape[2:], self.patch)
-        return self.proj(x).flatten(2).transpose(1, 2)
+        grid, p, d = token_shape(x.shape[2:], self.patch), self.patch, self.ndim
+        b, c = x.shape[:2]
+        # (B, C, g1, p1, .., gd, pd) -> (B, g1, .., gd, C, p1, .., pd): one row per patch
+        perm = [0, *range(2, 2 + 2 * d, 2), 1, *range(3, 3 + 2 * d, 2)]
+        patches = x.reshape(b, c, *[n for g in grid for n in (g, p)]).permute(perm).reshape(b, math.prod(grid), -1)
+        return F.linear(patches, self.proj.weight.flatten(1), self.proj.bias)
 
 
 class PatchProject(nn.Module):

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from gno_ext.layers import AttentionKernel, GatedKernelMixture, ParameterGate
+from gno_ext.layers import AttentionKernel, GatedKernelMixture, ParameterGate, route_all
 
 
 class Counting(nn.Module):
@@ -34,6 +34,41 @@ def test_balance_loss_is_k_when_all_samples_pick_one_kernel():
     with torch.no_grad():
         gate.score[-1].bias.copy_(torch.tensor([50.0, 0, 0, 0]))
     assert torch.isclose(gate(torch.randn(32, 1)).balance_loss, torch.tensor(4.0), atol=1e-3)
+
+
+def test_route_all_equals_each_gate_with_gradients():
+    """Several gates evaluated together give each gate's own routing, and each gate's
+    parameters the gradient of its own routing."""
+    torch.manual_seed(8)
+    gates = [ParameterGate(2, 4, hidden=8) for _ in range(3)]
+    theta = torch.randn(10, 2)
+    together = route_all(gates, theta)
+    probe = torch.randn(3, 10, 4)
+    sum((r.probs * w).sum() + r.weight.sum() + r.balance_loss for r, w in zip(together, probe)).backward()
+    grads = [p.grad.clone() for g in gates for p in g.parameters()]
+    for g in gates:
+        g.zero_grad()
+    alone = [g(theta) for g in gates]
+    sum((r.probs * w).sum() + r.weight.sum() + r.balance_loss for r, w in zip(alone, probe)).backward()
+    assert len({tuple(r.index.tolist()) for r in alone}) > 1  # the gates differ
+    for a, b in zip(together, alone):
+        assert torch.equal(a.index, b.index)
+        assert torch.allclose(a.probs, b.probs, atol=1e-6) and torch.allclose(a.balance_loss, b.balance_loss)
+        assert torch.equal(a.weight, torch.ones(10))
+    for g, p in zip(grads, (p for g in gates for p in g.parameters())):
+        assert torch.allclose(g, p.grad, atol=1e-5)
+    with pytest.raises(ValueError, match=r"theta: expected shape \(B, 2\)"):
+        route_all(gates, torch.randn(10, 3))
+
+
+def test_route_all_draws_training_noise_for_each_gate():
+    gates = [ParameterGate(1, 4, noise_std=0.0), ParameterGate(1, 4, noise_std=100.0)]
+    theta = torch.zeros(64, 1)  # one input: without noise every sample picks the same kernel
+    quiet, noisy = route_all(gates, theta)
+    assert len(set(quiet.index.tolist())) == 1 and len(set(noisy.index.tolist())) > 1
+    for g in gates:
+        g.eval()
+    assert all(len(set(r.index.tolist())) == 1 for r in route_all(gates, theta))
 
 
 def test_only_selected_kernels_run_once_each_and_output_is_the_selected_kernel():

@@ -207,3 +207,20 @@ def test_boundary_description_is_the_sum_of_its_embeddings():
            + block.position(position.float()))
     assert torch.allclose(block.describe(feats, torch.float32), ref, atol=1e-6)
     assert kind.unique().numel() == len(BCType)
+
+
+def test_gno_compiles_into_one_graph():
+    """`torch.compile(fullgraph=True)` traces the whole forward pass, boundary features of every
+    type included (a graph break would split CUDA graphs and run that part eagerly), with the
+    eager result, and a new boundary value does not recompile."""
+    torch.manual_seed(9)
+    model = tiny().eval()
+    kind = torch.tensor([[1, 2, 3, 5], [4, 3, 2, 1]])
+    coeffs = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 0.5], [1.0, 1.0]]).expand(2, 4, 2)
+    specs = [BoundarySpec(kind, torch.full((2, 4, 2, 1), v), coeffs) for v in (1.0, -3.0)]
+    u, theta = torch.randn(2, 1, 1, 32, 32), torch.rand(2, 1)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for bc in specs:
+            assert torch.allclose(compiled(u, theta=theta, bc=bc), model(u, theta=theta, bc=bc), atol=1e-5)

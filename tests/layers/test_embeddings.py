@@ -1,0 +1,43 @@
+import pytest
+import torch
+
+from gno_ext.layers import PatchEmbed, PatchProject
+
+
+@pytest.mark.parametrize("ndim,shape", [(1, (24,)), (2, (8, 12)), (3, (4, 8, 4))])
+def test_patch_embed_equals_its_strided_convolution_with_gradients(ndim, shape):
+    """The flattened-patch product gives the convolution's tokens (and weight gradients) in
+    the order of the token grid."""
+    torch.manual_seed(0)
+    embed = PatchEmbed(3, 16, 4, ndim)
+    x = torch.randn(2, 3, *shape)
+    tokens = embed(x)
+    weights = torch.randn_like(tokens)
+    (tokens * weights).sum().backward()
+    grads = [p.grad.clone() for p in embed.parameters()]
+    embed.zero_grad()
+    ref = embed.proj(x).flatten(2).transpose(1, 2)
+    (ref * weights).sum().backward()
+    assert tokens.shape == (2, torch.Size(shape).numel() // 4 ** ndim, 16)
+    assert torch.allclose(tokens, ref, atol=1e-5)
+    for g, p in zip(grads, embed.parameters()):
+        assert torch.allclose(g, p.grad, atol=1e-4)
+
+
+def test_patch_project_inverts_the_patch_layout_of_patch_embed():
+    """A projection whose weight copies each patch value to its slot reproduces the field:
+    embedding and projection use the same patch order."""
+    embed, project = PatchEmbed(2, 2 * 16, 4, 2), PatchProject(2 * 16, 2, 4, 2)
+    with torch.no_grad():
+        embed.proj.weight.copy_(torch.eye(32).view(32, 2, 4, 4))
+        embed.proj.bias.zero_()
+        project.proj.weight.copy_(torch.eye(32))
+        project.proj.bias.zero_()
+    project.norm = torch.nn.Identity()
+    x = torch.randn(3, 2, 8, 12)
+    assert torch.allclose(project(embed(x), (2, 3)), x, atol=1e-6)
+
+
+def test_patch_embed_rejects_a_grid_not_divisible_by_the_patch():
+    with pytest.raises(ValueError, match=r"grid \(10, 12\) is not divisible by the patch size 4"):
+        PatchEmbed(1, 8, 4, 2)(torch.randn(1, 1, 10, 12))
