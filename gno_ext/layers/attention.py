@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["AttentionKernel", "SDPA_BACKENDS", "chunk_plan", "default_chunk", "mixed_attention"]
+__all__ = ["AttentionKernel", "SDPA_BACKENDS", "attend", "chunk_plan", "default_chunk", "mixed_attention"]
 
 # cuDNN attention builds an execution plan per input shape; the per-kernel sub-batches of a
 # gated mixture change shape every step, so its plan building (tens of ms per call) would

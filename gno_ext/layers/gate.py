@@ -6,7 +6,7 @@ g_k(\theta) = [k = \arg\max_j \tilde g_j(\theta)] .
 $$
 
 Gradient path through the hard choice (straight-through): the selected kernel's output is
-multiplied by $w = 1 + \tilde g_{k^*} - \operatorname{sg}(\tilde g_{k^*})$, which is exactly 1
+multiplied by $w = (\tilde g_{k^*} - \operatorname{sg}(\tilde g_{k^*})) + 1$, which is exactly 1
 in the forward pass (so a sample's output *is* its kernel's output) and has derivative 1 with
 respect to $\tilde g_{k^*}$ in the backward pass, so the score MLP learns to raise the
 probability of kernels that lower the loss and to lower it for those that do not.
