@@ -202,3 +202,20 @@ def test_pino_residual_vanishes_on_the_equation():
     assert not _changes(model32, PDEBatch(**{**b.__dict__, "theta_field": None}), theta=b.theta * 3)
     with pytest.raises(ValueError, match="equation must be one of"):
         build("pino", equation="burgers")
+
+
+# graph breaks, documented in docs/recipes: moe_pot's data-dependent expert dispatch, and
+# neuraloperator's tensorly/opt_einsum contraction inside the spectral convolutions
+BREAKS = {"moe_pot", "fno", "pino", "cape_fno"}
+ONE_GRAPH = [key for key in BUILDERS if key not in BREAKS]
+
+
+@pytest.mark.parametrize("key", ONE_GRAPH)
+def test_compiles_into_one_graph(key):
+    """`torch.compile(fullgraph=True)` traces the whole forward pass (no graph break) and gives
+    the eager output."""
+    model = build(key).eval()
+    batch = batch_for(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    assert torch.allclose(run(compiled, batch), run(model, batch), atol=1e-5)
