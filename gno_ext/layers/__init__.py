@@ -4,7 +4,13 @@
 imported on first use.
 """
 
-from gno_ext.layers.attention import AttentionKernel, chunk_plan, default_chunk, mixed_attention
+from gno_ext.layers.attention import (
+    AttentionKernel,
+    AttentionKernelBank,
+    chunk_plan,
+    default_chunk,
+    mixed_attention,
+)
 from gno_ext.layers.boundary import BoundaryTransfer, boundary_features, edge_tokens
 from gno_ext.layers.embeddings import (
     ParameterNormalizer,
@@ -18,6 +24,7 @@ from gno_ext.layers.mixture import GatedKernelMixture, dispatch
 
 __all__ = [
     "AttentionKernel",
+    "AttentionKernelBank",
     "BoundaryTransfer",
     "GatedKernelMixture",
     "GatedSpectralConv",

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["AttentionKernel", "SDPA_BACKENDS", "attend", "chunk_plan", "default_chunk", "mixed_attention"]
+__all__ = ["AttentionKernel", "AttentionKernelBank", "SDPA_BACKENDS", "attend", "chunk_plan", "default_chunk",
+           "mixed_attention"]
 
 # cuDNN attention builds an execution plan per input shape; the per-kernel sub-batches of a
 # gated mixture change shape every step, so its plan building (tens of ms per call) would
@@ -79,18 +80,18 @@ class AttentionKernel(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, n, d))
 
 
-def _stacked(kernels: Sequence[AttentionKernel], name: str, select: Tensor) -> tuple[Tensor, Tensor | None]:
-    """Weights ``(G, in, out)`` (and biases) of the kernel chosen for each of ``G`` groups.
+PROJECTIONS = ("q", "kv", "out")
+
+
+def _select(weight: Tensor, bias: Tensor | None, select: Tensor) -> tuple[Tensor, Tensor | None]:
+    """Weights ``(G, in, out)`` (and biases ``(G, 1, out)``) of the kernel chosen for each of
+    ``G`` groups, from the stacked ``weight`` (K, in, out) and ``bias`` (K, out).
 
     The selection is a product with the one-hot matrix ``select`` (G, K): its backward pass is
     a matrix product too (no atomic scatter-add of G weight copies onto K kernels).
     """
-    layers = [getattr(k, name) for k in kernels]
-    weights = torch.stack([lin.weight.transpose(0, 1) for lin in layers])  # (K, in, out)
-    weight = (select @ weights.flatten(1)).view(-1, *weights.shape[1:])
-    if layers[0].bias is None:
-        return weight, None
-    return weight, (select @ torch.stack([lin.bias for lin in layers]))[:, None]
+    chosen = (select @ weight.flatten(1)).view(-1, *weight.shape[1:])
+    return chosen, None if bias is None else (select @ bias)[:, None]
 
 
 def _apply(x: Tensor, chunk: int, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -138,7 +139,8 @@ def mixed_attention(kernels: Sequence[AttentionKernel], index: Tensor, x: Tensor
     one batched product per projection and one attention call, static shapes and no host
     synchronisation, which ``torch.compile`` can capture in a CUDA graph. Chunks of several
     samples read each kernel's weights once per chunk instead of once per sample. Unselected
-    kernels receive zero gradient.
+    kernels receive zero gradient. The kernels' weights are stacked on every call; an
+    `AttentionKernelBank` stores them stacked.
 
     Parameters
     ----------
@@ -152,8 +154,19 @@ def mixed_attention(kernels: Sequence[AttentionKernel], index: Tensor, x: Tensor
         Samples per weight group (default `default_chunk`: 1, i.e. weights per sample, for
         batches under ``32 K``).
     """
+    stacks = {}
+    for name in PROJECTIONS:
+        layers = [getattr(k, name) for k in kernels]
+        stacks[name] = (torch.stack([lin.weight.transpose(0, 1) for lin in layers]),
+                        None if layers[0].bias is None else torch.stack([lin.bias for lin in layers]))
+    return _mixed(stacks, kernels[0].heads, index, x, context, chunk)
+
+
+def _mixed(stacks: dict[str, tuple[Tensor, Tensor | None]], heads: int, index: Tensor, x: Tensor,
+           context: Tensor | None, chunk: int | None) -> Tensor:
+    """`mixed_attention` on stacked weights: ``stacks[name] = (weight (K, in, out), bias (K, out))``."""
     b, n, d = x.shape
-    heads, n_kernels = kernels[0].heads, len(kernels)
+    n_kernels = stacks["q"][0].shape[0]
     chunk = chunk or default_chunk(b, n_kernels)
     source = x if context is None else torch.cat([x, context], 1)
     if chunk == 1:
@@ -165,9 +178,85 @@ def mixed_attention(kernels: Sequence[AttentionKernel], index: Tensor, x: Tensor
         x = x.new_zeros(rows, n, d).index_copy(0, slot, x)
         source = x if context is None else source.new_zeros(rows, *source.shape[1:]).index_copy(0, slot, source)
     rows = x.shape[0]
-    q = _apply(x, chunk, *_stacked(kernels, "q", select)).view(rows, n, heads, -1).transpose(1, 2)
-    kv = _apply(source, chunk, *_stacked(kernels, "kv", select))
+    q = _apply(x, chunk, *_select(*stacks["q"], select)).view(rows, n, heads, -1).transpose(1, 2)
+    kv = _apply(source, chunk, *_select(*stacks["kv"], select))
     k, v = kv.view(rows, source.shape[1], 2, heads, -1).permute(2, 0, 3, 1, 4)
     y = attend(q, k, v)
-    y = _apply(y.transpose(1, 2).reshape(rows, n, d), chunk, *_stacked(kernels, "out", select))
+    y = _apply(y.transpose(1, 2).reshape(rows, n, d), chunk, *_select(*stacks["out"], select))
     return y if slot is None else y.index_select(0, slot)
+
+
+class AttentionKernelBank(nn.Module):
+    r"""``K`` attention kernels of one shape with their weights stored stacked.
+
+    Computes what a list of ``K`` `AttentionKernel`\ s gives through `mixed_attention` (each
+    sample through its selected kernel), but keeps each projection's weights as one
+    ``(K, in, out)`` parameter (and biases as ``(K, out)``): no stacking copies in the forward
+    pass, no splitting of gradients in the backward pass, and six parameter tensors instead of
+    ``6 K`` for the optimizer. Initialised exactly as ``K`` `AttentionKernel`\ s created in
+    turn, and loads their state dict (``"{k}.q.weight"``, ...) as well as its own.
+
+    Parameters
+    ----------
+    n_kernels : int
+        Number of kernels ``K``.
+    dim, heads, bias : int, int, bool
+        As for `AttentionKernel`.
+
+    Examples
+    --------
+    >>> bank = AttentionKernelBank(4, dim=32, heads=4)
+    >>> bank(torch.randn(6, 10, 32), torch.tensor([0, 3, 3, 1, 0, 2]), context=torch.randn(6, 2, 32)).shape
+    torch.Size([6, 10, 32])
+    """
+
+    def __init__(self, n_kernels: int, dim: int, heads: int = 8, bias: bool = True) -> None:
+        super().__init__()
+        if n_kernels < 1:
+            raise ValueError(f"n_kernels: expected >= 1, got {n_kernels}")
+        kernels = [AttentionKernel(dim, heads, bias) for _ in range(n_kernels)]
+        self.n_kernels, self.dim, self.heads = n_kernels, dim, heads
+        for name in PROJECTIONS:
+            layers = [getattr(k, name) for k in kernels]
+            weight = torch.stack([lin.weight.detach().t() for lin in layers]).contiguous()
+            self.register_parameter(f"{name}_weight", nn.Parameter(weight))
+            self.register_parameter(f"{name}_bias", nn.Parameter(torch.stack([lin.bias.detach() for lin in layers]))
+                                    if bias else None)
+
+    def __len__(self) -> int:
+        return self.n_kernels
+
+    def kernel(self, k: int) -> AttentionKernel:
+        """A standalone `AttentionKernel` with a copy of kernel ``k``'s weights."""
+        out = AttentionKernel(self.dim, self.heads, self.q_bias is not None).to(self.q_weight)
+        with torch.no_grad():
+            for name in PROJECTIONS:
+                getattr(out, name).weight.copy_(getattr(self, f"{name}_weight")[k].t())
+                if self.q_bias is not None:
+                    getattr(out, name).bias.copy_(getattr(self, f"{name}_bias")[k])
+        return out
+
+    def forward(self, x: Tensor, index: Tensor, context: Tensor | None = None, chunk: int | None = None) -> Tensor:
+        """Sample ``i`` through kernel ``index[i]`` (see `mixed_attention`).
+
+        Parameters
+        ----------
+        x : Tensor, shape (B, N, D)
+        index : Tensor, shape (B,), long
+        context : Tensor, shape (B, M, D), optional
+        chunk : int, optional
+            Samples per weight group (default `default_chunk`).
+        """
+        stacks = {name: (getattr(self, f"{name}_weight"), getattr(self, f"{name}_bias")) for name in PROJECTIONS}
+        return _mixed(stacks, self.heads, index, x, context, chunk)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # noqa: ANN001
+        if f"{prefix}0.q.weight" in state_dict:  # the layout of K separate AttentionKernels
+            for name in PROJECTIONS:
+                for part in ("weight", "bias"):
+                    keys = [f"{prefix}{k}.{name}.{part}" for k in range(self.n_kernels)]
+                    if all(key in state_dict for key in keys):
+                        parts = [state_dict.pop(key) for key in keys]
+                        state_dict[f"{prefix}{name}_{part}"] = torch.stack(
+                            [t.t() for t in parts] if part == "weight" else parts)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gno_ext.layers.attention import AttentionKernel, mixed_attention
+from gno_ext.layers.attention import AttentionKernel, AttentionKernelBank, mixed_attention
 from gno_ext.layers.gate import ParameterGate, Routing
 
 __all__ = ["GatedKernelMixture", "dispatch", "has_dispatch"]
@@ -67,15 +67,16 @@ class GatedKernelMixture(nn.Module):
 
     Parameters
     ----------
-    kernels : sequence of nn.Module
+    kernels : sequence of nn.Module, or AttentionKernelBank
         Any modules with a common output shape: `AttentionKernel`, neuraloperator's
-        ``SpectralConv``, or your own.
+        ``SpectralConv``, or your own; or an `AttentionKernelBank` (attention kernels with
+        their weights stored stacked, the GNO's choice).
     gate : ParameterGate
         Its ``n_kernels`` must equal ``len(kernels)``.
 
     Attributes
     ----------
-    kernels : nn.ModuleList
+    kernels : nn.ModuleList or AttentionKernelBank
     last_routing : Routing or None
         Routing of the latest forward pass (for inspection and the load-balance loss).
     chunk : int or None
@@ -88,16 +89,17 @@ class GatedKernelMixture(nn.Module):
     torch.Size([5, 4])
     """
 
-    def __init__(self, kernels: Sequence[nn.Module], gate: ParameterGate) -> None:
+    def __init__(self, kernels: Sequence[nn.Module] | AttentionKernelBank, gate: ParameterGate) -> None:
         super().__init__()
         if len(kernels) != gate.n_kernels:
             raise ValueError(f"kernels: the gate chooses among {gate.n_kernels} kernels, got {len(kernels)}")
-        self.kernels = nn.ModuleList(kernels)
+        bank = isinstance(kernels, AttentionKernelBank)
+        self.kernels = kernels if bank else nn.ModuleList(kernels)
         self.gate = gate
         self.last_routing: Routing | None = None
         self.chunk: int | None = None
         # Attention kernels of one shape run in one static-shape pass (`mixed_attention`).
-        self.stacked = all(isinstance(k, AttentionKernel) for k in kernels) and len(
+        self.stacked = bank or all(isinstance(k, AttentionKernel) for k in kernels) and len(
             {(k.heads, k.q.weight.shape, k.q.bias is None) for k in kernels}) == 1
         # dispatch leaves the kernels no sample selected out of the graph (DDP must be told)
         self.dispatches = not self.stacked
@@ -119,7 +121,10 @@ class GatedKernelMixture(nn.Module):
         routing = routing if routing is not None else self.gate(theta)
         self.last_routing = routing
         if self.stacked:
-            y = mixed_attention(self.kernels, routing.index, x, chunk=self.chunk, **kernel_kwargs)
+            if isinstance(self.kernels, AttentionKernelBank):
+                y = self.kernels(x, routing.index, chunk=self.chunk, **kernel_kwargs)
+            else:
+                y = mixed_attention(self.kernels, routing.index, x, chunk=self.chunk, **kernel_kwargs)
             return y * routing.weight.to(y.dtype).view(-1, *([1] * (y.ndim - 1)))
         return dispatch(self.kernels, routing, x, **kernel_kwargs)
 

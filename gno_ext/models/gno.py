@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from gno_ext.layers.attention import AttentionKernel
+from gno_ext.layers.attention import AttentionKernel, AttentionKernelBank
 from gno_ext.layers.boundary import BoundaryTransfer, boundary_features, edge_tokens
 from gno_ext.layers.embeddings import (
     ParameterNormalizer,
@@ -66,12 +66,12 @@ class GNOBlock(nn.Module):
         super().__init__()
         self.norm = nn.LayerNorm(dim)
         self.context_norm = nn.LayerNorm(dim)
-        kernels = [AttentionKernel(dim, heads) for _ in range(n_kernels)]
         if n_kernels > 1:
-            self.mixture = GatedKernelMixture(kernels, ParameterGate(gate_inputs, n_kernels, gate_hidden, gate_noise))
+            self.mixture = GatedKernelMixture(AttentionKernelBank(n_kernels, dim, heads),
+                                              ParameterGate(gate_inputs, n_kernels, gate_hidden, gate_noise))
         else:
             self.mixture = None
-            self.kernel = kernels[0]
+            self.kernel = AttentionKernel(dim, heads)
         self.boundary = BoundaryTransfer(dim, ndim) if boundary else None
         self.local_state = nn.Linear(dim, dim)
         self.local_context = nn.Linear(2 * dim, dim)

@@ -217,3 +217,49 @@ def test_chunk_plan_groups_samples_of_one_kernel_per_chunk():
     assert chunk_kernel.shape == ((7 + 3 * (2 - 1)) // 2,)
     assert torch.equal(chunk_kernel[slot // 2], index)  # each sample sits in a chunk of its kernel
     assert default_chunk(32, 4) == 1 and default_chunk(256, 4) == 4 and default_chunk(1024, 4) == 16
+
+
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_kernel_bank_equals_its_kernels_with_gradients(chunk):
+    """Stacked weights give each sample its kernel's output, and slice k of each stacked
+    parameter the gradient of kernel k (zero for the unused kernel)."""
+    from gno_ext.layers import AttentionKernelBank, mixed_attention
+
+    torch.manual_seed(10)
+    bank = AttentionKernelBank(4, 16, 4)
+    kernels = [bank.kernel(k) for k in range(4)]
+    x, ctx = torch.randn(20, 5, 16), torch.randn(20, 3, 16)
+    index = torch.randint(0, 3, (20,))
+    index[index == 1] = 3  # kernel 1 unused
+    probe = torch.randn(20, 5, 16)
+    y = bank(x, index, ctx, chunk=chunk)
+    (y * probe).sum().backward()
+    ref = mixed_attention(kernels, index, x, ctx, chunk=chunk)
+    (ref * probe).sum().backward()
+    per_sample = torch.cat([kernels[int(i)](x[j:j + 1], ctx[j:j + 1]) for j, i in enumerate(index)])
+    assert torch.allclose(y, ref, atol=1e-6) and torch.allclose(y, per_sample, atol=1e-5)
+    for k, kernel in enumerate(kernels):
+        for name in ("q", "kv", "out"):
+            lin = getattr(kernel, name)
+            assert torch.allclose(getattr(bank, f"{name}_weight").grad[k], lin.weight.grad.t(), atol=1e-5)
+            assert torch.allclose(getattr(bank, f"{name}_bias").grad[k], lin.bias.grad, atol=1e-5)
+    assert not bank.q_weight.grad[1].any() and not bank.out_bias.grad[1].any()
+
+
+def test_kernel_bank_initialises_and_loads_like_separate_kernels():
+    from gno_ext.layers import AttentionKernelBank
+
+    torch.manual_seed(11)
+    bank = AttentionKernelBank(3, 16, 4)
+    torch.manual_seed(11)
+    kernels = [AttentionKernel(16, 4) for _ in range(3)]
+    for k, kernel in enumerate(kernels):
+        assert all(torch.equal(a, b) for a, b in zip(bank.kernel(k).state_dict().values(), kernel.state_dict().values()))
+    # the state dict of three separate kernels (e.g. an older checkpoint) loads strictly
+    old = {f"{k}.{key}": value + 1.0 for k, kernel in enumerate(kernels) for key, value in kernel.state_dict().items()}
+    bank.load_state_dict(old)
+    assert torch.equal(bank.kv_weight[2], kernels[2].kv.weight.t() + 1.0) and torch.equal(bank.out_bias[0], kernels[0].out.bias + 1.0)
+    assert sum(p.numel() for p in bank.parameters()) == sum(p.numel() for k in kernels for p in k.parameters())
+    assert len(list(bank.parameters())) == 6
+    with pytest.raises(ValueError, match="n_kernels: expected >= 1, got 0"):
+        AttentionKernelBank(0, 16, 4)
