@@ -105,11 +105,14 @@ def _check_resume_config(saved: Mapping[str, Any], cfg: Mapping[str, Any], path:
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on the weights only: not on 1-D parameters (norms, embeddings' vectors) nor
+    on biases, stacked ones included (``AttentionKernelBank.q_bias``, shape (K, out))."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (no_decay if p.ndim < 2 or name.endswith(".bias") else decay).append(p)
+        leaf = name.rsplit(".", 1)[-1]
+        (no_decay if p.ndim < 2 or leaf == "bias" or leaf.endswith("_bias") else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 

@@ -259,3 +259,19 @@ def test_custom_recipe_on_a_users_file(train_module, tmp_path, custom_file):
     with pytest.raises(ValueError, match="leave the valid split empty"):
         train_module.main(["--recipe", "custom", "size=smoke", f"data.root={custom_file}", f"output_root={tmp_path}",
                            "data.split_fractions=[1.0,0.0,0.0]", "overwrite=true", *QUIET])
+
+
+def test_weight_decay_on_weights_only():
+    """Biases (the stacked (K, out) biases of the GNO's kernel banks included), norms and other
+    1-D parameters get no weight decay; every weight matrix does."""
+    from gno_ext.models import GNO
+    from gno_ext.training.loop import _param_groups
+
+    model = GNO(latent=32, patch=8, depth=2, heads=4, n_kernels=3)
+    decay, no_decay = _param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert {names[id(p)] for p in no_decay["params"]} >= {"blocks.0.mixture.kernels.q_bias", "blocks.1.norm.weight"}
+    assert all(p.ndim >= 2 and "bias" not in names[id(p)] for p in decay["params"])
+    assert "blocks.0.mixture.kernels.kv_weight" in {names[id(p)] for p in decay["params"]}
+    assert len(decay["params"]) + len(no_decay["params"]) == len(names)
