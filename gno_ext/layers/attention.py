@@ -187,14 +187,14 @@ def _mixed(stacks: dict[str, tuple[Tensor, Tensor | None]], heads: int, index: T
 
 
 class AttentionKernelBank(nn.Module):
-    r"""``K`` attention kernels of one shape with their weights stored stacked.
+    """``K`` attention kernels of one shape with their weights stored stacked.
 
-    Computes what a list of ``K`` `AttentionKernel`\ s gives through `mixed_attention` (each
-    sample through its selected kernel), but keeps each projection's weights as one
+    Computes what a list of ``K`` `AttentionKernel` modules gives through `mixed_attention`
+    (each sample through its selected kernel), but keeps each projection's weights as one
     ``(K, in, out)`` parameter (and biases as ``(K, out)``): no stacking copies in the forward
     pass, no splitting of gradients in the backward pass, and six parameter tensors instead of
-    ``6 K`` for the optimizer. Initialised exactly as ``K`` `AttentionKernel`\ s created in
-    turn, and loads their state dict (``"{k}.q.weight"``, ...) as well as its own.
+    ``6 K`` for the optimizer. Initialised exactly as ``K`` `AttentionKernel` modules created
+    in turn, and loads their state dict (``"{k}.q.weight"``, ...) as well as its own.
 
     Parameters
     ----------
@@ -250,7 +250,7 @@ class AttentionKernelBank(nn.Module):
         stacks = {name: (getattr(self, f"{name}_weight"), getattr(self, f"{name}_bias")) for name in PROJECTIONS}
         return _mixed(stacks, self.heads, index, x, context, chunk)
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # noqa: ANN001
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
         if f"{prefix}0.q.weight" in state_dict:  # the layout of K separate AttentionKernels
             for name in PROJECTIONS:
                 for part in ("weight", "bias"):
