@@ -254,11 +254,13 @@ def test_kernel_bank_initialises_and_loads_like_separate_kernels():
     torch.manual_seed(11)
     kernels = [AttentionKernel(16, 4) for _ in range(3)]
     for k, kernel in enumerate(kernels):
-        assert all(torch.equal(a, b) for a, b in zip(bank.kernel(k).state_dict().values(), kernel.state_dict().values()))
+        own = bank.kernel(k).state_dict().values()
+        assert all(torch.equal(a, b) for a, b in zip(own, kernel.state_dict().values()))
     # the state dict of three separate kernels (e.g. an older checkpoint) loads strictly
     old = {f"{k}.{key}": value + 1.0 for k, kernel in enumerate(kernels) for key, value in kernel.state_dict().items()}
     bank.load_state_dict(old)
-    assert torch.equal(bank.kv_weight[2], kernels[2].kv.weight.t() + 1.0) and torch.equal(bank.out_bias[0], kernels[0].out.bias + 1.0)
+    assert torch.equal(bank.kv_weight[2], kernels[2].kv.weight.t() + 1.0)
+    assert torch.equal(bank.out_bias[0], kernels[0].out.bias + 1.0)
     assert sum(p.numel() for p in bank.parameters()) == sum(p.numel() for k in kernels for p in k.parameters())
     assert len(list(bank.parameters())) == 6
     with pytest.raises(ValueError, match="n_kernels: expected >= 1, got 0"):
