@@ -31,7 +31,7 @@ from gno_ext.layers.embeddings import (
     sincos_position,
     token_shape,
 )
-from gno_ext.layers.gate import ParameterGate, Routing, plan_all, route_all
+from gno_ext.layers.gate import ParameterGate, Routing, route_all
 from gno_ext.layers.mixture import GatedKernelMixture
 from gno_ext.models.registry import register_model
 from gno_ext.models.rollout import rollout
@@ -240,8 +240,6 @@ class GNO(nn.Module):
         gate_input = torch.cat(gate_parts, 1) if gate_parts else None
         theta_token = self.theta_embed(gate_input if gate_input is not None else x.new_zeros(b, 1))[:, None]
         routings = route_all([blk.mixture.gate for blk in self.blocks if blk.mixture is not None], gate_input)
-        if not all(blk.mixture.stacked for blk in self.blocks if blk.mixture is not None):
-            plan_all(routings)  # one device-to-host transfer for the dispatch of every block
         routing_of = iter(routings)
         features = None
         if self.boundary_transfer:
