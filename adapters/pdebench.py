@@ -192,9 +192,7 @@ class PDEBenchDataset(Dataset):
         arr = arr.float()
         n_in = len(inputs)
         return PDESample(u_in=arr[:n_in], u_out=arr[n_in:], theta=self.theta.clone(), bc=self.bc, grid=self.grid,
-                         dt=self.dt, group=self.group,
-                         meta={"dataset": "pdebench", "file": self.path.name, "trajectory": traj,
-                               "start": start, "fields": list(self.fields)})
+                         dt=self.dt, group=self.group, meta=self._meta(traj, start))
 
     def __getitems__(self, indices: list[int]) -> PDEBatch:
         """A whole batch as one `PDEBatch` (what the DataLoader asks for): the windows' frames
@@ -208,5 +206,8 @@ class PDEBenchDataset(Dataset):
         return PDEBatch(u_in=arr[:, :n_in], u_out=arr[:, n_in:], theta=self.theta.expand(b, -1).clone(),
                         bc=self.bc.expand(b), grid=self.grid, dt=torch.full((b,), self.dt),
                         group=torch.full((b,), self.group, dtype=torch.long),
-                        meta=[{"dataset": "pdebench", "file": self.path.name, "trajectory": t, "start": int(s),
-                               "fields": list(self.fields)} for t, s in zip(trajs, starts)])
+                        meta=[self._meta(t, int(s)) for t, s in zip(trajs, starts)])
+
+    def _meta(self, traj: int, start: int) -> dict[str, Any]:
+        return {"dataset": "pdebench", "file": self.path.name, "trajectory": traj, "start": start,
+                "fields": list(self.fields)}
