@@ -6,24 +6,24 @@ curriculum's batch sampler, DRO groups, checkpoints) are importable on their own
 """
 
 from gno_ext.training.checkpoint import (
-           latest_checkpoint,
-           load_training_checkpoint,
-           save_training_checkpoint,
+    latest_checkpoint,
+    load_training_checkpoint,
+    save_training_checkpoint,
 )
 from gno_ext.training.data import (
-           CurriculumBatchSampler,
-           DataSpec,
-           GroupBinner,
-           data_spec,
-           open_split,
+    CurriculumBatchSampler,
+    DataSpec,
+    GroupBinner,
+    data_spec,
+    open_split,
 )
 from gno_ext.training.evaluate import evaluate_rollouts, write_report
 from gno_ext.training.loop import evaluate_run, evaluate_saved, run_dir_of, train
 from gno_ext.training.objective import (
-           NonFiniteGuard,
-           NonFiniteLossError,
-           choose_precision,
-           global_objective,
+    NonFiniteGuard,
+    NonFiniteLossError,
+    choose_precision,
+    global_objective,
 )
 
 __all__ = ["train", "evaluate_run", "evaluate_saved", "run_dir_of", "global_objective", "NonFiniteGuard", "NonFiniteLossError",
