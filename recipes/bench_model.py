@@ -138,9 +138,31 @@ def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device
     by_name: dict[str, list[float]] = {}
     for e in events:
         by_name.setdefault(e.name, []).append(e.time_range.elapsed_us())
-    print(f"\n{name}, batch {batch}: {len(events)} kernels, {total / 1e3:.2f} ms of GPU time in one step")
+    short = sum(e.time_range.elapsed_us() < 5 for e in events)
+    print(f"\n{name}, batch {batch}: {len(events)} kernels ({short} under 5 us), {total / 1e3:.2f} ms of GPU time "
+          "in one step")
+    by_category: dict[str, list[float]] = {}
+    for kname, times in by_name.items():
+        by_category.setdefault(kernel_category(kname), []).extend(times)
+    for category, times in sorted(by_category.items(), key=lambda kv: -sum(kv[1])):
+        print(f"  {sum(times) / 1e3:8.3f} ms {len(times):5d} x  [{category}]")
     for kname, times in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]:
         print(f"  {sum(times) / 1e3:8.3f} ms {len(times):5d} x  {kname[:110]}")
+
+
+CATEGORIES = {  # first match wins, on the lower-cased kernel name
+    "attention": ("fmha", "flash", "attention", "cudnn"),
+    "optimizer": ("adam", "foreach", "multi_tensor"),
+    "matmul": ("gemm", "cutlass", "nvjet", "sm90_", "sm80_", "sm75_", "cublas", "splitk", "gemv"),
+    "inductor (fused element-wise, norms, reductions)": ("triton",),
+    "copy / gather": ("copy", "index", "gather", "scatter", "cat"),
+}
+
+
+def kernel_category(name: str) -> str:
+    """A coarse class of a CUDA kernel, from its name (for the profile summary)."""
+    lower = name.lower()
+    return next((c for c, keys in CATEGORIES.items() if any(k in lower for k in keys)), "other")
 
 
 def main() -> None:

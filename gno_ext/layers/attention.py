@@ -95,11 +95,45 @@ def _select(weight: Tensor, bias: Tensor | None, select: Tensor) -> tuple[Tensor
 
 
 def _apply(x: Tensor, chunk: int, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``x`` (G * chunk, N, in) through group ``g``'s weight for its ``chunk`` samples."""
+    """``x`` (G * chunk, N, in) through group ``g``'s weight for its ``chunk`` samples.
+
+    The bias is added after the product, not by ``baddbmm``: with a broadcast bias,
+    ``baddbmm`` first copies the bias into the whole output (a full-size write per call),
+    whereas a separate addition fuses with the next element-wise operation under
+    ``torch.compile``.
+    """
     g, (_, n, d) = weight.shape[0], x.shape
-    x = x.reshape(g, chunk * n, d)
-    y = torch.bmm(x, weight) if bias is None else torch.baddbmm(bias, x, weight)
-    return y.view(g * chunk, n, -1)
+    y = torch.bmm(x.reshape(g, chunk * n, d), weight)
+    return (y if bias is None else y + bias).view(g * chunk, n, -1)
+
+
+def _gather_rows(x: Tensor, index: Tensor) -> Tensor:
+    """``x[index]`` along the first axis, with a zero row where ``index == len(x)``."""
+    return torch.cat([x, x.new_zeros(1, *x.shape[1:])]).index_select(0, index)
+
+
+class _MoveRows(torch.autograd.Function):
+    """Rows moved by a one-to-one map, with a gather in both passes.
+
+    ``forward(x, index, back)`` gives ``x[index]`` (zero rows where ``index == len(x)``);
+    ``back`` is the inverse map (``back[index[r]] == r`` for every row ``r`` that reads
+    ``x``, ``len(grad)`` for rows of ``x`` that no row reads). The gradient is then
+    ``grad[back]``, a gather like the forward pass, instead of the scatter-add
+    (``index_add``, atomic) that ``index_select``'s own backward pass runs.
+    """
+
+    @staticmethod
+    def forward(x: Tensor, index: Tensor, back: Tensor) -> Tensor:
+        return _gather_rows(x, index)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.save_for_backward(inputs[2])
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        (back,) = ctx.saved_tensors
+        return _gather_rows(grad, back), None, None
 
 
 def default_chunk(batch: int, n_kernels: int) -> int:
@@ -174,16 +208,17 @@ def _mixed(stacks: dict[str, tuple[Tensor, Tensor | None]], heads: int, index: T
     else:
         slot, chunk_kernel = chunk_plan(index, n_kernels, chunk)
         select = F.one_hot(chunk_kernel, n_kernels).to(x.dtype)
-        rows = select.shape[0] * chunk
-        x = x.new_zeros(rows, n, d).index_copy(0, slot, x)
-        source = x if context is None else source.new_zeros(rows, *source.shape[1:]).index_copy(0, slot, source)
+        # the sample of each of the G * chunk rows (b: a padding row)
+        sample_of = slot.new_full((select.shape[0] * chunk,), b).index_copy(0, slot, torch.arange(b, device=slot.device))
+        x = _MoveRows.apply(x, sample_of, slot)
+        source = x if context is None else _MoveRows.apply(source, sample_of, slot)
     rows = x.shape[0]
     q = _apply(x, chunk, *_select(*stacks["q"], select)).view(rows, n, heads, -1).transpose(1, 2)
     kv = _apply(source, chunk, *_select(*stacks["kv"], select))
     k, v = kv.view(rows, source.shape[1], 2, heads, -1).permute(2, 0, 3, 1, 4)
     y = attend(q, k, v)
     y = _apply(y.transpose(1, 2).reshape(rows, n, d), chunk, *_select(*stacks["out"], select))
-    return y if slot is None else y.index_select(0, slot)
+    return y if slot is None else _MoveRows.apply(y, slot, sample_of)
 
 
 class AttentionKernelBank(nn.Module):
