@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from gno_ext.layers._util import one_hot
+
 __all__ = ["AttentionKernel", "AttentionKernelBank", "SDPA_BACKENDS", "attend", "chunk_plan", "default_chunk",
            "mixed_attention"]
 
@@ -83,15 +85,20 @@ class AttentionKernel(nn.Module):
 PROJECTIONS = ("q", "kv", "out")
 
 
-def _select(weight: Tensor, bias: Tensor | None, select: Tensor) -> tuple[Tensor, Tensor | None]:
-    """Weights ``(G, in, out)`` (and biases ``(G, 1, out)``) of the kernel chosen for each of
-    ``G`` groups, from the stacked ``weight`` (K, in, out) and ``bias`` (K, out).
+def _select(stacks: dict[str, tuple[Tensor, Tensor | None]], select: Tensor) -> dict[str, tuple[Tensor, Tensor | None]]:
+    """Weights ``(G, in, out)`` and biases ``(G, 1, out)`` of the kernel chosen for each of
+    ``G`` groups, for every projection, from the stacked ``stacks[name] = (weight (K, in, out),
+    bias (K, out))``.
 
-    The selection is a product with the one-hot matrix ``select`` (G, K): its backward pass is
-    a matrix product too (no atomic scatter-add of G weight copies onto K kernels).
+    The selection is one product of the one-hot matrix ``select`` (G, K) with all the
+    projections' weights and biases side by side (K, total): its backward pass is one matrix
+    product too (no atomic scatter-add of G weight copies onto K kernels), and the pieces are
+    views of its output.
     """
-    chosen = (select @ weight.flatten(1)).view(-1, *weight.shape[1:])
-    return chosen, None if bias is None else (select @ bias)[:, None]
+    parts = [t.flatten(1) for pair in stacks.values() for t in pair if t is not None]
+    pieces = iter((select @ torch.cat(parts, 1)).split([t.shape[1] for t in parts], 1))
+    return {name: (next(pieces).view(-1, *weight.shape[1:]), None if bias is None else next(pieces)[:, None])
+            for name, (weight, bias) in stacks.items()}
 
 
 def _apply(x: Tensor, chunk: int, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -153,7 +160,7 @@ def chunk_plan(index: Tensor, n_kernels: int, chunk: int) -> tuple[Tensor, Tenso
     """
     b = index.shape[0]
     groups = (b + n_kernels * (chunk - 1)) // chunk
-    onehot = F.one_hot(index, n_kernels)
+    onehot = one_hot(index, n_kernels)
     padded = (onehot.sum(0) + chunk - 1) // chunk * chunk  # rows of each kernel, whole chunks
     ends = padded.cumsum(0)
     rank = (onehot.cumsum(0) * onehot).sum(1) - 1  # order of the sample among its kernel's samples
@@ -204,20 +211,20 @@ def _mixed(stacks: dict[str, tuple[Tensor, Tensor | None]], heads: int, index: T
     chunk = chunk or default_chunk(b, n_kernels)
     source = x if context is None else torch.cat([x, context], 1)
     if chunk == 1:
-        slot, select = None, F.one_hot(index, n_kernels).to(x.dtype)
+        slot, select = None, one_hot(index, n_kernels, x.dtype)
     else:
         slot, chunk_kernel = chunk_plan(index, n_kernels, chunk)
-        select = F.one_hot(chunk_kernel, n_kernels).to(x.dtype)
+        select = one_hot(chunk_kernel, n_kernels, x.dtype)
         # the sample of each of the G * chunk rows (b: a padding row)
         sample_of = slot.new_full((select.shape[0] * chunk,), b).index_copy(0, slot, torch.arange(b, device=slot.device))
         x = _MoveRows.apply(x, sample_of, slot)
         source = x if context is None else _MoveRows.apply(source, sample_of, slot)
-    rows = x.shape[0]
-    q = _apply(x, chunk, *_select(*stacks["q"], select)).view(rows, n, heads, -1).transpose(1, 2)
-    kv = _apply(source, chunk, *_select(*stacks["kv"], select))
+    rows, chosen = x.shape[0], _select(stacks, select)
+    q = _apply(x, chunk, *chosen["q"]).view(rows, n, heads, -1).transpose(1, 2)
+    kv = _apply(source, chunk, *chosen["kv"])
     k, v = kv.view(rows, source.shape[1], 2, heads, -1).permute(2, 0, 3, 1, 4)
     y = attend(q, k, v)
-    y = _apply(y.transpose(1, 2).reshape(rows, n, d), chunk, *_select(*stacks["out"], select))
+    y = _apply(y.transpose(1, 2).reshape(rows, n, d), chunk, *chosen["out"])
     return y if slot is None else _MoveRows.apply(y, slot, sample_of)
 
 

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gno_ext.layers._util import one_hot
 from gno_ext.layers.attention import attend
 from gno_ext.schema import BCType, BoundarySpec, Grid, face_view
 
@@ -141,7 +142,7 @@ class BoundaryTransfer(nn.Module):
         """
         data, kind, face, position = features
         b, m = kind.shape
-        inputs = torch.cat([F.one_hot(kind, len(BCType)), F.one_hot(face, 2 * self.ndim).expand(b, m, -1),
+        inputs = torch.cat([one_hot(kind, len(BCType)), one_hot(face, 2 * self.ndim).expand(b, m, -1),
                             data, position.expand(b, m, -1)], -1).to(dtype)
         weight = torch.cat([self.type_embedding.weight, self.face_embedding.weight, self.data.weight.t(),
                             self.position.weight.t()])

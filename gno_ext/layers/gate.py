@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from gno_ext.layers._util import one_hot
+
 __all__ = ["ParameterGate", "Routing", "plan_all", "route_all"]
 
 
@@ -122,7 +124,7 @@ def _route(scores: Tensor, gates: Sequence[ParameterGate]) -> list[Routing]:
     picked = probs.gather(-1, index[..., None]).squeeze(-1)
     weight = (picked - picked.detach()) + 1.0  # exactly 1 (1 + p - p can round to 1 - 2^-24)
     # one_hot instead of bincount: no device-to-host synchronisation
-    load = torch.nn.functional.one_hot(index, k).to(probs.dtype).mean(-2)
+    load = one_hot(index, k, probs.dtype).mean(-2)
     balance = k * (load * probs.mean(-2)).sum(-1)
     return [Routing(*parts) for parts in zip(probs, index, weight, balance)]
 
