@@ -18,6 +18,7 @@ Dirichlet and Neumann faces; the table reports how many kernels each block actua
     python recipes/bench_model.py --batch 256 --modes graphs --chunk 0 1     # mixture chunk: auto against 1
     python recipes/bench_model.py --batch 32 --shape 128 384 --channels 4    # The Well TRL size
     python recipes/bench_model.py --batch 256 --profile 40                   # kernels of one compiled step
+    python recipes/bench_model.py --batch 256 --modes graphs --compile-options combo_kernels=True
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 from gno_ext.models import GNO
 from gno_ext.schema import BoundarySpec
+from gno_ext.training import compile_model
 
 MODELS = {
     "gno": {},
@@ -89,10 +92,10 @@ def train_step(net: torch.nn.Module, x: dict, opt: torch.optim.Optimizer, device
 
 
 def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int,
-          chunk: int | None = None) -> dict:
+          chunk: int | None = None, options: dict | None = None) -> dict:
     model, x, opt = setup(name, batch, shape, channels, device, chunk)
     graphs = mode == "graphs"
-    net = model if mode == "eager" else torch.compile(model, mode="reduce-overhead" if graphs else None)
+    net = model if mode == "eager" else compile_model(model, "reduce-overhead" if graphs else True, options)
 
     def forward() -> None:
         if graphs:
@@ -116,17 +119,18 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
     return {"model": name, "batch": batch, "mode": mode, "forward_ms": 1e3 * t_fwd,
             "step_ms": 1e3 * t_step, "train_tflops": flops / t_step / 1e12, "step_gflop": flops / 1e9,
             "peak_gib": memory, "kernels_used": kernels_used,
-            "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "chunk": chunk}
+            "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "chunk": chunk,
+            "compile_options": options or {}}
 
 
 def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device: str, top: int,
-            chunk: int | None = None) -> None:
+            chunk: int | None = None, options: dict | None = None) -> None:
     """Print the GPU kernels of one compiled training step (inductor, no CUDA graphs, so that
     every kernel is seen), grouped by name and sorted by total time."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     model, x, opt = setup(name, batch, shape, channels, device, chunk)
-    net = torch.compile(model)
+    net = compile_model(model, True, options)
     for _ in range(3):
         train_step(net, x, opt, device)
     torch.cuda.synchronize()
@@ -165,6 +169,17 @@ def kernel_category(name: str) -> str:
     return next((c for c, keys in CATEGORIES.items() if any(k in lower for k in keys)), "other")
 
 
+def parse_options(pairs: list[str]) -> dict:
+    """``["combo_kernels=True", ...]`` to ``{"combo_kernels": True, ...}`` (values read as YAML)."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--compile-options: expected KEY=VALUE, got {pair!r}")
+        options[key] = yaml.safe_load(value)
+    return options
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -177,19 +192,23 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled", "graphs"],
                         choices=["eager", "compiled", "graphs"])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--compile-options", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="inductor options for the compiled modes, e.g. combo_kernels=True")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--profile", type=int, metavar="TOP", default=0,
                         help="instead of timing, list the TOP kernels of a compiled training step (CUDA)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
+    options = parse_options(args.compile_options)
     if args.profile:
         for batch in args.batch:
             for model in args.models:
                 profile(model, batch, tuple(args.shape), args.channels, args.device, args.profile,
-                        args.chunk[0] or None)
+                        args.chunk[0] or None, options)
         return
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    meta = {"device": name, "torch": torch.__version__, "shape": args.shape, "channels": args.channels}
+    meta = {"device": name, "torch": torch.__version__, "shape": args.shape, "channels": args.channels,
+            "compile_options": options}
     rows = []
     print(f"device: {name}, torch {torch.__version__}, grid {args.shape}, {args.channels} channels, bf16 autocast")
     print(f"{'model':12s} {'batch':>5s} {'mode':>8s} {'fwd ms':>8s} {'step ms':>8s} {'TFLOP/s':>8s} "
@@ -199,7 +218,7 @@ def main() -> None:
             for model in args.models:
                 for chunk in args.chunk if MODELS[model].get("n_kernels", 4) > 1 else [0]:
                     r = bench(model, batch, mode, tuple(args.shape), args.channels, args.device, args.repeats,
-                              chunk or None)
+                              chunk or None, options)
                     rows.append(r)
                     print(f"{model:12s} {batch:5d} {mode:>8s} {r['forward_ms']:8.3f} {r['step_ms']:8.3f} "
                           f"{r['train_tflops']:8.1f} {r['step_gflop']:8.1f} {r['peak_gib']:6.2f}  {r['kernels_used']}"

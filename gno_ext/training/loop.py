@@ -104,6 +104,41 @@ def _check_resume_config(saved: Mapping[str, Any], cfg: Mapping[str, Any], path:
                          f"Resume with the same settings, or start a new run (run_dir=... or overwrite=true).")
 
 
+def compile_model(model: nn.Module, mode: bool | str = True, options: Mapping[str, Any] | None = None) -> nn.Module:
+    """`torch.compile` with a mode *and* extra inductor options.
+
+    `torch.compile` takes either ``mode`` or ``options``; this merges the mode's own options
+    (``torch._inductor.list_mode_options``, e.g. CUDA graphs for ``"reduce-overhead"``) with
+    ``options``, which win.
+
+    Parameters
+    ----------
+    model : nn.Module
+    mode : bool or str
+        True (the default mode), or a mode name: ``"reduce-overhead"``, ``"max-autotune"``, ...
+    options : mapping, optional
+        Inductor options, e.g. ``{"combo_kernels": True}`` (which runs independent small
+        kernels together; a paper-size GNO training step 6 % faster on an H100, see the
+        benchmarks page).
+
+    Examples
+    --------
+    >>> net = compile_model(nn.Linear(4, 4), "reduce-overhead", {"combo_kernels": True})
+    """
+    name = "default" if mode is True else str(mode)
+    if not options:
+        return torch.compile(model, mode=None if mode is True else name)
+    from torch._inductor import config, list_mode_options
+
+    modes = list_mode_options(None)
+    if name not in modes:
+        raise ValueError(f"compile mode {name!r}: unknown; one of true, {', '.join(sorted(modes))}")
+    unknown = sorted(set(options) - set(config.get_config_copy()))
+    if unknown:
+        raise ValueError(f"compile options: {unknown} are not inductor options (torch._inductor.config)")
+    return torch.compile(model, options={**list_mode_options(name), **dict(options)})
+
+
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Weight decay on the weights only: not on 1-D parameters (norms, embeddings' vectors) nor
     on biases, stacked ones included (``AttentionKernelBank.q_bias``, shape (K, out))."""
@@ -256,7 +291,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     raw = model
     compile_mode = tr.get("compile", False)
     if compile_mode:  # compiled forward (and backward); the weights stay those of `raw`
-        model = torch.compile(model, mode=None if compile_mode is True else str(compile_mode))
+        model = compile_model(model, compile_mode, tr.get("compile_options"))
     find_unused = tr.get("find_unused_parameters", "auto")
     if find_unused == "auto":  # DDP must look for unused parameters only where samples are dispatched
         find_unused = has_dispatch(raw)
