@@ -2,8 +2,8 @@
 
 For each model, batch size and mode (eager; ``torch.compile``; ``torch.compile`` with CUDA
 graphs, ``mode="reduce-overhead"``) it times, in bf16 autocast:
-the forward pass (no grad) and a full training step (forward, backward, AdamW step). One
-warm-up, then the median of ``--repeats`` CUDA-synchronised runs. FLOPs are counted once per
+the forward pass (no grad) and a full training step (forward, backward, AdamW step). Three
+warm-up runs, then the median of ``--repeats`` CUDA-synchronised runs. FLOPs are counted once per
 configuration with ``torch.utils.flop_counter.FlopCounterMode`` on a training step; TFLOP/s is
 that count over the median step time.
 
@@ -52,8 +52,9 @@ def make_inputs(batch: int, shape: tuple[int, int], channels: int, device: str) 
             "bc": BoundarySpec(kinds, values).to(device)}
 
 
-def timed(fn, repeats: int, device: str) -> float:
-    fn()
+def timed(fn, repeats: int, device: str, warmup: int = 3) -> float:
+    for _ in range(warmup):  # CUDA graph trees: a warm-up run, a recording, then replays
+        fn()
     times = []
     for _ in range(repeats):
         if device == "cuda":

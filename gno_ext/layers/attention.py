@@ -96,7 +96,12 @@ def _select(stacks: dict[str, tuple[Tensor, Tensor | None]], select: Tensor) -> 
     views of its output.
     """
     parts = [t.flatten(1) for pair in stacks.values() for t in pair if t is not None]
-    pieces = iter((select @ torch.cat(parts, 1)).split([t.shape[1] for t in parts], 1))
+    groups, k = select.shape
+    # zero padding of G and K to multiples of 8: aligned GEMM kernels in both passes (the
+    # unpadded products ran on slow misaligned kernels, about 3x the memory-bound time)
+    flat = F.pad(torch.cat(parts, 1), (0, 0, 0, -k % 8))
+    chosen = F.pad(select, (0, -k % 8, 0, -groups % 8)) @ flat
+    pieces = iter(chosen[:groups].split([t.shape[1] for t in parts], 1))
     return {name: (next(pieces).view(-1, *weight.shape[1:]), None if bias is None else next(pieces)[:, None])
             for name, (weight, bias) in stacks.items()}
 
