@@ -275,3 +275,14 @@ def test_weight_decay_on_weights_only():
     assert all(p.ndim >= 2 and "bias" not in names[id(p)] for p in decay["params"])
     assert "blocks.0.mixture.kernels.kv_weight" in {names[id(p)] for p in decay["params"]}
     assert len(decay["params"]) + len(no_decay["params"]) == len(names)
+
+
+def test_compile_mode_and_options_reach_torch_compile(train_module, tmp_path, monkeypatch):
+    import gno_ext.training.loop as loop
+
+    calls = []
+    monkeypatch.setattr(loop, "compile_model", lambda model, mode, options: calls.append((mode, options)) or model)
+    train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}", "trainer.max_steps=1",
+                       "trainer.compile=reduce-overhead", "trainer.compile_options.combo_kernels=true",
+                       "eval.enabled=false", *QUIET])
+    assert calls == [("reduce-overhead", {"combo_kernels": True})]
