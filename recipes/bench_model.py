@@ -10,6 +10,8 @@ that count over the median step time.
 Models:
 * ``gno``: paper defaults (K = 4 kernels, boundary transfer).
 * ``vit-standin``: the same backbone with one kernel and no boundary transfer.
+* ``gno-no-mixture`` (one kernel) and ``gno-no-boundary`` (no boundary transfer), on request:
+  the cost of each part.
 
 The parameters of the batch are spread over [0.01, 1] (log scale) and the boundaries mix
 Dirichlet and Neumann faces; the table reports how many kernels each block actually used.
@@ -40,7 +42,10 @@ from gno_ext.training import compile_model
 MODELS = {
     "gno": {},
     "vit-standin": {"n_kernels": 1, "boundary_transfer": False},
+    "gno-no-mixture": {"n_kernels": 1},  # the two ablations: what each part costs
+    "gno-no-boundary": {"boundary_transfer": False},
 }
+DEFAULT_MODELS = ["gno", "vit-standin"]
 
 
 def make_inputs(batch: int, shape: tuple[int, int], channels: int, device: str) -> dict:
@@ -192,7 +197,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled", "graphs"],
                         choices=["eager", "compiled", "graphs"])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS, choices=list(MODELS))
     parser.add_argument("--compile-options", nargs="*", default=[], metavar="KEY=VALUE",
                         help="inductor options for the compiled modes, e.g. combo_kernels=True")
     parser.add_argument("--out", type=Path)
@@ -212,7 +217,7 @@ def main() -> None:
             "compile_options": options}
     rows = []
     print(f"device: {name}, torch {torch.__version__}, grid {args.shape}, {args.channels} channels, bf16 autocast")
-    print(f"{'model':12s} {'batch':>5s} {'mode':>8s} {'fwd ms':>8s} {'step ms':>8s} {'TFLOP/s':>8s} "
+    print(f"{'model':15s} {'batch':>5s} {'mode':>8s} {'fwd ms':>8s} {'step ms':>8s} {'TFLOP/s':>8s} "
           f"{'GFLOP':>8s} {'GiB':>6s}  kernels used per block")
     for batch in args.batch:
         for mode in args.modes:
@@ -221,7 +226,7 @@ def main() -> None:
                     r = bench(model, batch, mode, tuple(args.shape), args.channels, args.device, args.repeats,
                               chunk or None, options)
                     rows.append(r)
-                    print(f"{model:12s} {batch:5d} {mode:>8s} {r['forward_ms']:8.3f} {r['step_ms']:8.3f} "
+                    print(f"{model:15s} {batch:5d} {mode:>8s} {r['forward_ms']:8.3f} {r['step_ms']:8.3f} "
                           f"{r['train_tflops']:8.1f} {r['step_gflop']:8.1f} {r['peak_gib']:6.2f}  {r['kernels_used']}"
                           f"  chunk {chunk or 'auto'}", flush=True)
                 if args.out:
