@@ -98,7 +98,8 @@ def _select(stacks: dict[str, tuple[Tensor, Tensor | None]], select: Tensor) -> 
     parts = [t.flatten(1) for pair in stacks.values() for t in pair if t is not None]
     groups, k = select.shape
     # zero padding of G and K to multiples of 8: aligned GEMM kernels in both passes (the
-    # unpadded products ran on slow misaligned kernels, about 3x the memory-bound time)
+    # unpadded products ran on misaligned kernels, about 3x slower than their memory traffic
+    # alone would take on an H100)
     flat = F.pad(torch.cat(parts, 1), (0, 0, 0, -k % 8))
     chosen = F.pad(select, (0, -k % 8, 0, -groups % 8)) @ flat
     pieces = iter(chosen[:groups].split([t.shape[1] for t in parts], 1))

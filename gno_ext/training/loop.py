@@ -118,7 +118,7 @@ def compile_model(model: nn.Module, mode: bool | str = True, options: Mapping[st
         True (the default mode), or a mode name: ``"reduce-overhead"``, ``"max-autotune"``, ...
     options : mapping, optional
         Inductor options, e.g. ``{"combo_kernels": True}`` (which runs independent small
-        kernels together; a paper-size GNO training step 6 % faster on an H100, see the
+        kernels together; a paper-size GNO training step 6 to 7 % faster on an H100, see the
         benchmarks page).
 
     Examples
