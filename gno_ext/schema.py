@@ -35,6 +35,7 @@ __all__ = [
     "PDEBatch",
     "collate",
     "face_view",
+    "model_inputs",
 ]
 
 FACE_NAMES: tuple[str, ...] = ("x-", "x+", "y-", "y+", "z-", "z+")
@@ -580,3 +581,31 @@ def collate(samples: Sequence[PDESample] | PDEBatch) -> PDEBatch:
         group=torch.tensor([int(s.group) for s in samples], dtype=torch.long),
         meta=[dict(s.meta) for s in samples],
     )
+
+
+def model_inputs(u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
+                 bc: BoundarySpec | None = None, grid: Grid | None = None, *,
+                 ndim: int) -> tuple[Tensor, Tensor | None, Tensor | None, BoundarySpec, Grid]:
+    """A model's ``forward`` arguments, from a `PDEBatch` or as given, with the defaults filled
+    in: all faces periodic (on ``u_in``'s device) and the unit box of ``u_in``'s shape.
+
+    Parameters
+    ----------
+    u_in : Tensor, shape (B, T_in, C, *S), or PDEBatch
+        Input frames, or a whole batch (whose fields then replace the other arguments).
+    theta, theta_field, bc, grid
+        As the models take them; ``bc`` is moved to ``u_in``'s device if needed.
+    ndim : int
+        Spatial dimension (for the default boundary).
+
+    Returns
+    -------
+    tuple
+        ``(u_in, theta, theta_field, bc, grid)``.
+    """
+    if isinstance(u_in, PDEBatch):
+        u_in, theta, theta_field, bc, grid = u_in.u_in, u_in.theta, u_in.theta_field, u_in.bc, u_in.grid
+    bc = bc if bc is not None else BoundarySpec.periodic(ndim, u_in.shape[0])
+    if bc.kind.device != u_in.device:
+        bc = bc.to(u_in.device)
+    return u_in, theta, theta_field, bc, grid or Grid(tuple(u_in.shape[3:]))

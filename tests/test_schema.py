@@ -136,3 +136,16 @@ def test_grid_validation_and_geometry():
         Grid((8, 8), (1.0, -1.0))
     with pytest.raises(ValueError, match="1 to 3 axes"):
         Grid((2, 2, 2, 2))
+
+
+def test_model_inputs_unpack_a_batch_and_fill_in_the_defaults():
+    from gno_ext.schema import model_inputs
+
+    u = torch.randn(3, 1, 2, 8, 16)
+    got_u, theta, field, bc, grid = model_inputs(u, ndim=2)
+    assert got_u is u and theta is None and field is None and grid == Grid((8, 16))
+    assert (bc.kind == BCType.PERIODIC.value).all() and bc.kind.shape == (3, 4)
+    batch = collate([make_sample(seed=i) for i in range(2)])
+    unpacked = model_inputs(batch, torch.zeros(1), ndim=2)  # the batch's own fields win
+    assert unpacked[0] is batch.u_in and unpacked[1] is batch.theta and unpacked[3] is batch.bc
+    assert unpacked[4] == batch.grid

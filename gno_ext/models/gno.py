@@ -35,7 +35,7 @@ from gno_ext.layers.gate import ParameterGate, Routing, route_all
 from gno_ext.layers.mixture import GatedKernelMixture
 from gno_ext.models.registry import register_model
 from gno_ext.models.rollout import rollout
-from gno_ext.schema import BoundarySpec, Grid, PDEBatch
+from gno_ext.schema import BoundarySpec, Grid, PDEBatch, model_inputs
 
 __all__ = ["GNO", "GNOBlock"]
 
@@ -220,12 +220,9 @@ class GNO(nn.Module):
         -------
         Tensor, shape (B, 1, C_out, *S)
         """
-        if isinstance(u_in, PDEBatch):
-            batch = u_in
-            u_in, theta, theta_field, bc, grid = batch.u_in, batch.theta, batch.theta_field, batch.bc, batch.grid
+        u_in, theta, theta_field, bc, grid = model_inputs(u_in, theta, theta_field, bc, grid, ndim=self.ndim)
         self._inputs(u_in, theta, theta_field)
         b, spatial = u_in.shape[0], tuple(u_in.shape[3:])
-        grid = grid or Grid(spatial)
         grid_tokens = token_shape(spatial, self.patch)
         std = self.u_std.view(1, 1, -1, *([1] * self.ndim))
         x = ((u_in - self.u_mean.view_as(std)) / std).flatten(1, 2)
@@ -243,9 +240,6 @@ class GNO(nn.Module):
         routing_of = iter(routings)
         features = None
         if self.boundary_transfer:
-            bc = bc if bc is not None else BoundarySpec.periodic(self.ndim, b).to(x.device)
-            if bc.kind.device != x.device:
-                bc = bc.to(x.device)
             features = boundary_features(bc, grid, self.patch, self.u_std.mean())
         for block in self.blocks:
             routing = next(routing_of) if block.mixture is not None else None

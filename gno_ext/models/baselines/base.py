@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gno_ext.layers.embeddings import ParameterNormalizer
-from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, face_view
+from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, face_view, model_inputs
 
 __all__ = ["SchemaModel", "TransformerBlock", "boundary_summary", "boundary_channels", "N_TYPES"]
 
@@ -154,13 +154,9 @@ class SchemaModel(nn.Module):
                bc: BoundarySpec | None, grid: Grid | None) -> tuple:
         """``forward``'s arguments (from a `PDEBatch` or as given), checked, with the defaults
         filled in: periodic faces on ``u_in``'s device and the unit box of its shape."""
-        if isinstance(u_in, PDEBatch):
-            u_in, theta, theta_field, bc, grid = u_in.u_in, u_in.theta, u_in.theta_field, u_in.bc, u_in.grid
+        u_in, theta, theta_field, bc, grid = model_inputs(u_in, theta, theta_field, bc, grid, ndim=self.ndim)
         self.check(u_in, theta, theta_field)
-        bc = bc if bc is not None else BoundarySpec.periodic(self.ndim, u_in.shape[0])
-        if bc.kind.device != u_in.device:
-            bc = bc.to(u_in.device)
-        return u_in, theta, theta_field, bc, grid or Grid(tuple(u_in.shape[3:]))
+        return u_in, theta, theta_field, bc, grid
 
     def parameter_channels(self, x: Tensor, theta: Tensor | None, theta_field: Tensor | None) -> list[Tensor]:
         """The normalised ``theta`` broadcast over the grid of ``x`` (B, *, *S) and the field
