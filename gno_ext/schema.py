@@ -18,7 +18,7 @@ Conventions
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import IntEnum
 from typing import Any
@@ -584,8 +584,9 @@ def collate(samples: Sequence[PDESample] | PDEBatch) -> PDEBatch:
 
 
 def model_inputs(u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
-                 bc: BoundarySpec | None = None, grid: Grid | None = None, *,
-                 ndim: int) -> tuple[Tensor, Tensor | None, Tensor | None, BoundarySpec, Grid]:
+                 bc: BoundarySpec | None = None, grid: Grid | None = None, *, ndim: int,
+                 check: Callable[[Tensor, Tensor | None, Tensor | None], None] | None = None,
+                 ) -> tuple[Tensor, Tensor | None, Tensor | None, BoundarySpec, Grid]:
     """A model's ``forward`` arguments, from a `PDEBatch` or as given, with the defaults filled
     in: all faces periodic (on ``u_in``'s device) and the unit box of ``u_in``'s shape.
 
@@ -597,6 +598,9 @@ def model_inputs(u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_fie
         As the models take them; ``bc`` is moved to ``u_in``'s device if needed.
     ndim : int
         Spatial dimension (for the default boundary).
+    check : callable, optional
+        The model's input check, called as ``check(u_in, theta, theta_field)`` before the
+        defaults are built (so that a malformed ``u_in`` is reported as such).
 
     Returns
     -------
@@ -605,6 +609,8 @@ def model_inputs(u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_fie
     """
     if isinstance(u_in, PDEBatch):
         u_in, theta, theta_field, bc, grid = u_in.u_in, u_in.theta, u_in.theta_field, u_in.bc, u_in.grid
+    if check is not None:
+        check(u_in, theta, theta_field)
     bc = bc if bc is not None else BoundarySpec.periodic(ndim, u_in.shape[0])
     if bc.kind.device != u_in.device:
         bc = bc.to(u_in.device)

@@ -149,3 +149,14 @@ def test_model_inputs_unpack_a_batch_and_fill_in_the_defaults():
     unpacked = model_inputs(batch, torch.zeros(1), ndim=2)  # the batch's own fields win
     assert unpacked[0] is batch.u_in and unpacked[1] is batch.theta and unpacked[3] is batch.bc
     assert unpacked[4] == batch.grid
+
+
+def test_model_inputs_runs_the_models_check_before_the_defaults():
+    from gno_ext.schema import model_inputs
+
+    def check(u, theta, field):
+        if u.ndim != 5:
+            raise ValueError(f"u_in: expected 5 axes, got {u.ndim}")
+
+    with pytest.raises(ValueError, match="u_in: expected 5 axes, got 2"):  # not Grid's error for a () shape
+        model_inputs(torch.randn(3, 8), ndim=2, check=check)

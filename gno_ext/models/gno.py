@@ -220,8 +220,8 @@ class GNO(nn.Module):
         -------
         Tensor, shape (B, 1, C_out, *S)
         """
-        u_in, theta, theta_field, bc, grid = model_inputs(u_in, theta, theta_field, bc, grid, ndim=self.ndim)
-        self._inputs(u_in, theta, theta_field)
+        u_in, theta, theta_field, bc, grid = model_inputs(u_in, theta, theta_field, bc, grid, ndim=self.ndim,
+                                                          check=self._inputs)
         b, spatial = u_in.shape[0], tuple(u_in.shape[3:])
         grid_tokens = token_shape(spatial, self.patch)
         std = self.u_std.view(1, 1, -1, *([1] * self.ndim))

@@ -154,9 +154,7 @@ class SchemaModel(nn.Module):
                bc: BoundarySpec | None, grid: Grid | None) -> tuple:
         """``forward``'s arguments (from a `PDEBatch` or as given), checked, with the defaults
         filled in: periodic faces on ``u_in``'s device and the unit box of its shape."""
-        u_in, theta, theta_field, bc, grid = model_inputs(u_in, theta, theta_field, bc, grid, ndim=self.ndim)
-        self.check(u_in, theta, theta_field)
-        return u_in, theta, theta_field, bc, grid
+        return model_inputs(u_in, theta, theta_field, bc, grid, ndim=self.ndim, check=self.check)
 
     def parameter_channels(self, x: Tensor, theta: Tensor | None, theta_field: Tensor | None) -> list[Tensor]:
         """The normalised ``theta`` broadcast over the grid of ``x`` (B, *, *S) and the field
