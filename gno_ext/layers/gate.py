@@ -106,9 +106,13 @@ class ParameterGate(nn.Module):
         theta : Tensor, shape (B, n_params)
             Normalised parameters (and pooled field features, if any).
         """
-        if theta.ndim != 2 or theta.shape[1] != self.n_params:
-            raise ValueError(f"theta: expected shape (B, {self.n_params}), got {tuple(theta.shape)}")
+        _check_input(theta, self.n_params)
         return _route(self.score(theta), [self])[0]
+
+
+def _check_input(theta: Tensor, n_params: int) -> None:
+    if theta.ndim != 2 or theta.shape[1] != n_params:
+        raise ValueError(f"theta: expected shape (B, {n_params}), got {tuple(theta.shape)}")
 
 
 def _route(scores: Tensor, gates: Sequence[ParameterGate]) -> list[Routing]:
@@ -139,8 +143,7 @@ def route_all(gates: Sequence[ParameterGate], theta: Tensor) -> list[Routing]:
     if len(gates) < 2 or len({(g.score[0].weight.shape, g.score[2].weight.shape) for g in gates}) > 1:
         return [g(theta) for g in gates]
     first = gates[0]
-    if theta.ndim != 2 or theta.shape[1] != first.n_params:
-        raise ValueError(f"theta: expected shape (B, {first.n_params}), got {tuple(theta.shape)}")
+    _check_input(theta, first.n_params)
     stack = lambda i, name: torch.stack([getattr(g.score[i], name) for g in gates])
     x = theta.expand(len(gates), *theta.shape)
     hidden = first.score[1](torch.baddbmm(stack(0, "bias")[:, None], x, stack(0, "weight").transpose(1, 2)))
