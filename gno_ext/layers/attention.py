@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from gno_ext.layers import _gathered
 from gno_ext.layers._util import one_hot
 
 __all__ = ["AttentionKernel", "AttentionKernelBank", "SDPA_BACKENDS", "attend", "chunk_plan", "default_chunk",
@@ -180,14 +181,24 @@ def mixed_attention(kernels: Sequence[AttentionKernel], index: Tensor, x: Tensor
                     context: Tensor | None = None, chunk: int | None = None) -> Tensor:
     """Each sample's selected `AttentionKernel`, for the whole batch in one pass.
 
-    The batch is grouped by selected kernel into chunks of ``chunk`` samples (each kernel's
-    samples padded with zero rows to whole chunks); every chunk is computed with the weights
-    of its kernel only, so sample ``i`` gets exactly ``kernels[index[i]](x[i], context[i])``:
-    one batched product per projection and one attention call, static shapes and no host
-    synchronisation, which ``torch.compile`` can capture in a CUDA graph. Chunks of several
-    samples read each kernel's weights once per chunk instead of once per sample. Unselected
-    kernels receive zero gradient. The kernels' weights are stacked on every call; an
-    `AttentionKernelBank` stores them stacked.
+    Sample ``i`` gets exactly ``kernels[index[i]](x[i], context[i])``, with one product per
+    projection and one attention call for the whole batch, static shapes and no host
+    synchronisation (so ``torch.compile`` can capture it in a CUDA graph). Unselected kernels
+    receive zero gradient. The products run one of three ways:
+
+    * on a CUDA device with Triton, by default (``chunk=None``): the gathered-weight kernels
+      of `gno_ext.layers._gathered`, which read each sample's weights in place (no sorting,
+      padding or weight copies). Their weight gradients are summed with atomic additions, so
+      their rounding can differ between runs; under `torch.use_deterministic_algorithms`
+      the chunked products below are used instead;
+    * otherwise (or with an explicit ``chunk``): the batch is grouped by selected kernel into
+      chunks of ``chunk`` samples (each kernel's samples padded with zero rows to whole
+      chunks), and each chunk is one batched product with its kernel's weights, read once per
+      chunk instead of once per sample;
+    * with a single kernel, plain products.
+
+    The kernels' weights are stacked on every call; an `AttentionKernelBank` stores them
+    stacked.
 
     Parameters
     ----------
@@ -198,8 +209,9 @@ def mixed_attention(kernels: Sequence[AttentionKernel], index: Tensor, x: Tensor
     x : Tensor, shape (B, N, D)
     context : Tensor, shape (B, M, D), optional
     chunk : int, optional
-        Samples per weight group (default `default_chunk`: 1, i.e. weights per sample, for
-        batches under ``32 K``).
+        Samples per weight group of the chunked products (default: the gathered kernels where
+        they can run, else `default_chunk`: 1, i.e. weights per sample, for batches under
+        ``32 K``).
     """
     stacks = {}
     for name in PROJECTIONS:
@@ -213,9 +225,21 @@ def _mixed(stacks: dict[str, tuple[Tensor, Tensor | None]], heads: int, index: T
            context: Tensor | None, chunk: int | None) -> Tensor:
     """`mixed_attention` on stacked weights: ``stacks[name] = (weight (K, in, out), bias (K, out))``."""
     b, n, d = x.shape
-    n_kernels = stacks["q"][0].shape[0]
-    chunk = chunk or default_chunk(b, n_kernels)
     source = x if context is None else torch.cat([x, context], 1)
+    n_kernels = stacks["q"][0].shape[0]
+    if n_kernels == 1 or chunk is None and _gathered.usable(x):
+        if n_kernels == 1:  # one kernel for every sample: plain products
+            def project(t, weight, bias):
+                return F.linear(t, weight[0].t(), None if bias is None else bias[0])
+        else:  # weights selected inside the products (CUDA)
+            plan = _gathered.run_plan(index, n_kernels)
+
+            def project(t, weight, bias):
+                return _gathered.gathered_linear(t, index, weight, bias, plan)
+        q = project(x, *stacks["q"]).view(b, n, heads, -1).transpose(1, 2)
+        k, v = project(source, *stacks["kv"]).view(b, source.shape[1], 2, heads, -1).permute(2, 0, 3, 1, 4)
+        return project(attend(q, k, v).transpose(1, 2).reshape(b, n, d), *stacks["out"])
+    chunk = chunk or default_chunk(b, n_kernels)
     if chunk == 1:
         slot, select = None, one_hot(index, n_kernels, x.dtype)
     else:
@@ -293,7 +317,7 @@ class AttentionKernelBank(nn.Module):
         index : Tensor, shape (B,), long
         context : Tensor, shape (B, M, D), optional
         chunk : int, optional
-            Samples per weight group (default `default_chunk`).
+            Samples per weight group of the chunked products (see `mixed_attention`).
         """
         stacks = {name: (getattr(self, f"{name}_weight"), getattr(self, f"{name}_bias")) for name in PROJECTIONS}
         return _mixed(stacks, self.heads, index, x, context, chunk)

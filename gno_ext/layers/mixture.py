@@ -80,7 +80,8 @@ class GatedKernelMixture(nn.Module):
     last_routing : Routing or None
         Routing of the latest forward pass (for inspection and the load-balance loss).
     chunk : int or None
-        Samples per weight group of the attention path (`mixed_attention`); None: by batch size.
+        Samples per weight group of the attention path's chunked products (`mixed_attention`);
+        None: the gathered-weight kernels on a CUDA device, else chosen by batch size.
 
     Examples
     --------

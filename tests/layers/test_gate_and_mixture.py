@@ -318,3 +318,21 @@ def test_kernel_bank_initialises_and_loads_like_separate_kernels():
     assert len(list(bank.parameters())) == 6
     with pytest.raises(ValueError, match="n_kernels: expected >= 1, got 0"):
         AttentionKernelBank(0, 16, 4)
+
+
+def test_single_kernel_bank_is_the_plain_kernel_with_gradients():
+    """With K = 1 the bank runs plain products (no grouping) and equals its one kernel."""
+    from gno_ext.layers import AttentionKernelBank
+
+    torch.manual_seed(15)
+    bank = AttentionKernelBank(1, 16, 4)
+    kernel = bank.kernel(0)
+    x, ctx = torch.randn(6, 5, 16), torch.randn(6, 2, 16)
+    probe = torch.randn(6, 5, 16)
+    y = bank(x, torch.zeros(6, dtype=torch.long), ctx, chunk=2)
+    (y * probe).sum().backward()
+    ref = kernel(x, ctx)
+    (ref * probe).sum().backward()
+    assert torch.allclose(y, ref, atol=1e-6)
+    assert torch.allclose(bank.kv_weight.grad[0], kernel.kv.weight.grad.t(), atol=1e-5)
+    assert torch.allclose(bank.out_bias.grad[0], kernel.out.bias.grad, atol=1e-5)

@@ -1,0 +1,122 @@
+r"""Per-sample weight selection inside the matrix product (Triton kernels, CUDA).
+
+``gathered_linear(x, index, weight, bias)`` computes, for every sample ``b``,
+
+$$
+y_b = x_b\, W_{k_b} + c_{k_b}, \qquad x_b \in \mathbb{R}^{T \times D_{in}},\;
+W \in \mathbb{R}^{K \times D_{in} \times D_{out}},\; k_b = \text{index}[b],
+$$
+
+in one kernel launch that reads each tile's weights from ``W[k_b]`` in place: the batch stays
+in its order (no sorting, no padding, no copies of the selected weights). The backward pass is
+two more launches:
+
+* the input gradient, ``dx_b = dy_b W_{k_b}^T``, is the same kernel on the transposed weights;
+* the weight gradient, ``dW_k = \sum_{b : k_b = k} x_b^T dy_b`` (and the bias gradient, the
+  column sums of ``dy_b``), is a grouped reduction: the samples are listed by kernel, each
+  program accumulates the products of a *run* of at most ``RUN`` (8) samples of one kernel in
+  registers and adds its tile to ``dW_k`` with one atomic addition (float32). Which
+  samples each run takes is worked out on the device (`run_plan`), once per index.
+
+The atomic additions make the weight gradient's rounding depend on the order in which the
+programs finish; under `torch.use_deterministic_algorithms` the callers use their
+deterministic path instead (`usable`).
+
+The operators (`gno_ext.layers._gathered_kernels`) are `torch.library.triton_op`s, so
+``torch.compile`` traces into the kernels (and CUDA graphs capture them), and
+`torch.utils.flop_counter` counts their products. They are loaded only where a CUDA device
+and Triton are present; elsewhere `usable` is false and the callers take their pure PyTorch
+path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from torch import Tensor
+
+from gno_ext.layers._util import one_hot
+
+__all__ = ["RUN", "gathered_linear", "load_kernels", "run_plan", "usable"]
+
+# samples per run of the weight-gradient kernel (see `run_plan`)
+RUN = 8
+
+_kernels = None  # gno_ext.layers._gathered_kernels, once loaded
+
+
+def load_kernels():
+    """Import the Triton operators (`gno_ext.layers._gathered_kernels`) and return the module,
+    or None without Triton."""
+    global _kernels
+    if _kernels is None and importlib.util.find_spec("triton") is not None:
+        from gno_ext.layers import _gathered_kernels
+
+        _kernels = _gathered_kernels
+    return _kernels
+
+
+def usable(x: Tensor) -> bool:
+    """Whether `gathered_linear` can run on ``x``: a CUDA tensor, the Triton operators loaded,
+    and deterministic algorithms not requested (the weight gradient is summed atomically)."""
+    return x.is_cuda and _kernels is not None and not torch.are_deterministic_algorithms_enabled()
+
+
+def run_plan(index: Tensor, n_kernels: int, run: int | None = None) -> Tensor:
+    """The batch listed by kernel and cut into runs of at most ``run`` (default ``RUN``)
+    samples of one kernel: what the weight-gradient kernel reads.
+
+    Returns one int32 tensor, the concatenation of ``order`` (B,), the sample indices sorted by
+    kernel (stable), and, for each of the ``R = B // run + K`` runs (a static bound; the unused
+    ones have length 0), its kernel, its first position in ``order`` and its length (R each).
+    Computed on the device with static shapes (no host synchronisation).
+    """
+    run = run or RUN
+    b = index.shape[0]
+    onehot = one_hot(index, n_kernels)
+    counts = onehot.sum(0)
+    starts = counts.cumsum(0) - counts
+    rank = (onehot.cumsum(0) * onehot).sum(1) - 1
+    order = torch.empty_like(index).index_copy_(0, starts[index] + rank, torch.arange(b, device=index.device))
+    runs = (counts + run - 1) // run
+    run_end = runs.cumsum(0)
+    r = torch.arange(b // run + n_kernels, device=index.device)
+    kernel = (r[:, None] >= run_end[None]).sum(1).clamp_max(n_kernels - 1)
+    within = r - (run_end - runs)[kernel]
+    length = (counts[kernel] - within * run).clamp(0, run)
+    return torch.cat([order, kernel, starts[kernel] + within * run, length]).int()
+
+
+def gathered_linear(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | None = None,
+                    plan: Tensor | None = None) -> Tensor:
+    """``x[b] @ weight[index[b]] + bias[index[b]]`` for every sample ``b``, differentiable.
+
+    Parameters
+    ----------
+    x : Tensor, shape (B, T, in)
+        CUDA tensor (see `usable`).
+    index : Tensor, shape (B,), long
+        Selected weight per sample, in ``[0, K)``.
+    weight : Tensor, shape (K, in, out)
+    bias : Tensor, shape (K, out), optional
+    plan : Tensor, optional
+        ``run_plan(index, K)``, for the weight gradient; pass it to share one plan between
+        several products with the same ``index``. Computed here if not given (and gradients
+        are enabled).
+
+    Under autocast the product runs in the autocast type (weights cast once per call, float32
+    accumulation); otherwise in ``x``'s type.
+    """
+    if torch.is_autocast_enabled(x.device.type):
+        dtype = torch.get_autocast_dtype(x.device.type)
+        x, weight = x.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+    if plan is None:  # the backward pass needs it; inference does not
+        plan = run_plan(index, weight.shape[0]) if torch.is_grad_enabled() else index.new_empty(0, dtype=torch.int32)
+    with torch.autocast(x.device.type, enabled=False):
+        return _kernels.gathered_mm(x.contiguous(), index, weight, bias, plan)
+
+
+if torch.cuda.is_available():  # the operators must exist before torch.compile traces a model
+    load_kernels()

@@ -1,0 +1,191 @@
+"""Triton kernels and operators of `gno_ext.layers._gathered` (imported only where they can
+run: a CUDA device, or Triton's interpreter in the tests)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
+
+__all__ = ["FORWARD", "WGRAD", "gathered_mm", "grouped_wgrad"]
+
+# Launch configurations (tile sizes are upper bounds, reduced to the problem's size), chosen by
+# a sweep on an H100 (docs/benchmarks.md). FORWARD: the product and the input gradient; WGRAD:
+# the weight gradient (its runs of samples: `gno_ext.layers._gathered.RUN`).
+FORWARD = {"BM": 64, "BN": 128, "BK": 64, "num_warps": 4, "num_stages": 3}
+WGRAD = {"BD": 128, "BN": 128, "BT": 64, "num_warps": 4, "num_stages": 3}
+
+
+@triton.jit
+def _gathered_mm_kernel(x_ptr, w_ptr, bias_ptr, index_ptr, y_ptr, T, DIN, DOUT,
+                        sxb, sxt, sxd, swk, swi, swo, sbk, syb, syt, syd,
+                        HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                        PRECISION: tl.constexpr):
+    # program (sample b, row tile m) x (column tile n); every row of the tile is sample b's
+    pid = tl.program_id(0)
+    tiles = tl.cdiv(T, BM)
+    b = (pid // tiles).to(tl.int64)
+    rows = (pid % tiles) * BM + tl.arange(0, BM)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    k = tl.load(index_ptr + b).to(tl.int64)
+    inner = tl.arange(0, BK)
+    x_rows = x_ptr + b * sxb + rows[:, None] * sxt
+    w_cols = w_ptr + k * swk + cols[None, :] * swo
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for i0 in range(0, DIN, BK):
+        i = i0 + inner
+        xt = tl.load(x_rows + i[None, :] * sxd, mask=(rows[:, None] < T) & (i[None, :] < DIN), other=0.0)
+        wt = tl.load(w_cols + i[:, None] * swi, mask=(i[:, None] < DIN) & (cols[None, :] < DOUT), other=0.0)
+        acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + k * sbk + cols, mask=cols < DOUT, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + b * syb + rows[:, None] * syt + cols[None, :] * syd, acc.to(y_ptr.dtype.element_ty),
+             mask=(rows[:, None] < T) & (cols[None, :] < DOUT))
+
+
+@triton.jit
+def _grouped_wgrad_kernel(x_ptr, dy_ptr, order_ptr, run_kernel_ptr, run_start_ptr, run_len_ptr,
+                          dw_ptr, dbias_ptr, T, DIN, DOUT,
+                          sxb, sxt, sxd, syb, syt, syd, swk, swi, swo, sbk,
+                          HAS_BIAS: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
+                          RUN: tl.constexpr, PRECISION: tl.constexpr):
+    # program (weight tile) x (run): dW[k] tile += sum over the run's samples of x_b^T dy_b
+    tiles_n = tl.cdiv(DOUT, BN)
+    td = tl.program_id(0) // tiles_n
+    dd = td * BD + tl.arange(0, BD)
+    nn = (tl.program_id(0) % tiles_n) * BN + tl.arange(0, BN)
+    r = tl.program_id(1)
+    length = tl.load(run_len_ptr + r)
+    if length > 0:
+        k = tl.load(run_kernel_ptr + r).to(tl.int64)
+        first = tl.load(run_start_ptr + r)
+        tt0 = tl.arange(0, BT)
+        chunks = tl.cdiv(T, BT)
+        acc = tl.zeros((BD, BN), dtype=tl.float32)
+        acc_bias = tl.zeros((BN,), dtype=tl.float32)
+        # The run's sample indices are loaded once, so that the tile addresses in the loop
+        # depend on registers only, and the loop is one flat loop over (sample, row chunk):
+        # both let the compiler pipeline the tile loads across samples.
+        lanes = tl.arange(0, RUN)
+        samples = tl.load(order_ptr + first + lanes, mask=lanes < length, other=0).to(tl.int64)
+        for i in range(length * chunks):
+            b = tl.sum(tl.where(lanes == i // chunks, samples, 0))
+            tt = (i % chunks) * BT + tt0
+            xt = tl.load(x_ptr + b * sxb + dd[:, None] * sxd + tt[None, :] * sxt,
+                         mask=(dd[:, None] < DIN) & (tt[None, :] < T), other=0.0)
+            dy = tl.load(dy_ptr + b * syb + tt[:, None] * syt + nn[None, :] * syd,
+                         mask=(tt[:, None] < T) & (nn[None, :] < DOUT), other=0.0)
+            acc = tl.dot(xt, dy, acc, input_precision=PRECISION)
+            if HAS_BIAS:
+                acc_bias += tl.sum(dy.to(tl.float32), 0)
+        # relaxed: only the sums matter, no ordering with other memory operations
+        tl.atomic_add(dw_ptr + k * swk + dd[:, None] * swi + nn[None, :] * swo, acc,
+                      mask=(dd[:, None] < DIN) & (nn[None, :] < DOUT), sem="relaxed")
+        if HAS_BIAS:
+            if td == 0:
+                tl.atomic_add(dbias_ptr + k * sbk + nn, acc_bias, mask=nn < DOUT, sem="relaxed")
+
+
+def _precision() -> str:
+    """How `tl.dot` multiplies float32 operands: as torch's float32 products do (TF32 only
+    where ``torch.backends.cuda.matmul.allow_tf32`` permits it). Other types are unaffected."""
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+def _tile(n: int, largest: int) -> int:
+    """The smallest power of two >= min(n, largest), at least 16 (`tl.dot`'s minimum)."""
+    return max(16, min(largest, triton.next_power_of_2(n)))
+
+
+def _gathered_mm(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """Launch of the forward kernel (also the input gradient, on transposed weights)."""
+    b, t, din = x.shape
+    dout = weight.shape[2]
+    y = x.new_empty(b, t, dout)
+    c = FORWARD
+    bm, bn, bk = _tile(t, c["BM"]), _tile(dout, c["BN"]), _tile(din, c["BK"])
+    grid = (b * triton.cdiv(t, bm), triton.cdiv(dout, bn))
+    bias_arg = weight if bias is None else bias  # unused pointer when there is no bias
+    _launch(_gathered_mm_kernel)[grid](
+        x, weight, bias_arg, index, y, t, din, dout, *x.stride(), *weight.stride(),
+        0 if bias is None else bias.stride(0), *y.stride(),
+        HAS_BIAS=bias is not None, BM=bm, BN=bn, BK=bk, PRECISION=_precision(),
+        num_warps=c["num_warps"], num_stages=c["num_stages"])
+    return y
+
+
+def _grouped_wgrad(x: Tensor, dy: Tensor, plan: Tensor, n_kernels: int, has_bias: bool) -> tuple[Tensor, Tensor]:
+    """Launch of the weight-gradient kernel: ``(dW (K, in, out), dbias (K, out))`` in float32
+    (``dbias`` empty without a bias). ``plan``: from `gno_ext.layers._gathered.run_plan`."""
+    b, t, din = x.shape
+    dout = dy.shape[2]
+    dw = x.new_zeros(n_kernels, din, dout, dtype=torch.float32)
+    dbias = x.new_zeros(n_kernels, dout if has_bias else 0, dtype=torch.float32)
+    order, (run_kernel, run_start, run_len) = plan[:b], plan[b:].view(3, -1)
+    c = WGRAD
+    bd, bn, bt = _tile(din, c["BD"]), _tile(dout, c["BN"]), _tile(t, c["BT"])
+    grid = (triton.cdiv(din, bd) * triton.cdiv(dout, bn), run_len.shape[0])
+    _launch(_grouped_wgrad_kernel)[grid](
+        x, dy, order, run_kernel, run_start, run_len, dw, dbias, t, din, dout,
+        *x.stride(), *dy.stride(), *dw.stride(), dbias.stride(0) if has_bias else 0,
+        HAS_BIAS=has_bias, BD=bd, BN=bn, BT=bt, RUN=_run_bound(b, run_len.shape[0] - n_kernels),
+        PRECISION=_precision(), num_warps=c["num_warps"], num_stages=c["num_stages"])
+    return dw, dbias
+
+
+def _run_bound(b: int, full_runs: int) -> int:
+    """A power of two >= the run length of a plan with ``full_runs = B // run``:
+    ``ceil(B / (B // run)) >= run``, and without a full run every run is shorter than ``B``."""
+    return triton.next_power_of_2(-(-b // max(full_runs, 1)))
+
+
+def _launch(kernel):
+    """The kernel wrapped so that `torch.compile` traces it."""
+    return torch.library.wrap_triton(kernel)
+
+
+@torch.library.triton_op("gno_ext::gathered_mm", mutates_args={})
+def gathered_mm(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | None, plan: Tensor) -> Tensor:
+    """``x[b] @ weight[index[b]] + bias[index[b]]``; ``plan`` (`gno_ext.layers._gathered.run_plan`) is kept for the
+    backward pass."""
+    return _gathered_mm(x, index, weight, bias)
+
+
+@torch.library.triton_op("gno_ext::grouped_wgrad", mutates_args={})
+def grouped_wgrad(x: Tensor, dy: Tensor, plan: Tensor, n_kernels: int, has_bias: bool) -> tuple[Tensor, Tensor]:
+    """The weight and bias gradients of `gathered_mm` (float32)."""
+    return _grouped_wgrad(x, dy, plan, n_kernels, has_bias)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, index, weight, bias, plan = inputs
+    ctx.save_for_backward(x, index, weight, plan)
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx, grad: Tensor):
+    x, index, weight, plan = ctx.saved_tensors
+    grad = grad.contiguous()
+    dx = gathered_mm(grad, index, weight.transpose(1, 2), None, plan) if ctx.needs_input_grad[0] else None
+    dw = dbias = None
+    if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
+        dw, dbias = grouped_wgrad(x, grad, plan, weight.shape[0], ctx.has_bias)
+        dw = dw.to(weight.dtype)
+        dbias = dbias.to(weight.dtype) if ctx.has_bias else None
+    return dx, None, dw, dbias, None
+
+gathered_mm.register_autograd(_backward, setup_context=_setup_context)
+
+
+@register_flop_formula(torch.ops.gno_ext.gathered_mm)
+def _gathered_mm_flops(x_shape, index_shape, weight_shape, *args, out_shape=None, **kwargs) -> int:
+    b, t, din = x_shape
+    return 2 * b * t * din * weight_shape[2]
+
+
+@register_flop_formula(torch.ops.gno_ext.grouped_wgrad)
+def _grouped_wgrad_flops(x_shape, dy_shape, *args, out_shape=None, **kwargs) -> int:
+    b, t, din = x_shape
+    return 2 * b * t * din * dy_shape[2]

@@ -1,0 +1,143 @@
+"""The gathered-weight products (`gno_ext.layers._gathered`): the run plan on any machine, the
+Triton kernels in Triton's interpreter on the CPU (when Triton is installed), and the GNO's
+mixture path on a GPU (when there is one)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from importlib.util import find_spec
+
+import pytest
+import torch
+
+from gno_ext.layers import _gathered
+
+needs_triton = pytest.mark.skipif(find_spec("triton") is None, reason="Triton is not installed")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or _gathered.load_kernels() is None,
+                                reason="needs a CUDA device and Triton")
+
+
+@pytest.mark.parametrize("batch,n_kernels,run", [(37, 5, 4), (3, 4, 8), (16, 2, 8)])
+def test_run_plan_cuts_each_kernels_samples_into_runs(batch, n_kernels, run):
+    torch.manual_seed(batch)
+    index = torch.randint(0, n_kernels - 1, (batch,))  # the last kernel unused
+    plan = _gathered.run_plan(index, n_kernels, run)
+    n_runs = batch // run + n_kernels
+    assert plan.dtype == torch.int32 and plan.shape == (batch + 3 * n_runs,)
+    order, (kernel, start, length) = plan[:batch].long(), plan[batch:].view(3, -1).long()
+    assert sorted(order.tolist()) == list(range(batch))
+    keys = (index[order] * batch + order).tolist()  # sorted by kernel, stable within a kernel
+    assert keys == sorted(keys)
+    assert (length >= 0).all() and (length <= run).all()
+    covered = []
+    for k, s, n in zip(kernel.tolist(), start.tolist(), length.tolist()):
+        members = order[s:s + n]
+        assert (index[members] == k).all()
+        covered += members.tolist()
+    assert sorted(covered) == list(range(batch))  # every sample in exactly one run
+
+
+def test_usable_only_on_cuda_with_kernels_and_without_deterministic_algorithms(monkeypatch):
+    cuda_like = types.SimpleNamespace(is_cuda=True)
+    monkeypatch.setattr(_gathered, "_kernels", None)
+    assert not _gathered.usable(cuda_like)
+    monkeypatch.setattr(_gathered, "_kernels", object())
+    assert _gathered.usable(cuda_like) and not _gathered.usable(torch.zeros(1))
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not _gathered.usable(cuda_like)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+INTERPRETED = """
+import os
+import sys
+import torch
+import triton
+import triton.language as tl
+from torch.utils.flop_counter import FlopCounterMode
+from gno_ext.layers import _gathered
+
+assert os.environ["TRITON_INTERPRET"] == "1"
+
+
+@triton.jit
+def _double(x_ptr, n, BLOCK: tl.constexpr):
+    for i in range(0, n, BLOCK):
+        x = tl.load(x_ptr + i + tl.arange(0, BLOCK))
+        tl.store(x_ptr + i + tl.arange(0, BLOCK), 2 * x)
+
+
+try:  # some Triton releases' interpreters fail with newer numpy (Triton 3.6 with numpy 2.4)
+    _double[(1,)](torch.ones(32), 32, BLOCK=16)
+except Exception as error:
+    print(f"INTERPRETER UNAVAILABLE: Triton {triton.__version__}: {error!r}")
+    sys.exit(0)
+assert _gathered.load_kernels() is not None
+torch.manual_seed(0)
+# (batch, tokens, in, out, kernels, samples per run, bias): row counts that are not a multiple
+# of the tiles, several row and column tiles (64 and 128 wide), a batch shorter than a run
+for b, t, din, dout, k, run, bias in [(5, 13, 24, 40, 3, 2, True), (9, 70, 16, 136, 4, 4, False),
+                                      (3, 5, 8, 8, 4, 8, True)]:
+    _gathered.RUN = run
+    x = torch.randn(b, t, din, requires_grad=True)
+    index = torch.randint(0, k - 1, (b,))  # the last kernel unused
+    w = torch.randn(k, din, dout, requires_grad=True)
+    c = torch.randn(k, dout, requires_grad=True) if bias else None
+    leaves = (x, w) if c is None else (x, w, c)
+    probe = torch.randn(b, t, dout)
+    with FlopCounterMode(display=False) as counter:
+        y = _gathered.gathered_linear(x, index, w, c)
+        got = torch.autograd.grad((y * probe).sum(), leaves)
+    assert counter.get_total_flops() == 3 * 2 * b * t * din * dout, counter.get_total_flops()
+    ref = torch.einsum("btd,bde->bte", x, w[index]) + (0 if c is None else c[index][:, None])
+    want = torch.autograd.grad((ref * probe).sum(), leaves)
+    assert torch.allclose(y, ref, atol=1e-4), (y - ref).abs().max()
+    for g, r in zip(got, want):
+        assert g.shape == r.shape and torch.allclose(g, r, atol=1e-4), (g - r).abs().max()
+    assert not got[1][-1].any() and (c is None or not got[2][-1].any())  # unused kernel: exactly 0
+print("interpreted kernels agree")
+"""
+
+
+@needs_triton
+def test_kernels_match_the_reference_in_tritons_interpreter():
+    """Forward, input, weight and bias gradients of the Triton kernels (run by Triton's CPU
+    interpreter, in a process of its own: the interpreter is chosen when the kernels are
+    defined) equal the per-sample products; FLOPs are counted for all three products."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(INTERPRETED)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    if "INTERPRETER UNAVAILABLE" in done.stdout:
+        pytest.skip(done.stdout.strip())
+    assert "interpreted kernels agree" in done.stdout
+
+
+@needs_cuda
+def test_gpu_kernel_bank_gathered_equals_chunked_with_gradients():
+    """On a GPU the bank takes the gathered path by default; it equals the chunked path
+    (float32, TF32 off), eager and compiled with ``fullgraph=True``, gradients included."""
+    from gno_ext.layers import AttentionKernelBank
+
+    torch.manual_seed(14)
+    assert not torch.backends.cuda.matmul.allow_tf32  # torch's default: the kernels follow it
+    bank = AttentionKernelBank(4, 64, 4).cuda()
+    x, ctx = torch.randn(40, 70, 64, device="cuda", requires_grad=True), torch.randn(40, 9, 64, device="cuda")
+    index = torch.randint(0, 3, (40,), device="cuda")  # kernel 3 unused
+    probe = torch.randn(40, 70, 64, device="cuda")
+    results = []
+    for fn, chunk in [(bank, 1), (bank, None), (torch.compile(bank, fullgraph=True), None)]:
+        x.grad = None
+        bank.zero_grad()
+        y = fn(x, index, ctx, chunk=chunk)
+        (y * probe).sum().backward()
+        results.append([y.detach(), x.grad.clone()] + [p.grad.clone() for p in bank.parameters()])
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), (a - b).abs().max()
+    assert all(not p.grad[3].any() for p in bank.parameters())
