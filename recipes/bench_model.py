@@ -3,7 +3,8 @@
 For each model, batch size and mode (eager; ``torch.compile``; ``torch.compile`` with CUDA
 graphs, ``mode="reduce-overhead"``) it times, in bf16 autocast:
 the forward pass (no grad) and a full training step (forward, backward, AdamW step). Three
-warm-up runs, then the median of ``--repeats`` CUDA-synchronised runs. FLOPs are counted once per
+warm-up runs (on a GPU, at least 2 s of them, so that its clocks are up again after the
+compilation), then the median of ``--repeats`` CUDA-synchronised runs. FLOPs are counted once per
 configuration with ``torch.utils.flop_counter.FlopCounterMode`` on a training step; TFLOP/s is
 that count over the median step time.
 
@@ -57,9 +58,19 @@ def make_inputs(batch: int, shape: tuple[int, int], channels: int, device: str) 
             "bc": BoundarySpec(kinds, values).to(device)}
 
 
-def timed(fn, repeats: int, device: str, warmup: int = 3) -> float:
-    for _ in range(warmup):  # CUDA graph trees: a warm-up run, a recording, then replays
+def timed(fn, repeats: int, device: str, warmup: int = 3, warmup_s: float = 2.0) -> float:
+    """Median time of ``fn`` over ``repeats`` synchronised runs, after ``warmup`` runs and at
+    least ``warmup_s`` seconds of runs on a GPU: after the idle minute of a compilation the
+    GPU's clocks take a while to come back up (timing straight away made the first model of a
+    call up to 20 % slower on an H100)."""
+    start = time.perf_counter()
+    runs = 0
+    # CUDA graph trees: a warm-up run, a recording, then replays
+    while runs < warmup or device == "cuda" and time.perf_counter() - start < warmup_s:
         fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        runs += 1
     times = []
     for _ in range(repeats):
         if device == "cuda":
