@@ -18,7 +18,7 @@ The parameters of the batch are spread over [0.01, 1] (log scale) and the bounda
 Dirichlet and Neumann faces; the table reports how many kernels each block actually used.
 
     python recipes/bench_model.py --device cuda --batch 1 256 --out docs/benchmarks/model_h100.json
-    python recipes/bench_model.py --batch 256 --modes graphs --chunk 0 1     # mixture chunk: auto against 1
+    python recipes/bench_model.py --batch 256 --modes graphs --chunk 0 4     # gathered kernels against chunks of 4
     python recipes/bench_model.py --batch 32 --shape 128 384 --channels 4    # The Well TRL size
     python recipes/bench_model.py --batch 256 --profile 40                   # kernels of one compiled step
     python recipes/bench_model.py --batch 256 --modes graphs --compile-options combo_kernels=True
@@ -204,7 +204,8 @@ def main() -> None:
     parser.add_argument("--shape", type=int, nargs=2, default=[128, 128], help="grid (128 384: The Well TRL)")
     parser.add_argument("--channels", type=int, default=1)
     parser.add_argument("--chunk", type=int, nargs="+", default=[0],
-                        help="samples per weight group of the mixture (0: automatic, default_chunk)")
+                        help="samples per weight group of the mixture's chunked products (0: the default, "
+                             "the gathered-weight kernels on a GPU with Triton, else default_chunk)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled", "graphs"],
                         choices=["eager", "compiled", "graphs"])
