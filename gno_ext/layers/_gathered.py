@@ -108,6 +108,9 @@ def gathered_linear(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | Non
     Under autocast the product runs in the autocast type (weights cast once per call, float32
     accumulation); otherwise in ``x``'s type.
     """
+    if _kernels is None:
+        raise RuntimeError("gathered_linear: the Triton operators are not loaded (they need Triton and a CUDA "
+                           "device, or Triton's interpreter); check `usable(x)` first")
     if torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight = x.to(dtype), weight.to(dtype)

@@ -148,8 +148,8 @@ def _launch(kernel):
 
 @torch.library.triton_op("gno_ext::gathered_mm", mutates_args={})
 def gathered_mm(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | None, plan: Tensor) -> Tensor:
-    """``x[b] @ weight[index[b]] + bias[index[b]]``; ``plan`` (`gno_ext.layers._gathered.run_plan`) is kept for the
-    backward pass."""
+    """``x[b] @ weight[index[b]] + bias[index[b]]``; ``plan``
+    (`gno_ext.layers._gathered.run_plan`) is kept for the backward pass."""
     return _gathered_mm(x, index, weight, bias)
 
 
