@@ -101,7 +101,7 @@ def gathered_linear(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | Non
     weight : Tensor, shape (K, in, out)
     bias : Tensor, shape (K, out), optional
     plan : Tensor, optional
-        ``run_plan(index, K)``, for the weight gradient; pass it to share one plan between
+        ``run_plan(index, K)`` (runs of ``RUN`` samples), for the weight gradient; pass it to share one plan between
         several products with the same ``index``. Computed here if not given (and gradients
         are enabled).
 
@@ -118,7 +118,7 @@ def gathered_linear(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | Non
     if plan is None:  # the backward pass needs it; inference does not
         plan = run_plan(index, weight.shape[0]) if torch.is_grad_enabled() else index.new_empty(0, dtype=torch.int32)
     with torch.autocast(x.device.type, enabled=False):
-        return _kernels.gathered_mm(x.contiguous(), index, weight, bias, plan)
+        return _kernels.gathered_mm(x.contiguous(), index, weight, bias, plan, RUN)
 
 
 if torch.cuda.is_available():  # the operators must exist before torch.compile traces a model

@@ -95,8 +95,10 @@ def _precision() -> str:
 
 
 def _tile(n: int, largest: int) -> int:
-    """The smallest power of two >= min(n, largest), at least 16 (`tl.dot`'s minimum)."""
-    return max(16, min(largest, triton.next_power_of_2(n)))
+    """The smallest power of two >= min(n, largest), at least 16 (`tl.dot`'s minimum). ``int``
+    makes a symbolic size (``torch.compile`` with dynamic shapes) concrete: tile sizes are
+    compile-time constants of the kernel."""
+    return max(16, min(largest, triton.next_power_of_2(int(n))))
 
 
 def _gathered_mm(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -116,9 +118,11 @@ def _gathered_mm(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | None) 
     return y
 
 
-def _grouped_wgrad(x: Tensor, dy: Tensor, plan: Tensor, n_kernels: int, has_bias: bool) -> tuple[Tensor, Tensor]:
+def _grouped_wgrad(x: Tensor, dy: Tensor, plan: Tensor, n_kernels: int, has_bias: bool,
+                   run: int) -> tuple[Tensor, Tensor]:
     """Launch of the weight-gradient kernel: ``(dW (K, in, out), dbias (K, out))`` in float32
-    (``dbias`` empty without a bias). ``plan``: from `gno_ext.layers._gathered.run_plan`."""
+    (``dbias`` empty without a bias). ``plan``: from `gno_ext.layers._gathered.run_plan` with
+    runs of at most ``run`` samples."""
     b, t, din = x.shape
     dout = dy.shape[2]
     dw = x.new_zeros(n_kernels, din, dout, dtype=torch.float32)
@@ -130,15 +134,8 @@ def _grouped_wgrad(x: Tensor, dy: Tensor, plan: Tensor, n_kernels: int, has_bias
     _launch(_grouped_wgrad_kernel)[grid](
         x, dy, order, run_kernel, run_start, run_len, dw, dbias, t, din, dout,
         *x.stride(), *dy.stride(), *dw.stride(), dbias.stride(0) if has_bias else 0,
-        HAS_BIAS=has_bias, BD=bd, BN=bn, BT=bt, RUN=_run_bound(b, run_len.shape[0] - n_kernels),
-        PRECISION=_precision(), num_warps=c["num_warps"], num_stages=c["num_stages"])
+        HAS_BIAS=has_bias, BD=bd, BN=bn, BT=bt, RUN=triton.next_power_of_2(run), PRECISION=_precision(), num_warps=c["num_warps"], num_stages=c["num_stages"])
     return dw, dbias
-
-
-def _run_bound(b: int, full_runs: int) -> int:
-    """A power of two >= the run length of a plan with ``full_runs = B // run``:
-    ``ceil(B / (B // run)) >= run``, and without a full run every run is shorter than ``B``."""
-    return triton.next_power_of_2(-(-b // max(full_runs, 1)))
 
 
 def _launch(kernel):
@@ -147,34 +144,36 @@ def _launch(kernel):
 
 
 @torch.library.triton_op("gno_ext::gathered_mm", mutates_args={})
-def gathered_mm(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | None, plan: Tensor) -> Tensor:
+def gathered_mm(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | None, plan: Tensor, run: int) -> Tensor:
     """``x[b] @ weight[index[b]] + bias[index[b]]``; ``plan``
-    (`gno_ext.layers._gathered.run_plan`) is kept for the backward pass."""
+    (`gno_ext.layers._gathered.run_plan`, runs of at most ``run`` samples) is kept for the
+    backward pass."""
     return _gathered_mm(x, index, weight, bias)
 
 
 @torch.library.triton_op("gno_ext::grouped_wgrad", mutates_args={})
-def grouped_wgrad(x: Tensor, dy: Tensor, plan: Tensor, n_kernels: int, has_bias: bool) -> tuple[Tensor, Tensor]:
+def grouped_wgrad(x: Tensor, dy: Tensor, plan: Tensor, n_kernels: int, has_bias: bool,
+                  run: int) -> tuple[Tensor, Tensor]:
     """The weight and bias gradients of `gathered_mm` (float32)."""
-    return _grouped_wgrad(x, dy, plan, n_kernels, has_bias)
+    return _grouped_wgrad(x, dy, plan, n_kernels, has_bias, run)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    x, index, weight, bias, plan = inputs
+    x, index, weight, bias, plan, run = inputs
     ctx.save_for_backward(x, index, weight, plan)
-    ctx.has_bias = bias is not None
+    ctx.has_bias, ctx.run = bias is not None, run
 
 
 def _backward(ctx, grad: Tensor):
     x, index, weight, plan = ctx.saved_tensors
     grad = grad.contiguous()
-    dx = gathered_mm(grad, index, weight.transpose(1, 2), None, plan) if ctx.needs_input_grad[0] else None
+    dx = gathered_mm(grad, index, weight.transpose(1, 2), None, plan, ctx.run) if ctx.needs_input_grad[0] else None
     dw = dbias = None
     if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
-        dw, dbias = grouped_wgrad(x, grad, plan, weight.shape[0], ctx.has_bias)
+        dw, dbias = grouped_wgrad(x, grad, plan, weight.shape[0], ctx.has_bias, ctx.run)
         dw = dw.to(weight.dtype)
         dbias = dbias.to(weight.dtype) if ctx.has_bias else None
-    return dx, None, dw, dbias, None
+    return dx, None, dw, dbias, None, None
 
 gathered_mm.register_autograd(_backward, setup_context=_setup_context)
 

@@ -141,3 +141,27 @@ def test_gpu_kernel_bank_gathered_equals_chunked_with_gradients():
         for a, b in zip(results[0], other):
             assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), (a - b).abs().max()
     assert all(not p.grad[3].any() for p in bank.parameters())
+
+
+@needs_cuda
+def test_gpu_gathered_path_compiles_with_a_dynamic_batch():
+    """A symbolic batch size (a last, shorter batch under ``torch.compile``) traces through the
+    kernels' launchers, and every batch size matches eager mode, gradients included."""
+    from gno_ext.layers import AttentionKernelBank
+
+    torch.manual_seed(16)
+    bank = AttentionKernelBank(3, 64, 4).cuda()
+    compiled = torch.compile(bank, dynamic=True, fullgraph=True)
+    for batch in (24, 17, 9):
+        x = torch.randn(batch, 70, 64, device="cuda", requires_grad=True)
+        ctx = torch.randn(batch, 9, 64, device="cuda")
+        index = torch.randint(0, 3, (batch,), device="cuda")
+        got = []
+        for fn in (bank, compiled):
+            x.grad = None
+            bank.zero_grad()
+            y = fn(x, index, ctx)
+            y.square().sum().backward()
+            got.append((y.detach(), x.grad.clone(), bank.kv_weight.grad.clone()))
+        for a, b in zip(*got):
+            assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), (batch, (a - b).abs().max())
