@@ -172,6 +172,7 @@ def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device
 
 
 CATEGORIES = {  # first match wins, on the lower-cased kernel name
+    "mixture products (gno_ext's gathered-weight kernels)": ("gathered_mm", "grouped_wgrad"),
     "attention": ("fmha", "flash", "attention", "cudnn"),
     "optimizer": ("adam", "foreach", "multi_tensor"),
     "matmul": ("gemm", "cutlass", "nvjet", "sm90_", "sm80_", "sm75_", "cublas", "splitk", "gemv"),
