@@ -3,8 +3,8 @@
 For each model, batch size and mode (eager; ``torch.compile``; ``torch.compile`` with CUDA
 graphs, ``mode="reduce-overhead"``) it times, in bf16 autocast:
 the forward pass (no grad) and a full training step (forward, backward, AdamW step). Three
-warm-up runs (on a GPU, at least 2 s of them, so that its clocks are up again after the
-compilation), then the median of ``--repeats`` CUDA-synchronised runs. FLOPs are counted once per
+warm-up runs (on a GPU, at least 2 s of them, so that its clocks are probably up again after
+the compilation), then the median of ``--repeats`` CUDA-synchronised runs. FLOPs are counted once per
 configuration with ``torch.utils.flop_counter.FlopCounterMode`` on a training step; TFLOP/s is
 that count over the median step time.
 
@@ -60,9 +60,9 @@ def make_inputs(batch: int, shape: tuple[int, int], channels: int, device: str) 
 
 def timed(fn, repeats: int, device: str, warmup: int = 3, warmup_s: float = 2.0) -> float:
     """Median time of ``fn`` over ``repeats`` synchronised runs, after ``warmup`` runs and at
-    least ``warmup_s`` seconds of runs on a GPU: after the idle minute of a compilation the
-    GPU's clocks take a while to come back up (timing straight away made the first model of a
-    call up to 20 % slower on an H100)."""
+    least ``warmup_s`` seconds of runs on a GPU: timed straight after its compilation (a
+    minute with the GPU idle, at 345 MHz on an H100), the first model of a call came out 19 %
+    slower than the same model timed later, probably while the clocks came back up."""
     start = time.perf_counter()
     runs = 0
     # CUDA graph trees: a warm-up run, a recording, then replays
