@@ -205,7 +205,8 @@ def mixed_attention(kernels: Sequence[AttentionKernel], index: Tensor, x: Tensor
     kernels : sequence of AttentionKernel
         Kernels of identical shape.
     index : Tensor, shape (B,), long
-        Selected kernel per sample.
+        Selected kernel per sample, in ``[0, K)`` (not checked: a check would wait for the
+        device; the gate's arg-max is always in range).
     x : Tensor, shape (B, N, D)
     context : Tensor, shape (B, M, D), optional
     chunk : int, optional
