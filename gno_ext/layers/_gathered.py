@@ -36,7 +36,7 @@ import importlib.util
 import torch
 from torch import Tensor
 
-from gno_ext.layers._util import one_hot
+from gno_ext.layers._util import kernel_ranks, segment_of
 
 __all__ = ["RUN", "gathered_linear", "load_kernels", "run_plan", "usable"]
 
@@ -74,15 +74,13 @@ def run_plan(index: Tensor, n_kernels: int, run: int | None = None) -> Tensor:
     """
     run = run or RUN
     b = index.shape[0]
-    onehot = one_hot(index, n_kernels)
-    counts = onehot.sum(0)
+    counts, rank = kernel_ranks(index, n_kernels)
     starts = counts.cumsum(0) - counts
-    rank = (onehot.cumsum(0) * onehot).sum(1) - 1
     order = torch.empty_like(index).index_copy_(0, starts[index] + rank, torch.arange(b, device=index.device))
     runs = (counts + run - 1) // run
     run_end = runs.cumsum(0)
     r = torch.arange(b // run + n_kernels, device=index.device)
-    kernel = (r[:, None] >= run_end[None]).sum(1).clamp_max(n_kernels - 1)
+    kernel = segment_of(r, run_end)
     within = r - (run_end - runs)[kernel]
     length = (counts[kernel] - within * run).clamp(0, run)
     return torch.cat([order, kernel, starts[kernel] + within * run, length]).int()

@@ -15,3 +15,16 @@ def one_hot(index: Tensor, n: int, dtype: torch.dtype = torch.long) -> Tensor:
     index out of range gives a zero row.
     """
     return (index[..., None] == torch.arange(n, device=index.device)).to(dtype)
+
+
+def kernel_ranks(index: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """How many samples chose each of ``n`` kernels (n,), and each sample's rank among the
+    samples of its kernel, in batch order (B,): a stable sort by kernel, on the device."""
+    onehot = one_hot(index, n)
+    return onehot.sum(0), (onehot.cumsum(0) * onehot).sum(1) - 1
+
+
+def segment_of(positions: Tensor, ends: Tensor) -> Tensor:
+    """For each position, the segment it falls in, given the segments' cumulative ``ends``
+    (positions past the last end count in the last segment)."""
+    return (positions[:, None] >= ends[None]).sum(1).clamp_max(len(ends) - 1)

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gno_ext.layers import _gathered
-from gno_ext.layers._util import one_hot
+from gno_ext.layers._util import kernel_ranks, one_hot, segment_of
 
 __all__ = ["AttentionKernel", "AttentionKernelBank", "SDPA_BACKENDS", "attend", "chunk_plan", "default_chunk",
            "mixed_attention"]
@@ -167,13 +167,11 @@ def chunk_plan(index: Tensor, n_kernels: int, chunk: int) -> tuple[Tensor, Tenso
     """
     b = index.shape[0]
     groups = (b + n_kernels * (chunk - 1)) // chunk
-    onehot = one_hot(index, n_kernels)
-    padded = (onehot.sum(0) + chunk - 1) // chunk * chunk  # rows of each kernel, whole chunks
+    counts, rank = kernel_ranks(index, n_kernels)
+    padded = (counts + chunk - 1) // chunk * chunk  # rows of each kernel, whole chunks
     ends = padded.cumsum(0)
-    rank = (onehot.cumsum(0) * onehot).sum(1) - 1  # order of the sample among its kernel's samples
     slot = (ends - padded)[index] + rank
-    first_row = torch.arange(groups, device=index.device)[:, None] * chunk
-    chunk_kernel = (first_row >= ends[None]).sum(1).clamp_max(n_kernels - 1)
+    chunk_kernel = segment_of(torch.arange(groups, device=index.device) * chunk, ends)
     return slot, chunk_kernel
 
 
