@@ -31,12 +31,10 @@ path.
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 from torch import Tensor
 
-from gno_ext.layers._util import kernel_ranks, segment_of
+from gno_ext.layers._util import kernel_ranks, segment_of, triton_module
 
 __all__ = ["RUN", "gathered_linear", "load_kernels", "run_plan", "usable"]
 
@@ -50,10 +48,8 @@ def load_kernels():
     """Import the Triton operators (`gno_ext.layers._gathered_kernels`) and return the module,
     or None without Triton."""
     global _kernels
-    if _kernels is None and importlib.util.find_spec("triton") is not None:
-        from gno_ext.layers import _gathered_kernels
-
-        _kernels = _gathered_kernels
+    if _kernels is None:
+        _kernels = triton_module("_gathered_kernels")
     return _kernels
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from types import ModuleType
+
 import torch
 from torch import Tensor
 
@@ -28,3 +32,11 @@ def segment_of(positions: Tensor, ends: Tensor) -> Tensor:
     """For each position, the segment it falls in, given the segments' cumulative ``ends``
     (positions past the last end count in the last segment)."""
     return (positions[:, None] >= ends[None]).sum(1).clamp_max(len(ends) - 1)
+
+
+def triton_module(name: str) -> ModuleType | None:
+    """The module of Triton kernels ``gno_ext.layers.<name>``, imported, or None where Triton is
+    not installed (the callers then take their PyTorch path)."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    return importlib.import_module(f"gno_ext.layers.{name}")

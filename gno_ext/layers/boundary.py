@@ -12,6 +12,10 @@ becomes one token built from
 A light single-head self-attention over these tokens (plus an MLP) mixes faces and types and
 returns $h_\ell$: latent *Dirichlet* tokens, one per boundary patch, that the kernels use as
 context. Any number of faces (1-D, 2-D, 3-D boxes) and every boundary type are accepted.
+
+On a CUDA device with Triton the operator runs as two fused kernels (one per pass,
+`gno_ext.layers._boundary_kernels`) instead of about forty small PyTorch kernels per block;
+elsewhere, and for sizes the kernels do not take, it runs the same computation in PyTorch.
 """
 
 from __future__ import annotations
@@ -22,11 +26,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gno_ext.layers._util import one_hot
+from gno_ext.layers._util import one_hot, triton_module
 from gno_ext.layers.attention import attend
 from gno_ext.schema import BCType, BoundarySpec, Grid, face_view
 
 __all__ = ["BoundaryTransfer", "boundary_features"]
+
+_kernels = None  # gno_ext.layers._boundary_kernels, once loaded
+
+
+def load_kernels():
+    """Import the fused operators (`gno_ext.layers._boundary_kernels`) and return the module,
+    or None without Triton."""
+    global _kernels
+    if _kernels is None:
+        _kernels = triton_module("_boundary_kernels")
+    return _kernels
 
 N_DATA_FEATURES = 4  # data now, data at target time, a, b
 
@@ -112,7 +127,18 @@ class BoundaryTransfer(nn.Module):
         Inner width of the attention and MLP (default ``max(dim // 4, 16)``).
     hidden_ratio : float
         Width of the MLP after the attention, relative to ``width``.
+
+    Attributes
+    ----------
+    fused : bool
+        Run the fused kernels where they can (default True): a CUDA tensor, Triton installed,
+        ``width`` and the MLP width powers of two (up to 128 and 256), at most 128 boundary
+        tokens per sample. Set it to False on an instance for the PyTorch path everywhere. Both
+        paths compute the same function (tests compare them, gradients included) and both are
+        deterministic.
     """
+
+    fused: bool = True
 
     def __init__(self, dim: int, ndim: int, width: int | None = None, hidden_ratio: float = 2.0) -> None:
         super().__init__()
@@ -163,8 +189,43 @@ class BoundaryTransfer(nn.Module):
         -------
         Tensor, shape (B, M, D)
         """
-        x = self.describe(features, state.dtype) + self.state(state)
+        desc = self.describe(features, state.dtype)
+        if self.fusable(state):
+            return self.forward_fused(desc, state)
+        return self.forward_unfused(desc, state)
+
+    def fusable(self, state: Tensor) -> bool:
+        """Whether `forward` takes the fused kernels for this ``state`` (see `fused`)."""
+        return (self.fused and state.is_cuda and _kernels is not None
+                and _kernels.supported(self.norm.normalized_shape[0], self.mlp[1].out_features, state.shape[1]))
+
+    def forward_unfused(self, desc: Tensor, state: Tensor) -> Tensor:
+        """The operator in PyTorch, from the description ``desc`` (`describe`, (B, M, width))."""
+        x = desc + self.state(state)
         q, k, v = self.qkv(self.norm(x)).chunk(3, -1)
         attn = attend(q[:, None], k[:, None], v[:, None])[:, 0]
         x = x + self.attn_out(attn)
         return self.out(x + self.mlp(x))
+
+    def forward_fused(self, desc: Tensor, state: Tensor) -> Tensor:
+        """The operator as the fused Triton kernels (`gno_ext.layers._boundary_kernels`), from
+        the description ``desc``. Under autocast the products run in the autocast type."""
+        if _kernels is None:
+            raise RuntimeError("BoundaryTransfer.forward_fused: the Triton operators are not loaded (they need Triton "
+                               "and a CUDA device, or Triton's interpreter)")
+        device = state.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else state.dtype
+        fc1, fc2 = self.mlp[1], self.mlp[3]
+        ws, wqkv, wo, w1, w2, wout = (m.weight.to(dtype).contiguous()
+                                      for m in (self.state, self.qkv, self.attn_out, fc1, fc2, self.out))
+        with torch.autocast(device, enabled=False):
+            y, _ = _kernels.boundary_transfer(
+                desc.to(dtype).contiguous(), state.to(dtype).contiguous(), ws, self.state.bias,
+                self.norm.weight, self.norm.bias, wqkv, self.qkv.bias, wo, self.attn_out.bias,
+                self.mlp[0].weight, self.mlp[0].bias, w1, fc1.bias, w2, fc2.bias, wout, self.out.bias,
+                self.norm.eps, self.mlp[0].eps)
+        return y
+
+
+if torch.cuda.is_available():  # the operators must exist before torch.compile traces a model
+    load_kernels()

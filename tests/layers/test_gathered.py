@@ -2,10 +2,6 @@
 Triton kernels in Triton's interpreter on the CPU (when Triton is installed), and the GNO's
 mixture path on a GPU (when there is one)."""
 
-import os
-import subprocess
-import sys
-import textwrap
 import types
 from importlib.util import find_spec
 
@@ -13,6 +9,7 @@ import pytest
 import torch
 
 from gno_ext.layers import _gathered
+from tests.layers._interpreter import run_interpreted
 
 needs_triton = pytest.mark.skipif(find_spec("triton") is None, reason="Triton is not installed")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or _gathered.load_kernels() is None,
@@ -55,28 +52,11 @@ def test_usable_only_on_cuda_with_kernels_and_without_deterministic_algorithms(m
 
 INTERPRETED = """
 import os
-import sys
 import torch
-import triton
-import triton.language as tl
 from torch.utils.flop_counter import FlopCounterMode
 from gno_ext.layers import _gathered
 
 assert os.environ["TRITON_INTERPRET"] == "1"
-
-
-@triton.jit
-def _double(x_ptr, n, BLOCK: tl.constexpr):
-    for i in range(0, n, BLOCK):
-        x = tl.load(x_ptr + i + tl.arange(0, BLOCK))
-        tl.store(x_ptr + i + tl.arange(0, BLOCK), 2 * x)
-
-
-try:  # some Triton releases' interpreters fail with newer numpy (Triton 3.6 with numpy 2.4)
-    _double[(1,)](torch.ones(32), 32, BLOCK=16)
-except Exception as error:
-    print(f"INTERPRETER UNAVAILABLE: Triton {triton.__version__}: {error!r}")
-    sys.exit(0)
 assert _gathered.load_kernels() is not None
 torch.manual_seed(0)
 # (batch, tokens, in, out, kernels, samples per run, bias): row counts that are not a multiple
@@ -109,13 +89,7 @@ def test_kernels_match_the_reference_in_tritons_interpreter():
     """Forward, input, weight and bias gradients of the Triton kernels (run by Triton's CPU
     interpreter, in a process of its own: the interpreter is chosen when the kernels are
     defined) equal the per-sample products; FLOPs are counted for all three products."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(INTERPRETED)], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    if "INTERPRETER UNAVAILABLE" in done.stdout:
-        pytest.skip(done.stdout.strip())
-    assert "interpreted kernels agree" in done.stdout
+    run_interpreted(INTERPRETED, "interpreted kernels agree")
 
 
 @needs_cuda

@@ -1,0 +1,389 @@
+r"""Fused Triton kernels of `gno_ext.layers.boundary.BoundaryTransfer` (imported only where
+they can run: a CUDA device, or Triton's interpreter in the tests).
+
+The operator works on a few dozen boundary tokens per sample at a small width, so in PyTorch
+its forward and backward passes are about forty kernels per block, each of a few microseconds,
+that do almost no work. Here the whole forward pass is one kernel and the backward pass one
+kernel for the input gradients plus six matrix products for the weight gradients:
+
+* **forward** (`_forward_kernel`): each program takes ``G`` samples (``G * MP`` rows, ``MP``
+  the boundary token count rounded up to a power of two) and computes, in registers,
+
+  $$
+  x = d + S W_s + b_s,\quad q, k, v = \mathrm{LN}_1(x) W_{qkv} + b_{qkv},\quad
+  x_1 = x + \mathrm{softmax}\big(q k^\top / \sqrt{w}\big) v\, W_o + b_o,
+  $$
+  $$
+  x_2 = x_1 + \mathrm{GELU}\big(\mathrm{LN}_2(x_1) W_1 + b_1\big) W_2 + b_2,\quad
+  y = x_2 W_{out} + b_{out},
+  $$
+
+  the attention masked to each sample's own tokens. It writes ``y`` and the activations that
+  the backward pass reads (one ``(B, M, 9 w + 2 h)`` buffer);
+* **backward** (`_backward_kernel`): the same programs run the chain backwards, write the
+  input gradients (of the state ``S`` and of the description ``d``) and the gradients at each
+  product's output, and sum the bias and norm-parameter gradients over their rows (one row of
+  partial sums per program, added up afterwards: no atomics, so the result is reproducible);
+* the weight gradients are six ordinary matrix products over all ``B M`` rows
+  (``dW = dY^\top X``), which the GPU's libraries do well at this size.
+
+Under autocast the matrix operands are in the autocast type (float32 accumulation); norms,
+softmax and GELU are computed in float32. Every activation that the backward pass reads is
+rounded to the operand type before the forward pass uses it, so that both passes see the same
+values.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
+
+from gno_ext.layers._gathered_kernels import _launch, _precision
+
+__all__ = ["ROWS", "boundary_transfer", "boundary_transfer_backward", "saved_layout", "supported"]
+
+# rows per program: G = ROWS // MP samples of MP (padded) boundary tokens each
+ROWS = 64
+MAX_TOKENS = 128  # boundary tokens per sample the kernels take (the attention tile is MP x MP)
+NUM_WARPS = 8
+
+
+def saved_layout(width: int, hidden: int) -> dict[str, tuple[int, int]]:
+    """Column ranges ``(start, stop)`` of the activations in the forward pass's saved buffer."""
+    sizes = {"x": width, "n1": width, "q": width, "k": width, "v": width, "a": width, "x1": width,
+             "n2": width, "x2": width, "hpre": hidden, "h": hidden}
+    return _ranges(sizes)
+
+
+def grad_layout(width: int, hidden: int) -> dict[str, tuple[int, int]]:
+    """Column ranges of the backward kernel's gradient buffer (gradients at products' outputs)."""
+    return _ranges({"dx": width, "dqkv": 3 * width, "dx1": width, "dhpre": hidden, "dx2": width})
+
+
+def sums_layout(width: int, hidden: int, dim: int) -> dict[str, tuple[int, int]]:
+    """Column ranges of the backward kernel's partial sums (bias and norm-parameter gradients)."""
+    return _ranges({"state.bias": width, "norm.weight": width, "norm.bias": width, "qkv.bias": 3 * width,
+                    "attn_out.bias": width, "mlp.0.weight": width, "mlp.0.bias": width, "mlp.1.bias": hidden,
+                    "mlp.3.bias": width, "out.bias": dim})
+
+
+def _ranges(sizes: dict[str, int]) -> dict[str, tuple[int, int]]:
+    out, start = {}, 0
+    for name, size in sizes.items():
+        out[name] = (start, start + size)
+        start += size
+    return out
+
+
+def supported(width: int, hidden: int, tokens: int) -> bool:
+    """Whether the kernels take this size: widths powers of two from 16 to 128 (hidden: to
+    256), at most `MAX_TOKENS` boundary tokens per sample."""
+    def pow2(n: int, largest: int) -> bool:
+        return 16 <= n <= largest and n & (n - 1) == 0
+    return pow2(width, 128) and pow2(hidden, 256) and 1 <= tokens <= MAX_TOKENS
+
+
+@triton.jit
+def _layer_norm(x, gamma_ptr, beta_ptr, cw, W: tl.constexpr, eps):
+    """Row-wise layer norm of ``x`` (R, W) in float32: ``(normalised * gamma + beta, normalised)``."""
+    xc = x - (tl.sum(x, 1) / W)[:, None]
+    xhat = xc * tl.math.rsqrt(tl.sum(xc * xc, 1) / W + eps)[:, None]
+    gamma = tl.load(gamma_ptr + cw).to(tl.float32)
+    beta = tl.load(beta_ptr + cw).to(tl.float32)
+    return xhat * gamma[None, :] + beta[None, :], xhat
+
+
+@triton.jit
+def _layer_norm_backward(dn, x, gamma_ptr, cw, W: tl.constexpr, eps):
+    """Input gradient of `_layer_norm` given the output gradient ``dn``, and the row sums
+    ``sum(dn * normalised)`` and ``sum(dn)`` (the gradients of gamma and beta)."""
+    xc = x - (tl.sum(x, 1) / W)[:, None]
+    rstd = tl.math.rsqrt(tl.sum(xc * xc, 1) / W + eps)
+    xhat = xc * rstd[:, None]
+    gh = dn * tl.load(gamma_ptr + cw).to(tl.float32)[None, :]
+    dx = rstd[:, None] * (gh - (tl.sum(gh, 1) / W)[:, None] - xhat * (tl.sum(gh * xhat, 1) / W)[:, None])
+    return dx, tl.sum(dn * xhat, 0), tl.sum(dn, 0)
+
+
+@triton.jit
+def _linear(x, w_ptr, b_ptr, first, IN: tl.constexpr, OUT: tl.constexpr, PRECISION: tl.constexpr):
+    """``x (R, IN) @ weight[first:first + OUT].T + bias[first:first + OUT]`` in float32, for a
+    ``torch.nn.Linear`` weight of shape (out, IN) (``x`` already in the operand type)."""
+    i = tl.arange(0, IN)
+    o = tl.arange(0, OUT)
+    w = tl.load(w_ptr + (first + o[None, :]) * IN + i[:, None])
+    y = tl.dot(x, w, input_precision=PRECISION)
+    return y + tl.load(b_ptr + first + o).to(tl.float32)[None, :]
+
+
+@triton.jit
+def _linear_input_grad(dy, w_ptr, first, IN: tl.constexpr, OUT: tl.constexpr, PRECISION: tl.constexpr):
+    """``dy (R, OUT) @ weight[first:first + OUT]``: the input gradient of `_linear`."""
+    i = tl.arange(0, IN)
+    o = tl.arange(0, OUT)
+    w = tl.load(w_ptr + (first + o[:, None]) * IN + i[None, :])
+    return tl.dot(dy.to(w.dtype), w, input_precision=PRECISION)
+
+
+@triton.jit
+def _probabilities(q, k, r, M, MP: tl.constexpr, scale, PRECISION: tl.constexpr):
+    """Attention weights of rows ``r`` (R,) over the keys of their own sample (row ``r`` is
+    token ``r % MP`` of sample ``r // MP``; tokens ``>= M`` are padding)."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    own = ((r // MP)[:, None] == (r // MP)[None, :]) & ((r % MP) < M)[None, :]
+    s = tl.where(own, s, float("-inf"))
+    p = tl.exp(s - tl.max(s, 1)[:, None])
+    return p / tl.sum(p, 1)[:, None]
+
+
+@triton.jit
+def _rows(B, M, MP: tl.constexpr, G: tl.constexpr):
+    """This program's rows: local index, flat row in (B * M) and validity."""
+    r = tl.arange(0, G * MP)
+    sample = tl.program_id(0) * G + r // MP
+    token = r % MP
+    return r, sample.to(tl.int64) * M + token, (sample < B) & (token < M)
+
+
+@triton.jit
+def _forward_kernel(desc_ptr, state_ptr, ws_ptr, bs_ptr, g1_ptr, be1_ptr, wqkv_ptr, bqkv_ptr, wo_ptr, bo_ptr,
+                    g2_ptr, be2_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, wout_ptr, bout_ptr, y_ptr, saved_ptr,
+                    B, M, D, eps1, eps2, scale,
+                    W: tl.constexpr, HID: tl.constexpr, MP: tl.constexpr, G: tl.constexpr, BD: tl.constexpr,
+                    PRECISION: tl.constexpr):
+    S: tl.constexpr = 9 * W + 2 * HID  # saved columns: x n1 q k v a x1 n2 x2 (W each), hpre h (HID each)
+    r, row, valid = _rows(B, M, MP, G)
+    vm = valid[:, None]
+    cw = tl.arange(0, W)
+    ch = tl.arange(0, HID)
+    cd = tl.arange(0, BD)
+    dt = y_ptr.dtype.element_ty
+    sv = saved_ptr + row[:, None] * S
+    # x = d + S W_s + b_s
+    x = tl.zeros((G * MP, W), tl.float32)
+    for d0 in range(0, D, BD):
+        dd = d0 + cd
+        st = tl.load(state_ptr + row[:, None] * D + dd[None, :], mask=vm & (dd[None, :] < D), other=0.0)
+        wt = tl.load(ws_ptr + cw[None, :] * D + dd[:, None], mask=dd[:, None] < D, other=0.0)
+        x = tl.dot(st, wt, x, input_precision=PRECISION)
+    x += tl.load(desc_ptr + row[:, None] * W + cw[None, :], mask=vm, other=0.0).to(tl.float32)
+    x = (x + tl.load(bs_ptr + cw).to(tl.float32)[None, :]).to(dt)
+    tl.store(sv + cw[None, :], x, mask=vm)
+    # attention over the sample's boundary tokens
+    n1, _ = _layer_norm(x.to(tl.float32), g1_ptr, be1_ptr, cw, W, eps1)
+    n1 = n1.to(dt)
+    tl.store(sv + W + cw[None, :], n1, mask=vm)
+    q = _linear(n1, wqkv_ptr, bqkv_ptr, 0, W, W, PRECISION).to(dt)
+    k = _linear(n1, wqkv_ptr, bqkv_ptr, W, W, W, PRECISION).to(dt)
+    v = _linear(n1, wqkv_ptr, bqkv_ptr, 2 * W, W, W, PRECISION).to(dt)
+    tl.store(sv + 2 * W + cw[None, :], q, mask=vm)
+    tl.store(sv + 3 * W + cw[None, :], k, mask=vm)
+    tl.store(sv + 4 * W + cw[None, :], v, mask=vm)
+    p = _probabilities(q, k, r, M, MP, scale, PRECISION)
+    a = tl.dot(p.to(dt), v, input_precision=PRECISION).to(dt)
+    tl.store(sv + 5 * W + cw[None, :], a, mask=vm)
+    x1 = (x.to(tl.float32) + _linear(a, wo_ptr, bo_ptr, 0, W, W, PRECISION)).to(dt)
+    tl.store(sv + 6 * W + cw[None, :], x1, mask=vm)
+    # MLP
+    n2, _ = _layer_norm(x1.to(tl.float32), g2_ptr, be2_ptr, cw, W, eps2)
+    n2 = n2.to(dt)
+    tl.store(sv + 7 * W + cw[None, :], n2, mask=vm)
+    hpre = _linear(n2, w1_ptr, b1_ptr, 0, W, HID, PRECISION).to(dt)
+    tl.store(sv + 9 * W + ch[None, :], hpre, mask=vm)
+    hf = hpre.to(tl.float32)
+    h = (0.5 * hf * (1.0 + tl.math.erf(hf * 0.7071067811865476))).to(dt)
+    tl.store(sv + 9 * W + HID + ch[None, :], h, mask=vm)
+    x2 = (x1.to(tl.float32) + _linear(h, w2_ptr, b2_ptr, 0, HID, W, PRECISION)).to(dt)
+    tl.store(sv + 8 * W + cw[None, :], x2, mask=vm)
+    # y = x2 W_out + b_out, by column blocks
+    for d0 in range(0, D, BD):
+        dd = d0 + cd
+        wt = tl.load(wout_ptr + dd[None, :] * W + cw[:, None], mask=dd[None, :] < D, other=0.0)
+        yt = tl.dot(x2, wt, input_precision=PRECISION)
+        yt += tl.load(bout_ptr + dd, mask=dd < D, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + row[:, None] * D + dd[None, :], yt.to(dt), mask=vm & (dd[None, :] < D))
+
+
+@triton.jit
+def _backward_kernel(dy_ptr, saved_ptr, ws_ptr, g1_ptr, wqkv_ptr, wo_ptr, g2_ptr, w1_ptr, w2_ptr, wout_ptr,
+                     dstate_ptr, grads_ptr, sums_ptr, B, M, D, eps1, eps2, scale,
+                     W: tl.constexpr, HID: tl.constexpr, MP: tl.constexpr, G: tl.constexpr, BD: tl.constexpr,
+                     PRECISION: tl.constexpr):
+    S: tl.constexpr = 9 * W + 2 * HID
+    GW: tl.constexpr = 6 * W + HID  # gradient columns: dx, dq dk dv, dx1, dhpre, dx2
+    r, row, valid = _rows(B, M, MP, G)
+    vm = valid[:, None]
+    cw = tl.arange(0, W)
+    ch = tl.arange(0, HID)
+    cd = tl.arange(0, BD)
+    dt = dy_ptr.dtype.element_ty
+    sv = saved_ptr + row[:, None] * S
+    gv = grads_ptr + row[:, None] * GW
+    # this program's row of partial sums, laid out as `sums_layout`
+    ps = sums_ptr + tl.program_id(0).to(tl.int64) * (10 * W + HID + D)
+    # y = x2 W_out + b_out
+    dx2 = tl.zeros((G * MP, W), tl.float32)
+    for d0 in range(0, D, BD):
+        dd = d0 + cd
+        dyt = tl.load(dy_ptr + row[:, None] * D + dd[None, :], mask=vm & (dd[None, :] < D), other=0.0)
+        wt = tl.load(wout_ptr + dd[:, None] * W + cw[None, :], mask=dd[:, None] < D, other=0.0)
+        dx2 = tl.dot(dyt, wt, dx2, input_precision=PRECISION)
+        tl.store(ps + 10 * W + HID + dd, tl.sum(dyt.to(tl.float32), 0), mask=dd < D)
+    tl.store(gv + 5 * W + HID + cw[None, :], dx2.to(dt), mask=vm)
+    tl.store(ps + 9 * W + HID + cw, tl.sum(dx2, 0))
+    # x2 = x1 + GELU(n2 W_1 + b_1) W_2 + b_2
+    hf = tl.load(sv + 9 * W + ch[None, :], mask=vm, other=0.0).to(tl.float32)
+    gelu_grad = 0.5 * (1.0 + tl.math.erf(hf * 0.7071067811865476)) + hf * 0.3989422804014327 * tl.exp(-0.5 * hf * hf)
+    dhpre = _linear_input_grad(dx2, w2_ptr, 0, HID, W, PRECISION) * gelu_grad
+    tl.store(gv + 5 * W + ch[None, :], dhpre.to(dt), mask=vm)
+    tl.store(ps + 9 * W + ch, tl.sum(dhpre, 0))
+    dn2 = _linear_input_grad(dhpre, w1_ptr, 0, W, HID, PRECISION)
+    x1 = tl.load(sv + 6 * W + cw[None, :], mask=vm, other=0.0).to(tl.float32)
+    dx1, dg2, db2 = _layer_norm_backward(dn2, x1, g2_ptr, cw, W, eps2)
+    dx1 += dx2
+    tl.store(ps + 7 * W + cw, dg2)
+    tl.store(ps + 8 * W + cw, db2)
+    tl.store(gv + 4 * W + cw[None, :], dx1.to(dt), mask=vm)
+    tl.store(ps + 6 * W + cw, tl.sum(dx1, 0))
+    # x1 = x + softmax(q k^T / sqrt(w)) v W_o + b_o
+    da = _linear_input_grad(dx1, wo_ptr, 0, W, W, PRECISION).to(dt)
+    q = tl.load(sv + 2 * W + cw[None, :], mask=vm, other=0.0)
+    k = tl.load(sv + 3 * W + cw[None, :], mask=vm, other=0.0)
+    v = tl.load(sv + 4 * W + cw[None, :], mask=vm, other=0.0)
+    p = _probabilities(q, k, r, M, MP, scale, PRECISION)
+    dv = tl.dot(tl.trans(p.to(dt)), da, input_precision=PRECISION)
+    dp = tl.dot(da, tl.trans(v), input_precision=PRECISION)
+    ds = (p * (dp - tl.sum(dp * p, 1)[:, None]) * scale).to(dt)
+    dq = tl.dot(ds, k, input_precision=PRECISION)
+    dk = tl.dot(tl.trans(ds), q, input_precision=PRECISION)
+    tl.store(gv + W + cw[None, :], dq.to(dt), mask=vm)
+    tl.store(gv + 2 * W + cw[None, :], dk.to(dt), mask=vm)
+    tl.store(gv + 3 * W + cw[None, :], dv.to(dt), mask=vm)
+    tl.store(ps + 3 * W + cw, tl.sum(dq, 0))
+    tl.store(ps + 4 * W + cw, tl.sum(dk, 0))
+    tl.store(ps + 5 * W + cw, tl.sum(dv, 0))
+    dn1 = (_linear_input_grad(dq, wqkv_ptr, 0, W, W, PRECISION)
+           + _linear_input_grad(dk, wqkv_ptr, W, W, W, PRECISION)
+           + _linear_input_grad(dv, wqkv_ptr, 2 * W, W, W, PRECISION))
+    x = tl.load(sv + cw[None, :], mask=vm, other=0.0).to(tl.float32)
+    dx, dg1, db1 = _layer_norm_backward(dn1, x, g1_ptr, cw, W, eps1)
+    dx += dx1
+    tl.store(ps + W + cw, dg1)
+    tl.store(ps + 2 * W + cw, db1)
+    tl.store(gv + cw[None, :], dx.to(dt), mask=vm)
+    tl.store(ps + cw, tl.sum(dx, 0))
+    # x = d + S W_s + b_s: the state's gradient, by column blocks
+    dxt = dx.to(dt)
+    for d0 in range(0, D, BD):
+        dd = d0 + cd
+        wt = tl.load(ws_ptr + cw[:, None] * D + dd[None, :], mask=dd[None, :] < D, other=0.0)
+        tl.store(dstate_ptr + row[:, None] * D + dd[None, :], tl.dot(dxt, wt, input_precision=PRECISION).to(dt),
+                 mask=vm & (dd[None, :] < D))
+
+
+def _geometry(state: Tensor) -> tuple[int, int, int, tuple[int]]:
+    """``(MP, G, BD, grid)``: padded tokens, samples per program, column block of D, grid."""
+    b, m, d = (int(n) for n in state.shape)
+    mp = max(triton.next_power_of_2(m), 1)
+    g = max(1, ROWS // mp)
+    bd = max(16, min(64, triton.next_power_of_2(d)))
+    return mp, g, bd, (triton.cdiv(b, g),)
+
+
+@torch.library.triton_op("gno_ext::boundary_transfer", mutates_args={})
+def boundary_transfer(desc: Tensor, state: Tensor, ws: Tensor, bs: Tensor, g1: Tensor, be1: Tensor,
+                      wqkv: Tensor, bqkv: Tensor, wo: Tensor, bo: Tensor, g2: Tensor, be2: Tensor,
+                      w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, wout: Tensor, bout: Tensor,
+                      eps1: float, eps2: float) -> tuple[Tensor, Tensor]:
+    """The boundary transfer operator's forward pass: ``(y (B, M, D), saved (B, M, 9 w + 2 h))``.
+
+    ``desc`` (B, M, w) is the boundary description, ``state`` (B, M, D) the near-boundary
+    latent state, both in the operand type, as are the weights ``ws wqkv wo w1 w2 wout``
+    (``torch.nn.Linear`` layout, contiguous); biases and norm parameters in any float type.
+    """
+    b, m, d = state.shape
+    width, hidden = wqkv.shape[1], w1.shape[0]
+    mp, g, bd, grid = _geometry(state)
+    y = state.new_empty(b, m, d)
+    saved = state.new_empty(b, m, 9 * width + 2 * hidden)
+    _launch(_forward_kernel)[grid](
+        desc, state, ws, bs, g1, be1, wqkv, bqkv, wo, bo, g2, be2, w1, b1, w2, b2, wout, bout, y, saved,
+        b, m, d, eps1, eps2, width ** -0.5, W=width, HID=hidden, MP=mp, G=g, BD=bd, PRECISION=_precision(),
+        num_warps=NUM_WARPS)
+    return y, saved
+
+
+@torch.library.triton_op("gno_ext::boundary_transfer_backward", mutates_args={})
+def boundary_transfer_backward(dy: Tensor, saved: Tensor, ws: Tensor, g1: Tensor, wqkv: Tensor, wo: Tensor,
+                               g2: Tensor, w1: Tensor, w2: Tensor, wout: Tensor, eps1: float,
+                               eps2: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Input gradients of `boundary_transfer`: ``(dstate (B, M, D), grads (B, M, 6 w + h),
+    sums (programs, 10 w + h + D))``, with ``grads`` the gradients at the products' outputs
+    (`grad_layout`) and ``sums`` each program's float32 row sums (`sums_layout`)."""
+    b, m, d = dy.shape
+    width, hidden = wqkv.shape[1], w1.shape[0]
+    mp, g, bd, grid = _geometry(dy)
+    dstate = dy.new_empty(b, m, d)
+    grads = dy.new_empty(b, m, 6 * width + hidden)
+    sums = dy.new_empty(grid[0], 10 * width + hidden + d, dtype=torch.float32)
+    _launch(_backward_kernel)[grid](
+        dy, saved, ws, g1, wqkv, wo, g2, w1, w2, wout, dstate, grads, sums, b, m, d, eps1, eps2, width ** -0.5,
+        W=width, HID=hidden, MP=mp, G=g, BD=bd, PRECISION=_precision(), num_warps=NUM_WARPS)
+    return dstate, grads, sums
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    desc, state, ws, bs, g1, be1, wqkv, bqkv, wo, bo, g2, be2, w1, b1, w2, b2, wout, bout, eps1, eps2 = inputs
+    ctx.save_for_backward(state, output[1], ws, g1, wqkv, wo, g2, w1, w2, wout)
+    ctx.eps = (eps1, eps2)
+    ctx.small_types = [t.dtype for t in (bs, g1, be1, bqkv, bo, g2, be2, b1, b2, bout)]
+
+
+def _backward(ctx, dy: Tensor, _saved_grad: Tensor | None):
+    state, saved, ws, g1, wqkv, wo, g2, w1, w2, wout = ctx.saved_tensors
+    width, hidden = wqkv.shape[1], w1.shape[0]
+    b, m, d = state.shape
+    dy = dy.contiguous()
+    dstate, grads, sums = boundary_transfer_backward(dy, saved, ws, g1, wqkv, wo, g2, w1, w2, wout, *ctx.eps)
+    sums = sums.sum(0)
+    small = [sums[i:j].to(t) for (i, j), t in zip(sums_layout(width, hidden, d).values(), ctx.small_types)]
+    act = {name: saved.view(b * m, -1)[:, i:j] for name, (i, j) in saved_layout(width, hidden).items()}
+    grad = {name: grads.view(b * m, -1)[:, i:j] for name, (i, j) in grad_layout(width, hidden).items()}
+
+    def weight_grad(out_grad: Tensor, inputs: Tensor) -> Tensor:  # of a Linear weight (out, in)
+        return out_grad.t() @ inputs
+
+    dws = weight_grad(grad["dx"], state.reshape(b * m, d))
+    dwqkv = weight_grad(grad["dqkv"], act["n1"])
+    dwo = weight_grad(grad["dx1"], act["a"])
+    dw1 = weight_grad(grad["dhpre"], act["n2"])
+    dw2 = weight_grad(grad["dx2"], act["h"])
+    dwout = weight_grad(dy.view(b * m, d), act["x2"])
+    dbs, dg1, dbe1, dbqkv, dbo, dg2, dbe2, db1, db2, dbout = small
+    ddesc = grads[..., :width]
+    return (ddesc, dstate, dws, dbs, dg1, dbe1, dwqkv, dbqkv, dwo, dbo, dg2, dbe2, dw1, db1, dw2, db2, dwout, dbout,
+            None, None)
+
+
+boundary_transfer.register_autograd(_backward, setup_context=_setup_context)
+
+
+@register_flop_formula(torch.ops.gno_ext.boundary_transfer)
+def _forward_flops(desc_shape, state_shape, ws_shape, bs_shape, g1_shape, be1_shape, wqkv_shape, bqkv_shape,
+                   wo_shape, bo_shape, g2_shape, be2_shape, w1_shape, *args, out_shape=None, **kwargs) -> int:
+    b, m, d = state_shape
+    w, h = wqkv_shape[1], w1_shape[0]
+    # S W_s, qkv, q k^T, p v, W_o, W_1, W_2, W_out
+    return 2 * b * m * (d * w + 3 * w * w + 2 * m * w + w * w + 2 * w * h + w * d)
+
+
+@register_flop_formula(torch.ops.gno_ext.boundary_transfer_backward)
+def _backward_flops(dy_shape, saved_shape, ws_shape, g1_shape, wqkv_shape, wo_shape, g2_shape, w1_shape,
+                    *args, out_shape=None, **kwargs) -> int:
+    b, m, d = dy_shape
+    w, h = wqkv_shape[1], w1_shape[0]
+    # input gradients of W_out, W_2, W_1, W_o, qkv and W_s; attention: dv, dp, dq, dk
+    return 2 * b * m * (d * w + 2 * w * h + w * w + 3 * w * w + d * w + 4 * m * w)

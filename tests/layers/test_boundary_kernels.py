@@ -1,0 +1,173 @@
+"""The fused boundary transfer kernels (`gno_ext.layers._boundary_kernels`): when they are
+taken, and that they compute the PyTorch path's function and gradients, in Triton's CPU
+interpreter (when Triton is installed) and on a GPU (when there is one)."""
+
+import types
+from importlib.util import find_spec
+
+import pytest
+import torch
+
+from gno_ext.layers import boundary
+from tests.layers._interpreter import run_interpreted
+
+needs_triton = pytest.mark.skipif(find_spec("triton") is None, reason="Triton is not installed")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or boundary.load_kernels() is None,
+                                reason="needs a CUDA device and Triton")
+
+
+@needs_triton
+def test_fused_path_only_on_cuda_for_supported_sizes(monkeypatch):
+    kernels = boundary.load_kernels()
+    assert kernels.supported(64, 128, 32) and kernels.supported(16, 16, 1) and kernels.supported(128, 256, 128)
+    assert not kernels.supported(48, 96, 32)  # widths must be powers of two
+    assert not kernels.supported(64, 512, 32) and not kernels.supported(256, 128, 32)
+    assert not kernels.supported(64, 128, 129)  # too many boundary tokens (3-D boxes at fine grids)
+    bt = boundary.BoundaryTransfer(256, 2)
+    cuda_like = types.SimpleNamespace(is_cuda=True, shape=(4, 32, 256))
+    assert bt.fusable(cuda_like) and not bt.fusable(torch.zeros(4, 32, 256))
+    assert not bt.fusable(types.SimpleNamespace(is_cuda=True, shape=(4, 200, 256)))
+    bt.fused = False
+    assert not bt.fusable(cuda_like)
+    bt.fused = True
+    monkeypatch.setattr(boundary, "_kernels", None)
+    assert not bt.fusable(cuda_like)
+    with pytest.raises(RuntimeError, match="not loaded"):
+        bt.forward_fused(torch.zeros(1, 2, 64), torch.zeros(1, 2, 256))
+
+
+INTERPRETED = """
+import os
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from gno_ext.layers import boundary
+
+assert os.environ["TRITON_INTERPRET"] == "1"
+assert boundary.load_kernels() is not None
+torch.manual_seed(0)
+# (batch, boundary tokens, model width, inner width): a last program with fewer samples, token
+# counts that are not powers of two (several samples per program, and one sample of 100 tokens
+# per program), a model width that is not a multiple of the column block
+for b, m, d, w in [(5, 7, 48, 16), (3, 20, 64, 32), (2, 100, 32, 16)]:
+    bt = boundary.BoundaryTransfer(d, 2, width=w)
+    with torch.no_grad():  # away from the initialisation (norms at 1 and 0)
+        for p in bt.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    desc = torch.randn(b, m, w, requires_grad=True)
+    state = torch.randn(b, m, d, requires_grad=True)
+    probe = torch.randn(b, m, d)
+    leaves = [desc, state] + [p for n, p in bt.named_parameters() if "embedding" not in n and "data" not in n
+                              and "position" not in n]  # those act in `describe`, outside the kernels
+    results, flops = [], []
+    for path in (bt.forward_fused, bt.forward_unfused):
+        for leaf in leaves:
+            leaf.grad = None
+        with FlopCounterMode(display=False) as counter:
+            y = path(desc, state)
+            (y * probe).sum().backward()
+        results.append((y, *(leaf.grad for leaf in leaves)))
+        flops.append(counter.get_total_flops())
+    # every product three times (forward, input and weight gradients), the attention's two
+    # products forward and four backward; FlopCounterMode may not count the CPU's attention kernel
+    h = 2 * w
+    products = 6 * b * m * (2 * d * w + 4 * w * w + 2 * w * h)
+    attention = 12 * b * m * m * w
+    assert flops[0] == products + attention and flops[1] in (products + attention, products), flops
+    for got, want in zip(*results):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert (got - want).norm() <= 1e-5 * want.norm(), ((got - want).norm() / want.norm(), got.shape)
+print("fused boundary transfer agrees")
+"""
+
+
+@needs_triton
+def test_fused_kernels_match_the_pytorch_path_in_tritons_interpreter():
+    """Forward pass and every gradient (description, state, weights, biases, norm parameters)
+    of the fused kernels equal the PyTorch path in float32, and the FLOP counts agree."""
+    run_interpreted(INTERPRETED, "fused boundary transfer agrees")
+
+
+def _paths(bt, desc, state, probe):
+    """Output and gradients of both paths (and of the compiled fused one)."""
+    leaves = [desc, state] + list(bt.parameters())
+    out = {}
+    for name, fn in [("fused", bt.forward_fused), ("unfused", bt.forward_unfused),
+                     ("compiled", torch.compile(bt.forward_fused, fullgraph=True))]:
+        y = fn(desc, state)
+        grads = torch.autograd.grad((y.float() * probe).sum(), leaves, allow_unused=True)
+        out[name] = [y.float()] + [g.float() for g in grads if g is not None]
+    return out
+
+
+def _relative(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+@needs_cuda
+def test_gpu_fused_equals_pytorch_path_in_float32_eager_and_compiled():
+    torch.manual_seed(3)
+    assert not torch.backends.cuda.matmul.allow_tf32  # the kernels follow it: exact float32 products
+    bt = boundary.BoundaryTransfer(256, 2).cuda()
+    desc = torch.randn(37, 32, 64, device="cuda", requires_grad=True)
+    state = torch.randn(37, 32, 256, device="cuda", requires_grad=True)
+    out = _paths(bt, desc, state, torch.randn(37, 32, 256, device="cuda"))
+    for name in ("fused", "compiled"):
+        for got, want in zip(out[name], out["unfused"]):
+            assert _relative(got, want) < 1e-5, (name, got.shape, _relative(got, want))
+
+
+@needs_cuda
+def test_gpu_fused_in_bfloat16_is_as_close_to_float32_as_the_pytorch_path():
+    """Under bf16 autocast both paths are compared with the float32 computation: the fused
+    kernels (which keep norms, softmax and GELU in float32 registers) are within bf16 rounding
+    (1e-2 relative) and no further from it than twice the PyTorch path."""
+    torch.manual_seed(4)
+    bt = boundary.BoundaryTransfer(256, 2).cuda()
+    desc = torch.randn(64, 32, 64, device="cuda", requires_grad=True)
+    state = torch.randn(64, 32, 256, device="cuda", requires_grad=True)
+    probe = torch.randn(64, 32, 256, device="cuda")
+    exact = _paths(bt, desc, state, probe)["unfused"]
+    with torch.autocast("cuda", torch.bfloat16):
+        low = _paths(bt, desc, state, probe)
+    for i, want in enumerate(exact):
+        fused, unfused = _relative(low["fused"][i], want), _relative(low["unfused"][i], want)
+        assert fused < 1e-2 and fused <= 2 * unfused, (i, fused, unfused)
+        assert _relative(low["compiled"][i], want) < 1e-2
+
+
+@needs_cuda
+def test_gpu_gno_takes_the_fused_path_and_matches_the_pytorch_path(monkeypatch):
+    """The GNO's boundary operators run fused by default (eager, and compiled with
+    ``fullgraph=True``) and give the PyTorch path's outputs and gradients (float32)."""
+    from gno_ext.models import GNO
+    from gno_ext.schema import BoundarySpec
+
+    torch.manual_seed(5)
+    model = GNO(latent=64, patch=8, depth=2, heads=4).cuda()
+    u = torch.randn(6, 1, 1, 64, 64, device="cuda")
+    bc = BoundarySpec.from_types(["dirichlet", "neumann"] * 2, [1.0, -2.0, 0.0, 0.5], batch_size=6).to("cuda")
+    theta = torch.rand(6, 1, device="cuda")
+    launches = []
+    fused_op = boundary._kernels.boundary_transfer
+
+    def counted(*args):
+        launches.append(args[1].shape)
+        return fused_op(*args)
+
+    runs = {}
+    for name, fused, fn in [("fused", True, model), ("compiled", True, torch.compile(model, fullgraph=True)),
+                            ("unfused", False, model)]:
+        for blk in model.blocks:
+            blk.boundary.fused = fused
+        model.zero_grad()
+        with monkeypatch.context() as patch:
+            if name == "fused":
+                patch.setattr(boundary._kernels, "boundary_transfer", counted)
+            y = fn(u, theta=theta, bc=bc)
+        y.square().mean().backward()
+        runs[name] = [y.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    assert launches == [(6, 32, 64)] * 2  # one fused launch per block, 4 faces x 8 patches
+    for name in ("fused", "compiled"):
+        assert len(runs[name]) == len(runs["unfused"])
+        for a, b in zip(runs[name], runs["unfused"]):
+            assert _relative(a, b) < 1e-4, (name, a.shape, _relative(a, b))
