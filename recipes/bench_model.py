@@ -19,6 +19,7 @@ Dirichlet and Neumann faces; the table reports how many kernels each block actua
 
     python recipes/bench_model.py --device cuda --batch 1 256 --out docs/benchmarks/model_h100.json
     python recipes/bench_model.py --batch 256 --modes graphs --chunk 0 4     # gathered kernels against chunks of 4
+    python recipes/bench_model.py --batch 256 --modes graphs --boundary fused unfused   # boundary operator paths
     python recipes/bench_model.py --batch 32 --shape 128 384 --channels 4    # The Well TRL size
     python recipes/bench_model.py --batch 256 --profile 40                   # kernels of one compiled step
     python recipes/bench_model.py --batch 256 --modes graphs --compile-options combo_kernels=True
@@ -27,6 +28,7 @@ Dirichlet and Neumann faces; the table reports how many kernels each block actua
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -84,14 +86,17 @@ def timed(fn, repeats: int, device: str, warmup: int = 3, warmup_s: float = 2.0)
 
 
 def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: str,
-          chunk: int | None) -> tuple[GNO, dict, torch.optim.Optimizer]:
-    """The model (normalisation fitted, mixture chunk set), its inputs and a fused AdamW."""
+          chunk: int | None, boundary: str = "fused") -> tuple[GNO, dict, torch.optim.Optimizer]:
+    """The model (normalisation fitted, mixture chunk and boundary path set), its inputs and a
+    fused AdamW."""
     torch.manual_seed(0)
     model = GNO(in_channels=channels, **MODELS[name]).to(device)
     model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].to(device))
     for block in model.blocks:
         if block.mixture is not None:
             block.mixture.chunk = chunk
+        if block.boundary is not None:
+            block.boundary.fused = boundary == "fused"
     x = make_inputs(batch, shape, channels, device)
     x["target"] = x["u"] + 0.01
     return model, x, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
@@ -109,8 +114,8 @@ def train_step(net: torch.nn.Module, x: dict, opt: torch.optim.Optimizer, device
 
 
 def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int,
-          chunk: int | None = None, options: dict | None = None) -> dict:
-    model, x, opt = setup(name, batch, shape, channels, device, chunk)
+          chunk: int | None = None, options: dict | None = None, boundary: str = "fused") -> dict:
+    model, x, opt = setup(name, batch, shape, channels, device, chunk, boundary)
     graphs = mode == "graphs"
     net = model if mode == "eager" else compile_model(model, "reduce-overhead" if graphs else True, options)
 
@@ -137,16 +142,16 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
             "step_ms": 1e3 * t_step, "train_tflops": flops / t_step / 1e12, "step_gflop": flops / 1e9,
             "peak_gib": memory, "kernels_used": kernels_used,
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "chunk": chunk,
-            "compile_options": options or {}}
+            "boundary": boundary if model.boundary_transfer else None, "compile_options": options or {}}
 
 
 def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device: str, top: int,
-            chunk: int | None = None, options: dict | None = None) -> None:
+            chunk: int | None = None, options: dict | None = None, boundary: str = "fused") -> None:
     """Print the GPU kernels of one compiled training step (inductor, no CUDA graphs, so that
     every kernel is seen), grouped by name and sorted by total time."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    model, x, opt = setup(name, batch, shape, channels, device, chunk)
+    model, x, opt = setup(name, batch, shape, channels, device, chunk, boundary)
     net = compile_model(model, True, options)
     for _ in range(3):
         train_step(net, x, opt, device)
@@ -207,6 +212,9 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, nargs="+", default=[0],
                         help="samples per weight group of the mixture's chunked products (0: the default, "
                              "the gathered-weight kernels on a GPU with Triton, else default_chunk)")
+    parser.add_argument("--boundary", nargs="+", default=["fused"], choices=["fused", "unfused"],
+                        help="the boundary transfer operator as fused Triton kernels (the default on a GPU "
+                             "with Triton) or as PyTorch operations")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled", "graphs"],
                         choices=["eager", "compiled", "graphs"])
@@ -223,7 +231,7 @@ def main() -> None:
         for batch in args.batch:
             for model in args.models:
                 profile(model, batch, tuple(args.shape), args.channels, args.device, args.profile,
-                        args.chunk[0] or None, options)
+                        args.chunk[0] or None, options, args.boundary[0])
         return
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     meta = {"device": name, "torch": torch.__version__, "shape": args.shape, "channels": args.channels,
@@ -235,13 +243,15 @@ def main() -> None:
     for batch in args.batch:
         for mode in args.modes:
             for model in args.models:
-                for chunk in args.chunk if MODELS[model].get("n_kernels", 4) > 1 else [0]:
+                chunks = args.chunk if MODELS[model].get("n_kernels", 4) > 1 else [0]
+                paths = args.boundary if MODELS[model].get("boundary_transfer", True) else ["fused"]
+                for chunk, path in itertools.product(chunks, paths):
                     r = bench(model, batch, mode, tuple(args.shape), args.channels, args.device, args.repeats,
-                              chunk or None, options)
+                              chunk or None, options, path)
                     rows.append(r)
                     print(f"{model:15s} {batch:5d} {mode:>8s} {r['forward_ms']:8.3f} {r['step_ms']:8.3f} "
                           f"{r['train_tflops']:8.1f} {r['step_gflop']:8.1f} {r['peak_gib']:6.2f}  {r['kernels_used']}"
-                          f"  chunk {chunk or 'auto'}", flush=True)
+                          f"  chunk {chunk or 'auto'}, boundary {r['boundary']}", flush=True)
                 if args.out:
                     args.out.parent.mkdir(parents=True, exist_ok=True)
                     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -6,7 +6,7 @@ its forward and backward passes are about forty kernels per block, each of a few
 that do almost no work. Here the whole forward pass is one kernel and the backward pass one
 kernel for the input gradients plus six matrix products for the weight gradients:
 
-* **forward** (`_forward_kernel`): each program takes ``G`` samples (``G * MP`` rows, ``MP``
+* **forward** (`_boundary_forward_kernel`): each program takes ``G`` samples (``G * MP`` rows, ``MP``
   the boundary token count rounded up to a power of two) and computes, in registers,
 
   $$
@@ -20,12 +20,13 @@ kernel for the input gradients plus six matrix products for the weight gradients
 
   the attention masked to each sample's own tokens. It writes ``y`` and the activations that
   the backward pass reads (one ``(B, M, 9 w + 2 h)`` buffer);
-* **backward** (`_backward_kernel`): the same programs run the chain backwards, write the
+* **backward** (`_boundary_backward_kernel`): the same programs run the chain backwards, write the
   input gradients (of the state ``S`` and of the description ``d``) and the gradients at each
   product's output, and sum the bias and norm-parameter gradients over their rows (one row of
   partial sums per program, added up afterwards: no atomics, so the result is reproducible);
-* the weight gradients are six ordinary matrix products over all ``B M`` rows
-  (``dW = dY^\top X``), which the GPU's libraries do well at this size.
+* **weight gradients** (`_boundary_wgrad_kernel`): the six products ``dW = dY^\top X`` over
+  all ``B M`` rows in one launch, each program summing one output tile over a split of the
+  rows; the splits' partial sums are then added (no atomics).
 
 Under autocast the matrix operands are in the autocast type (float32 accumulation); norms,
 softmax and GELU are computed in float32. Every activation that the backward pass reads is
@@ -43,24 +44,19 @@ from torch.utils.flop_counter import register_flop_formula
 
 from gno_ext.layers._gathered_kernels import _launch, _precision
 
-__all__ = ["ROWS", "boundary_transfer", "boundary_transfer_backward", "saved_layout", "supported"]
+__all__ = ["ROWS", "boundary_transfer", "boundary_transfer_backward", "boundary_transfer_wgrad", "sums_layout",
+           "supported"]
 
-# rows per program: G = ROWS // MP samples of MP (padded) boundary tokens each
-ROWS = 64
+# Rows per program: G = ROWS // MP samples of MP (padded) boundary tokens each. Measured on an
+# H100 at the paper size (32 tokens, width 64, bf16; docs/benchmarks.md): 32 rows with 4 warps
+# keep every value in registers; 64 rows spill (forward 37 against 25 us).
+ROWS = 32
 MAX_TOKENS = 128  # boundary tokens per sample the kernels take (the attention tile is MP x MP)
-NUM_WARPS = 8
 
 
-def saved_layout(width: int, hidden: int) -> dict[str, tuple[int, int]]:
-    """Column ranges ``(start, stop)`` of the activations in the forward pass's saved buffer."""
-    sizes = {"x": width, "n1": width, "q": width, "k": width, "v": width, "a": width, "x1": width,
-             "n2": width, "x2": width, "hpre": hidden, "h": hidden}
-    return _ranges(sizes)
-
-
-def grad_layout(width: int, hidden: int) -> dict[str, tuple[int, int]]:
-    """Column ranges of the backward kernel's gradient buffer (gradients at products' outputs)."""
-    return _ranges({"dx": width, "dqkv": 3 * width, "dx1": width, "dhpre": hidden, "dx2": width})
+def _warps(rows: int) -> int:
+    """Warps per program: 4 up to 32 rows; 8 above (fewer registers per thread, fewer spills)."""
+    return 4 if rows <= 32 else 8
 
 
 def sums_layout(width: int, hidden: int, dim: int) -> dict[str, tuple[int, int]]:
@@ -149,7 +145,7 @@ def _rows(B, M, MP: tl.constexpr, G: tl.constexpr):
 
 
 @triton.jit
-def _forward_kernel(desc_ptr, state_ptr, ws_ptr, bs_ptr, g1_ptr, be1_ptr, wqkv_ptr, bqkv_ptr, wo_ptr, bo_ptr,
+def _boundary_forward_kernel(desc_ptr, state_ptr, ws_ptr, bs_ptr, g1_ptr, be1_ptr, wqkv_ptr, bqkv_ptr, wo_ptr, bo_ptr,
                     g2_ptr, be2_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, wout_ptr, bout_ptr, y_ptr, saved_ptr,
                     B, M, D, eps1, eps2, scale,
                     W: tl.constexpr, HID: tl.constexpr, MP: tl.constexpr, G: tl.constexpr, BD: tl.constexpr,
@@ -208,7 +204,7 @@ def _forward_kernel(desc_ptr, state_ptr, ws_ptr, bs_ptr, g1_ptr, be1_ptr, wqkv_p
 
 
 @triton.jit
-def _backward_kernel(dy_ptr, saved_ptr, ws_ptr, g1_ptr, wqkv_ptr, wo_ptr, g2_ptr, w1_ptr, w2_ptr, wout_ptr,
+def _boundary_backward_kernel(dy_ptr, saved_ptr, ws_ptr, g1_ptr, wqkv_ptr, wo_ptr, g2_ptr, w1_ptr, w2_ptr, wout_ptr,
                      dstate_ptr, grads_ptr, sums_ptr, B, M, D, eps1, eps2, scale,
                      W: tl.constexpr, HID: tl.constexpr, MP: tl.constexpr, G: tl.constexpr, BD: tl.constexpr,
                      PRECISION: tl.constexpr):
@@ -284,6 +280,46 @@ def _backward_kernel(dy_ptr, saved_ptr, ws_ptr, g1_ptr, wqkv_ptr, wo_ptr, g2_ptr
                  mask=vm & (dd[None, :] < D))
 
 
+@triton.jit
+def _boundary_wgrad_kernel(grads_ptr, dy_ptr, saved_ptr, state_ptr, out_ptr, N, D,
+                           W: tl.constexpr, HID: tl.constexpr, ROWS_PER: tl.constexpr, BR: tl.constexpr,
+                           BT: tl.constexpr, PRECISION: tl.constexpr):
+    # program (product p, tile t of its output, rows split s): out[s] tile = sum over the split's
+    # rows of A^T X, the weight gradient (torch.nn.Linear layout) of product p
+    S: tl.constexpr = 9 * W + 2 * HID
+    GW: tl.constexpr = 6 * W + HID
+    p = tl.program_id(0)
+    if p == 0:  # state: dx^T S
+        a_ptr, lda, na, x_ptr, ldx, nx, offset = grads_ptr, GW, W, state_ptr, D, D, 0
+    elif p == 1:  # qkv: dqkv^T n1
+        a_ptr, lda, na, x_ptr, ldx, nx, offset = grads_ptr + W, GW, 3 * W, saved_ptr + W, S, W, W * D
+    elif p == 2:  # attn_out: dx1^T a
+        a_ptr, lda, na, x_ptr, ldx, nx, offset = grads_ptr + 4 * W, GW, W, saved_ptr + 5 * W, S, W, W * D + 3 * W * W
+    elif p == 3:  # MLP in: dhpre^T n2
+        a_ptr, lda, na, x_ptr, ldx, nx, offset = (grads_ptr + 5 * W, GW, HID, saved_ptr + 7 * W, S, W,
+                                                  W * D + 4 * W * W)
+    elif p == 4:  # MLP out: dx2^T h
+        a_ptr, lda, na, x_ptr, ldx, nx, offset = (grads_ptr + 5 * W + HID, GW, W, saved_ptr + 9 * W + HID, S, HID,
+                                                  W * D + 4 * W * W + HID * W)
+    else:  # out: dy^T x2
+        a_ptr, lda, na, x_ptr, ldx, nx, offset = (dy_ptr, D, D, saved_ptr + 8 * W, S, W,
+                                                  W * D + 4 * W * W + 2 * HID * W)
+    tiles_x = tl.cdiv(nx, BT)
+    ia = (tl.program_id(1) // tiles_x) * BT + tl.arange(0, BT)
+    ix = (tl.program_id(1) % tiles_x) * BT + tl.arange(0, BT)
+    if (tl.program_id(1) // tiles_x) * BT < na:
+        first = tl.program_id(2) * ROWS_PER
+        acc = tl.zeros((BT, BT), tl.float32)
+        for r0 in range(first, first + ROWS_PER, BR):
+            r = (r0 + tl.arange(0, BR)).to(tl.int64)
+            a = tl.load(a_ptr + r[:, None] * lda + ia[None, :], mask=(r[:, None] < N) & (ia[None, :] < na), other=0.0)
+            x = tl.load(x_ptr + r[:, None] * ldx + ix[None, :], mask=(r[:, None] < N) & (ix[None, :] < nx), other=0.0)
+            acc = tl.dot(tl.trans(a), x, acc, input_precision=PRECISION)
+        total = 2 * W * D + 4 * W * W + 2 * HID * W
+        tl.store(out_ptr + tl.program_id(2).to(tl.int64) * total + offset + ia[:, None] * nx + ix[None, :], acc,
+                 mask=(ia[:, None] < na) & (ix[None, :] < nx))
+
+
 def _geometry(state: Tensor) -> tuple[int, int, int, tuple[int]]:
     """``(MP, G, BD, grid)``: padded tokens, samples per program, column block of D, grid."""
     b, m, d = (int(n) for n in state.shape)
@@ -298,7 +334,9 @@ def boundary_transfer(desc: Tensor, state: Tensor, ws: Tensor, bs: Tensor, g1: T
                       wqkv: Tensor, bqkv: Tensor, wo: Tensor, bo: Tensor, g2: Tensor, be2: Tensor,
                       w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, wout: Tensor, bout: Tensor,
                       eps1: float, eps2: float) -> tuple[Tensor, Tensor]:
-    """The boundary transfer operator's forward pass: ``(y (B, M, D), saved (B, M, 9 w + 2 h))``.
+    """The boundary transfer operator's forward pass: ``(y (B, M, D), saved (B, M, 9 w + 2 h))``,
+    ``saved`` holding the activations that the backward pass reads (columns: x, n1, q, k, v, a,
+    x1, n2, x2 (w each), hpre, h (h each)).
 
     ``desc`` (B, M, w) is the boundary description, ``state`` (B, M, D) the near-boundary
     latent state, both in the operand type, as are the weights ``ws wqkv wo w1 w2 wout``
@@ -309,10 +347,10 @@ def boundary_transfer(desc: Tensor, state: Tensor, ws: Tensor, bs: Tensor, g1: T
     mp, g, bd, grid = _geometry(state)
     y = state.new_empty(b, m, d)
     saved = state.new_empty(b, m, 9 * width + 2 * hidden)
-    _launch(_forward_kernel)[grid](
+    _launch(_boundary_forward_kernel)[grid](
         desc, state, ws, bs, g1, be1, wqkv, bqkv, wo, bo, g2, be2, w1, b1, w2, b2, wout, bout, y, saved,
         b, m, d, eps1, eps2, width ** -0.5, W=width, HID=hidden, MP=mp, G=g, BD=bd, PRECISION=_precision(),
-        num_warps=NUM_WARPS)
+        num_warps=_warps(g * mp), num_stages=1)
     return y, saved
 
 
@@ -322,17 +360,42 @@ def boundary_transfer_backward(dy: Tensor, saved: Tensor, ws: Tensor, g1: Tensor
                                eps2: float) -> tuple[Tensor, Tensor, Tensor]:
     """Input gradients of `boundary_transfer`: ``(dstate (B, M, D), grads (B, M, 6 w + h),
     sums (programs, 10 w + h + D))``, with ``grads`` the gradients at the products' outputs
-    (`grad_layout`) and ``sums`` each program's float32 row sums (`sums_layout`)."""
+    (columns: dx, dq, dk, dv, dx1 (w each), dhpre (h), dx2 (w)) and ``sums`` each program's
+    float32 row sums (`sums_layout`)."""
     b, m, d = dy.shape
     width, hidden = wqkv.shape[1], w1.shape[0]
     mp, g, bd, grid = _geometry(dy)
     dstate = dy.new_empty(b, m, d)
     grads = dy.new_empty(b, m, 6 * width + hidden)
     sums = dy.new_empty(grid[0], 10 * width + hidden + d, dtype=torch.float32)
-    _launch(_backward_kernel)[grid](
+    _launch(_boundary_backward_kernel)[grid](
         dy, saved, ws, g1, wqkv, wo, g2, w1, w2, wout, dstate, grads, sums, b, m, d, eps1, eps2, width ** -0.5,
-        W=width, HID=hidden, MP=mp, G=g, BD=bd, PRECISION=_precision(), num_warps=NUM_WARPS)
+        W=width, HID=hidden, MP=mp, G=g, BD=bd, PRECISION=_precision(), num_warps=_warps(g * mp), num_stages=1)
     return dstate, grads, sums
+
+
+WGRAD_TILE, WGRAD_ROWS = 64, 64  # output tile side; rows per loop step
+WGRAD_SPLIT_ROWS = 512  # rows summed by one program (its partial sum is added up afterwards)
+
+
+@torch.library.triton_op("gno_ext::boundary_transfer_wgrad", mutates_args={})
+def boundary_transfer_wgrad(grads: Tensor, dy: Tensor, saved: Tensor, state: Tensor) -> Tensor:
+    """The six weight gradients of `boundary_transfer`, flat, in float32 (``torch.nn.Linear``
+    layouts, in the order state, qkv, attn_out, MLP in, MLP out, out): each ``dY^T X`` summed
+    over all ``B M`` rows, in splits of `WGRAD_SPLIT_ROWS` rows whose partial sums are then
+    added (no atomics)."""
+    b, m, d = state.shape
+    width = (2 * grads.shape[2] - saved.shape[2]) // 3  # GW = 6w + h, S = 9w + 2h
+    hidden = grads.shape[2] - 6 * width
+    n = b * m
+    splits = triton.cdiv(n, WGRAD_SPLIT_ROWS)
+    tiles = max(triton.cdiv(a, WGRAD_TILE) * triton.cdiv(x, WGRAD_TILE)
+                for a, x in [(width, d), (3 * width, width), (hidden, width), (width, hidden), (d, width)])
+    partial = grads.new_empty(splits, 2 * width * d + 4 * width * width + 2 * hidden * width, dtype=torch.float32)
+    _launch(_boundary_wgrad_kernel)[(6, tiles, splits)](
+        grads, dy, saved, state, partial, n, d, W=width, HID=hidden, ROWS_PER=WGRAD_SPLIT_ROWS, BR=WGRAD_ROWS,
+        BT=WGRAD_TILE, PRECISION=_precision(), num_warps=4, num_stages=3)
+    return partial.sum(0)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -350,18 +413,10 @@ def _backward(ctx, dy: Tensor, _saved_grad: Tensor | None):
     dstate, grads, sums = boundary_transfer_backward(dy, saved, ws, g1, wqkv, wo, g2, w1, w2, wout, *ctx.eps)
     sums = sums.sum(0)
     small = [sums[i:j].to(t) for (i, j), t in zip(sums_layout(width, hidden, d).values(), ctx.small_types)]
-    act = {name: saved.view(b * m, -1)[:, i:j] for name, (i, j) in saved_layout(width, hidden).items()}
-    grad = {name: grads.view(b * m, -1)[:, i:j] for name, (i, j) in grad_layout(width, hidden).items()}
-
-    def weight_grad(out_grad: Tensor, inputs: Tensor) -> Tensor:  # of a Linear weight (out, in)
-        return out_grad.t() @ inputs
-
-    dws = weight_grad(grad["dx"], state.reshape(b * m, d))
-    dwqkv = weight_grad(grad["dqkv"], act["n1"])
-    dwo = weight_grad(grad["dx1"], act["a"])
-    dw1 = weight_grad(grad["dhpre"], act["n2"])
-    dw2 = weight_grad(grad["dx2"], act["h"])
-    dwout = weight_grad(dy.view(b * m, d), act["x2"])
+    flat = boundary_transfer_wgrad(grads, dy, saved, state)
+    shapes = [(width, d), (3 * width, width), (width, width), (hidden, width), (width, hidden), (d, width)]
+    dws, dwqkv, dwo, dw1, dw2, dwout = (g.view(shape).to(state.dtype) for g, shape in
+                                        zip(flat.split([a * x for a, x in shapes]), shapes))
     dbs, dg1, dbe1, dbqkv, dbo, dg2, dbe2, db1, db2, dbout = small
     ddesc = grads[..., :width]
     return (ddesc, dstate, dws, dbs, dg1, dbe1, dwqkv, dbqkv, dwo, dbo, dg2, dbe2, dw1, db1, dw2, db2, dwout, dbout,
@@ -387,3 +442,11 @@ def _backward_flops(dy_shape, saved_shape, ws_shape, g1_shape, wqkv_shape, wo_sh
     w, h = wqkv_shape[1], w1_shape[0]
     # input gradients of W_out, W_2, W_1, W_o, qkv and W_s; attention: dv, dp, dq, dk
     return 2 * b * m * (d * w + 2 * w * h + w * w + 3 * w * w + d * w + 4 * m * w)
+
+
+@register_flop_formula(torch.ops.gno_ext.boundary_transfer_wgrad)
+def _wgrad_flops(grads_shape, dy_shape, saved_shape, state_shape, *args, out_shape=None, **kwargs) -> int:
+    b, m, d = state_shape
+    w = (2 * grads_shape[2] - saved_shape[2]) // 3
+    h = grads_shape[2] - 6 * w
+    return 2 * b * m * (2 * w * d + 4 * w * w + 2 * h * w)

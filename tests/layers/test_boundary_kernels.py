@@ -47,8 +47,9 @@ assert boundary.load_kernels() is not None
 torch.manual_seed(0)
 # (batch, boundary tokens, model width, inner width): a last program with fewer samples, token
 # counts that are not powers of two (several samples per program, and one sample of 100 tokens
-# per program), a model width that is not a multiple of the column block
-for b, m, d, w in [(5, 7, 48, 16), (3, 20, 64, 32), (2, 100, 32, 16)]:
+# per program), a model width that is not a multiple of the column block, and more rows (600)
+# than one split of the weight-gradient kernel sums
+for b, m, d, w in [(5, 7, 48, 16), (3, 20, 64, 32), (6, 100, 32, 16)]:
     bt = boundary.BoundaryTransfer(d, 2, width=w)
     with torch.no_grad():  # away from the initialisation (norms at 1 and 0)
         for p in bt.parameters():
