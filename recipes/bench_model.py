@@ -116,6 +116,9 @@ def train_step(net: torch.nn.Module, x: dict, opt: torch.optim.Optimizer, device
 def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int,
           chunk: int | None = None, options: dict | None = None, boundary: str = "fused") -> dict:
     model, x, opt = setup(name, batch, shape, channels, device, chunk, boundary)
+    # a fresh compilation cache for every configuration: otherwise, after dynamo's recompilation
+    # limit (8 by default), a later model of the same class silently runs eagerly
+    torch._dynamo.reset()
     graphs = mode == "graphs"
     net = model if mode == "eager" else compile_model(model, "reduce-overhead" if graphs else True, options)
 
@@ -152,6 +155,7 @@ def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     model, x, opt = setup(name, batch, shape, channels, device, chunk, boundary)
+    torch._dynamo.reset()
     net = compile_model(model, True, options)
     for _ in range(3):
         train_step(net, x, opt, device)
@@ -165,7 +169,7 @@ def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device
     for e in events:
         by_name.setdefault(e.name, []).append(e.time_range.elapsed_us())
     short = sum(e.time_range.elapsed_us() < 5 for e in events)
-    print(f"\n{name}, batch {batch}: {len(events)} kernels ({short} under 5 us), {total / 1e3:.2f} ms of GPU time "
+    print(f"\n{name}, batch {batch}, boundary {boundary}: {len(events)} kernels ({short} under 5 us), {total / 1e3:.2f} ms of GPU time "
           "in one step")
     by_category: dict[str, list[float]] = {}
     for kname, times in by_name.items():
@@ -178,6 +182,7 @@ def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device
 
 CATEGORIES = {  # first match wins, on the lower-cased kernel name
     "mixture products (gno_ext's gathered-weight kernels)": ("gathered_mm", "grouped_wgrad"),
+    "boundary transfer (gno_ext's fused kernels)": ("_boundary_",),
     "attention": ("fmha", "flash", "attention", "cudnn"),
     "optimizer": ("adam", "foreach", "multi_tensor"),
     "matmul": ("gemm", "cutlass", "nvjet", "sm90_", "sm80_", "sm75_", "cublas", "splitk", "gemv"),
@@ -228,10 +233,9 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     options = parse_options(args.compile_options)
     if args.profile:
-        for batch in args.batch:
-            for model in args.models:
-                profile(model, batch, tuple(args.shape), args.channels, args.device, args.profile,
-                        args.chunk[0] or None, options, args.boundary[0])
+        for batch, model, path in itertools.product(args.batch, args.models, args.boundary):
+            profile(model, batch, tuple(args.shape), args.channels, args.device, args.profile,
+                    args.chunk[0] or None, options, path)
         return
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     meta = {"device": name, "torch": torch.__version__, "shape": args.shape, "channels": args.channels,
