@@ -1,8 +1,7 @@
 """Speed, memory and achieved TFLOP/s of the GNO (paper size) against a single-kernel stand-in.
 
 For each model, batch size and mode (eager; ``torch.compile``; ``torch.compile`` with CUDA
-graphs, ``mode="reduce-overhead"``; ``step-graph``: ``torch.compile`` and the whole training
-step, optimizer included, captured in one CUDA graph) it times, in bf16 autocast:
+graphs, ``mode="reduce-overhead"``) it times, in bf16 autocast:
 the forward pass (no grad) and a full training step (forward, backward, AdamW step). Three
 warm-up runs (on a GPU, at least 2 s of them, so that its clocks are probably up again after
 the compilation), then the median of ``--repeats`` CUDA-synchronised runs. FLOPs are counted once per
@@ -33,7 +32,6 @@ import itertools
 import json
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -115,26 +113,6 @@ def train_step(net: torch.nn.Module, x: dict, opt: torch.optim.Optimizer, device
     opt.step()
 
 
-def capture(fn: Callable[[], None]) -> Callable[[], None]:
-    """``fn`` captured in one CUDA graph, after three warm-up runs on a side stream (which
-    compile it and allocate what it keeps, e.g. the optimizer's state); returns the replay.
-
-    For a training step this puts forward, loss, backward and optimizer step in one graph:
-    no host work per step at all, unlike ``mode="reduce-overhead"``, whose graphs cover the
-    model only and leave the loss, the gradient accumulation and the optimizer to the host.
-    """
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int,
           chunk: int | None = None, options: dict | None = None, boundary: str = "fused") -> dict:
     model, x, opt = setup(name, batch, shape, channels, device, chunk, boundary)
@@ -143,8 +121,6 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
     torch._dynamo.reset()
     graphs = mode == "graphs"
     net = model if mode == "eager" else compile_model(model, "reduce-overhead" if graphs else True, options)
-    if mode == "step-graph":  # the optimizer's state must live on the device to be captured
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True, capturable=True)
 
     def forward() -> None:
         if graphs:
@@ -162,11 +138,8 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
     opt.zero_grad(set_to_none=True)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    step = lambda: train_step(net, x, opt, device, graphs)  # noqa: E731
-    if mode == "step-graph":
-        forward, step = capture(forward), capture(step)
     t_fwd = timed(forward, repeats, device)
-    t_step = timed(step, repeats, device)
+    t_step = timed(lambda: train_step(net, x, opt, device, graphs), repeats, device)
     memory = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
     return {"model": name, "batch": batch, "mode": mode, "forward_ms": 1e3 * t_fwd,
             "step_ms": 1e3 * t_step, "train_tflops": flops / t_step / 1e12, "step_gflop": flops / 1e9,
@@ -249,9 +222,7 @@ def main() -> None:
                              "with Triton) or as PyTorch operations")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled", "graphs"],
-                        choices=["eager", "compiled", "graphs", "step-graph"],
-                        help="graphs: torch.compile with CUDA graphs of the model (reduce-overhead); step-graph: "
-                             "torch.compile, and the whole training step (with the optimizer) in one CUDA graph")
+                        choices=["eager", "compiled", "graphs"])
     parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS, choices=list(MODELS))
     parser.add_argument("--compile-options", nargs="*", default=[], metavar="KEY=VALUE",
                         help="inductor options for the compiled modes, e.g. combo_kernels=True")
