@@ -169,8 +169,9 @@ def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device
     for e in events:
         by_name.setdefault(e.name, []).append(e.time_range.elapsed_us())
     short = sum(e.time_range.elapsed_us() < 5 for e in events)
-    print(f"\n{name}, batch {batch}, boundary {boundary}: {len(events)} kernels ({short} under 5 us), {total / 1e3:.2f} ms of GPU time "
-          "in one step")
+    path = boundary if model.boundary_transfer else "none"
+    print(f"\n{name}, batch {batch}, boundary {path}: {len(events)} kernels ({short} under 5 us), "
+          f"{total / 1e3:.2f} ms of GPU time in one step")
     by_category: dict[str, list[float]] = {}
     for kname, times in by_name.items():
         by_category.setdefault(kernel_category(kname), []).extend(times)

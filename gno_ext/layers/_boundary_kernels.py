@@ -3,8 +3,8 @@ they can run: a CUDA device, or Triton's interpreter in the tests).
 
 The operator works on a few dozen boundary tokens per sample at a small width, so in PyTorch
 its forward and backward passes are about forty kernels per block, each of a few microseconds,
-that do almost no work. Here the whole forward pass is one kernel and the backward pass one
-kernel for the input gradients plus six matrix products for the weight gradients:
+that do almost no work. Here the whole forward pass is one kernel, and the backward pass is
+one kernel for the input gradients and one for the six weight gradients:
 
 * **forward** (`_boundary_forward_kernel`): each program takes ``G`` samples (``G * MP`` rows, ``MP``
   the boundary token count rounded up to a power of two) and computes, in registers,
@@ -49,7 +49,7 @@ __all__ = ["ROWS", "boundary_transfer", "boundary_transfer_backward", "boundary_
 
 # Rows per program: G = ROWS // MP samples of MP (padded) boundary tokens each. Measured on an
 # H100 at the paper size (32 tokens, width 64, bf16; docs/benchmarks.md): 32 rows with 4 warps
-# keep every value in registers; 64 rows spill (forward 37 against 25 us).
+# keep every value in registers; 64 rows spill (forward 34 to 37 against 25 us).
 ROWS = 32
 MAX_TOKENS = 128  # boundary tokens per sample the kernels take (the attention tile is MP x MP)
 
@@ -84,12 +84,12 @@ def supported(width: int, hidden: int, tokens: int) -> bool:
 
 @triton.jit
 def _layer_norm(x, gamma_ptr, beta_ptr, cw, W: tl.constexpr, eps):
-    """Row-wise layer norm of ``x`` (R, W) in float32: ``(normalised * gamma + beta, normalised)``."""
+    """Row-wise layer norm of ``x`` (R, W) in float32, with gain ``gamma`` and bias ``beta``."""
     xc = x - (tl.sum(x, 1) / W)[:, None]
     xhat = xc * tl.math.rsqrt(tl.sum(xc * xc, 1) / W + eps)[:, None]
     gamma = tl.load(gamma_ptr + cw).to(tl.float32)
     beta = tl.load(beta_ptr + cw).to(tl.float32)
-    return xhat * gamma[None, :] + beta[None, :], xhat
+    return xhat * gamma[None, :] + beta[None, :]
 
 
 @triton.jit
@@ -145,11 +145,12 @@ def _rows(B, M, MP: tl.constexpr, G: tl.constexpr):
 
 
 @triton.jit
-def _boundary_forward_kernel(desc_ptr, state_ptr, ws_ptr, bs_ptr, g1_ptr, be1_ptr, wqkv_ptr, bqkv_ptr, wo_ptr, bo_ptr,
-                    g2_ptr, be2_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, wout_ptr, bout_ptr, y_ptr, saved_ptr,
-                    B, M, D, eps1, eps2, scale,
-                    W: tl.constexpr, HID: tl.constexpr, MP: tl.constexpr, G: tl.constexpr, BD: tl.constexpr,
-                    PRECISION: tl.constexpr):
+def _boundary_forward_kernel(desc_ptr, state_ptr, ws_ptr, bs_ptr, g1_ptr, be1_ptr, wqkv_ptr, bqkv_ptr,
+                             wo_ptr, bo_ptr,
+                             g2_ptr, be2_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, wout_ptr, bout_ptr, y_ptr, saved_ptr,
+                             B, M, D, eps1, eps2, scale,
+                             W: tl.constexpr, HID: tl.constexpr, MP: tl.constexpr, G: tl.constexpr, BD: tl.constexpr,
+                             PRECISION: tl.constexpr):
     S: tl.constexpr = 9 * W + 2 * HID  # saved columns: x n1 q k v a x1 n2 x2 (W each), hpre h (HID each)
     r, row, valid = _rows(B, M, MP, G)
     vm = valid[:, None]
@@ -169,7 +170,7 @@ def _boundary_forward_kernel(desc_ptr, state_ptr, ws_ptr, bs_ptr, g1_ptr, be1_pt
     x = (x + tl.load(bs_ptr + cw).to(tl.float32)[None, :]).to(dt)
     tl.store(sv + cw[None, :], x, mask=vm)
     # attention over the sample's boundary tokens
-    n1, _ = _layer_norm(x.to(tl.float32), g1_ptr, be1_ptr, cw, W, eps1)
+    n1 = _layer_norm(x.to(tl.float32), g1_ptr, be1_ptr, cw, W, eps1)
     n1 = n1.to(dt)
     tl.store(sv + W + cw[None, :], n1, mask=vm)
     q = _linear(n1, wqkv_ptr, bqkv_ptr, 0, W, W, PRECISION).to(dt)
@@ -184,7 +185,7 @@ def _boundary_forward_kernel(desc_ptr, state_ptr, ws_ptr, bs_ptr, g1_ptr, be1_pt
     x1 = (x.to(tl.float32) + _linear(a, wo_ptr, bo_ptr, 0, W, W, PRECISION)).to(dt)
     tl.store(sv + 6 * W + cw[None, :], x1, mask=vm)
     # MLP
-    n2, _ = _layer_norm(x1.to(tl.float32), g2_ptr, be2_ptr, cw, W, eps2)
+    n2 = _layer_norm(x1.to(tl.float32), g2_ptr, be2_ptr, cw, W, eps2)
     n2 = n2.to(dt)
     tl.store(sv + 7 * W + cw[None, :], n2, mask=vm)
     hpre = _linear(n2, w1_ptr, b1_ptr, 0, W, HID, PRECISION).to(dt)
@@ -205,9 +206,9 @@ def _boundary_forward_kernel(desc_ptr, state_ptr, ws_ptr, bs_ptr, g1_ptr, be1_pt
 
 @triton.jit
 def _boundary_backward_kernel(dy_ptr, saved_ptr, ws_ptr, g1_ptr, wqkv_ptr, wo_ptr, g2_ptr, w1_ptr, w2_ptr, wout_ptr,
-                     dstate_ptr, grads_ptr, sums_ptr, B, M, D, eps1, eps2, scale,
-                     W: tl.constexpr, HID: tl.constexpr, MP: tl.constexpr, G: tl.constexpr, BD: tl.constexpr,
-                     PRECISION: tl.constexpr):
+                              dstate_ptr, grads_ptr, sums_ptr, B, M, D, eps1, eps2, scale,
+                              W: tl.constexpr, HID: tl.constexpr, MP: tl.constexpr, G: tl.constexpr, BD: tl.constexpr,
+                              PRECISION: tl.constexpr):
     S: tl.constexpr = 9 * W + 2 * HID
     GW: tl.constexpr = 6 * W + HID  # gradient columns: dx, dq dk dv, dx1, dhpre, dx2
     r, row, valid = _rows(B, M, MP, G)

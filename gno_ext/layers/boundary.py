@@ -13,9 +13,10 @@ A light single-head self-attention over these tokens (plus an MLP) mixes faces a
 returns $h_\ell$: latent *Dirichlet* tokens, one per boundary patch, that the kernels use as
 context. Any number of faces (1-D, 2-D, 3-D boxes) and every boundary type are accepted.
 
-On a CUDA device with Triton the operator runs as two fused kernels (one per pass,
-`gno_ext.layers._boundary_kernels`) instead of about forty small PyTorch kernels per block;
-elsewhere, and for sizes the kernels do not take, it runs the same computation in PyTorch.
+On a CUDA device with Triton the operator runs as fused kernels
+(`gno_ext.layers._boundary_kernels`: one for the forward pass, two for the backward pass)
+instead of about forty small PyTorch kernels per block; elsewhere, and for sizes the kernels do
+not take, it runs the same computation in PyTorch.
 """
 
 from __future__ import annotations
