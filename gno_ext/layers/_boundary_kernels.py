@@ -45,7 +45,7 @@ from torch.utils.flop_counter import register_flop_formula
 from gno_ext.layers._gathered_kernels import _launch, _precision
 
 __all__ = ["ROWS", "boundary_transfer", "boundary_transfer_backward", "boundary_transfer_wgrad", "sums_layout",
-           "supported"]
+           "supported", "wgrad_shapes"]
 
 # Rows per program: G = ROWS // MP samples of MP (padded) boundary tokens each. Measured on an
 # H100 at the paper size (32 tokens, width 64, bf16; docs/benchmarks.md): 32 rows with 4 warps
@@ -324,7 +324,7 @@ def _boundary_wgrad_kernel(grads_ptr, dy_ptr, saved_ptr, state_ptr, out_ptr, N, 
 def _geometry(state: Tensor) -> tuple[int, int, int, tuple[int]]:
     """``(MP, G, BD, grid)``: padded tokens, samples per program, column block of D, grid."""
     b, m, d = (int(n) for n in state.shape)
-    mp = max(triton.next_power_of_2(m), 1)
+    mp = triton.next_power_of_2(m)
     g = max(1, ROWS // mp)
     bd = max(16, min(64, triton.next_power_of_2(d)))
     return mp, g, bd, (triton.cdiv(b, g),)
@@ -379,6 +379,12 @@ WGRAD_TILE, WGRAD_ROWS = 64, 64  # output tile side; rows per loop step
 WGRAD_SPLIT_ROWS = 512  # rows summed by one program (its partial sum is added up afterwards)
 
 
+def wgrad_shapes(width: int, hidden: int, dim: int) -> list[tuple[int, int]]:
+    """Shapes of the six weight gradients, in the order `boundary_transfer_wgrad` lays them out
+    (state, qkv, attn_out, MLP in, MLP out, out; ``torch.nn.Linear`` layout (out, in))."""
+    return [(width, dim), (3 * width, width), (width, width), (hidden, width), (width, hidden), (dim, width)]
+
+
 @torch.library.triton_op("gno_ext::boundary_transfer_wgrad", mutates_args={})
 def boundary_transfer_wgrad(grads: Tensor, dy: Tensor, saved: Tensor, state: Tensor) -> Tensor:
     """The six weight gradients of `boundary_transfer`, flat, in float32 (``torch.nn.Linear``
@@ -389,10 +395,10 @@ def boundary_transfer_wgrad(grads: Tensor, dy: Tensor, saved: Tensor, state: Ten
     width = (2 * grads.shape[2] - saved.shape[2]) // 3  # GW = 6w + h, S = 9w + 2h
     hidden = grads.shape[2] - 6 * width
     n = b * m
+    shapes = wgrad_shapes(width, hidden, d)
     splits = triton.cdiv(n, WGRAD_SPLIT_ROWS)
-    tiles = max(triton.cdiv(a, WGRAD_TILE) * triton.cdiv(x, WGRAD_TILE)
-                for a, x in [(width, d), (3 * width, width), (hidden, width), (width, hidden), (d, width)])
-    partial = grads.new_empty(splits, 2 * width * d + 4 * width * width + 2 * hidden * width, dtype=torch.float32)
+    tiles = max(triton.cdiv(a, WGRAD_TILE) * triton.cdiv(x, WGRAD_TILE) for a, x in shapes)
+    partial = grads.new_empty(splits, sum(a * x for a, x in shapes), dtype=torch.float32)
     _launch(_boundary_wgrad_kernel)[(6, tiles, splits)](
         grads, dy, saved, state, partial, n, d, W=width, HID=hidden, ROWS_PER=WGRAD_SPLIT_ROWS, BR=WGRAD_ROWS,
         BT=WGRAD_TILE, PRECISION=_precision(), num_warps=4, num_stages=3)
@@ -415,7 +421,7 @@ def _backward(ctx, dy: Tensor, _saved_grad: Tensor | None):
     sums = sums.sum(0)
     small = [sums[i:j].to(t) for (i, j), t in zip(sums_layout(width, hidden, d).values(), ctx.small_types)]
     flat = boundary_transfer_wgrad(grads, dy, saved, state)
-    shapes = [(width, d), (3 * width, width), (width, width), (hidden, width), (width, hidden), (d, width)]
+    shapes = wgrad_shapes(width, hidden, d)
     dws, dwqkv, dwo, dw1, dw2, dwout = (g.view(shape).to(state.dtype) for g, shape in
                                         zip(flat.split([a * x for a, x in shapes]), shapes))
     dbs, dg1, dbe1, dbqkv, dbo, dg2, dbe2, db1, db2, dbout = small
@@ -450,4 +456,4 @@ def _wgrad_flops(grads_shape, dy_shape, saved_shape, state_shape, *args, out_sha
     b, m, d = state_shape
     w = (2 * grads_shape[2] - saved_shape[2]) // 3
     h = grads_shape[2] - 6 * w
-    return 2 * b * m * (2 * w * d + 4 * w * w + 2 * h * w)
+    return 2 * b * m * sum(a * x for a, x in wgrad_shapes(w, h, d))
