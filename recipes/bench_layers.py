@@ -5,8 +5,9 @@ For each path (``fused``: the Triton kernels of `gno_ext.layers._boundary_kernel
 autocast, the forward pass (no grad) and forward + backward (gradients of the state and of
 every parameter) of one `BoundaryTransfer` on a batch of random boundary tokens. On a GPU,
 ``--calls`` calls are captured in one CUDA graph and the graph's replays are timed (so launch
-overheads are left out, as in a model compiled with CUDA graphs); the median over
-``--repeats`` replays, per call. On a CPU the calls are timed one by one.
+overheads are left out, as in a model compiled with CUDA graphs); on a CPU the calls are timed
+one by one. Either way with `bench_model.timed`: warm-up runs (at least 2 s on a GPU), then the
+median of ``--repeats`` synchronised runs.
 
     python recipes/bench_layers.py                                   # paper size: D 256, 32 tokens, batch 256
     python recipes/bench_layers.py --device cpu --batch 16 --paths unfused --modes eager
@@ -16,8 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,10 +25,13 @@ import torch
 
 from gno_ext.layers.boundary import BoundaryTransfer
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_model import timed  # noqa: E402  (the same timing as the model benchmark)
+
 
 def replay_time(fn: Callable[[], None], calls: int, repeats: int) -> float:
     """Seconds per call of ``fn``: ``calls`` calls captured in one CUDA graph (after warm-up runs
-    on a side stream), median over ``repeats`` replays."""
+    on a side stream), timed by replaying the graph (`bench_model.timed`)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -39,28 +42,7 @@ def replay_time(fn: Callable[[], None], calls: int, repeats: int) -> float:
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
-    for _ in range(5):
-        graph.replay()
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        graph.replay()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) / calls
-
-
-def call_time(fn: Callable[[], None], repeats: int) -> float:
-    """Seconds per call of ``fn`` run one by one (CPU), median over ``repeats`` after 3 warm-ups."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return timed(graph.replay, repeats, "cuda") / calls
 
 
 def bench_boundary(path: str, mode: str, batch: int, tokens: int, dim: int, device: str, calls: int,
@@ -92,7 +74,7 @@ def bench_boundary(path: str, mode: str, batch: int, tokens: int, dim: int, devi
     if device == "cuda":
         t_fwd, t_both = (replay_time(f, calls, repeats) for f in (forward, forward_backward))
     else:
-        t_fwd, t_both = (call_time(f, repeats) for f in (forward, forward_backward))
+        t_fwd, t_both = (timed(f, repeats, device) for f in (forward, forward_backward))
     return {"layer": "boundary_transfer", "path": path, "mode": mode, "batch": batch, "tokens": tokens, "dim": dim,
             "width": width, "forward_us": 1e6 * t_fwd, "forward_backward_us": 1e6 * t_both}
 
