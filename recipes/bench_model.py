@@ -1,12 +1,21 @@
 """Speed, memory and achieved TFLOP/s of the GNO (paper size) against a single-kernel stand-in.
 
-For each model, batch size and mode (eager; ``torch.compile``; ``torch.compile`` with CUDA
-graphs, ``mode="reduce-overhead"``) it times, in bf16 autocast:
+For each model, batch size and mode it times, in bf16 autocast:
 the forward pass (no grad) and a full training step (forward, backward, AdamW step). Three
 warm-up runs (on a GPU, at least 2 s of them, so that its clocks are probably up again after
 the compilation), then the median of ``--repeats`` CUDA-synchronised runs. FLOPs are counted once per
 configuration with ``torch.utils.flop_counter.FlopCounterMode`` on a training step; TFLOP/s is
 that count over the median step time.
+
+Modes:
+* ``eager``;
+* ``compiled``: ``torch.compile`` (inductor, no CUDA graphs);
+* ``graphs``: ``torch.compile(mode="reduce-overhead")``, the model's forward and backward
+  graphs replayed as CUDA graphs, the optimizer step run from Python;
+* ``whole-graph`` (CUDA only): the model compiled by inductor without CUDA graphs, and the
+  *whole* training step (forward, loss, backward, capturable fused AdamW step) captured with
+  ``torch.cuda.graph`` and replayed; the forward pass likewise. No host work is left per step
+  but one replay, so this shows what the GPU needs when the host is not the bottleneck.
 
 Models:
 * ``gno``: paper defaults (K = 4 kernels, boundary transfer).
@@ -23,6 +32,7 @@ Dirichlet and Neumann faces; the table reports how many kernels each block actua
     python recipes/bench_model.py --batch 32 --shape 128 384 --channels 4    # The Well TRL size
     python recipes/bench_model.py --batch 256 --profile 40                   # kernels of one compiled step
     python recipes/bench_model.py --batch 256 --modes graphs --compile-options combo_kernels=True
+    python recipes/bench_model.py --batch 256 --modes graphs whole-graph --compile-options combo_kernels=True
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import itertools
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -86,9 +97,10 @@ def timed(fn, repeats: int, device: str, warmup: int = 3, warmup_s: float = 2.0)
 
 
 def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: str,
-          chunk: int | None, boundary: str = "fused") -> tuple[GNO, dict, torch.optim.Optimizer]:
+          chunk: int | None, boundary: str = "fused",
+          capturable: bool = False) -> tuple[GNO, dict, torch.optim.Optimizer]:
     """The model (normalisation fitted, mixture chunk and boundary path set), its inputs and a
-    fused AdamW."""
+    fused AdamW (``capturable`` for a step captured in a CUDA graph)."""
     torch.manual_seed(0)
     model = GNO(in_channels=channels, **MODELS[name]).to(device)
     model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].to(device))
@@ -99,7 +111,8 @@ def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: 
             block.boundary.fused = boundary == "fused"
     x = make_inputs(batch, shape, channels, device)
     x["target"] = x["u"] + 0.01
-    return model, x, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+    cuda = device == "cuda"
+    return model, x, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda, capturable=cuda and capturable)
 
 
 def train_step(net: torch.nn.Module, x: dict, opt: torch.optim.Optimizer, device: str, graphs: bool = False) -> None:
@@ -113,9 +126,46 @@ def train_step(net: torch.nn.Module, x: dict, opt: torch.optim.Optimizer, device
     opt.step()
 
 
+def captured(fn: Callable[[], None], warmup: int = 3) -> Callable[[], None]:
+    """``fn`` captured in one CUDA graph; returns the graph's ``replay``.
+
+    ``fn`` first runs ``warmup`` times on a side stream (as ``torch.cuda.graph`` requires:
+    compilation, autotuning, lazy optimizer state and cuBLAS workspaces happen there, not
+    during the capture). What ``fn`` allocates during the capture (activations, gradients)
+    lives in the graph's memory pool and is reused by every replay; inputs, parameters and
+    optimizer state must stay where they are.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def count_flops(model: torch.nn.Module, x: dict, device: str) -> int:
+    """FLOPs of one training step's forward and backward (``FlopCounterMode``), counted eagerly.
+
+    A function of its own so that the autograd graph of this step dies with it: its gradient
+    accumulators remember the stream they were made on (here the default one), and a step
+    captured in a CUDA graph later must not run them there."""
+    with FlopCounterMode(display=False) as counter:
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = (model(x["u"], theta=x["theta"], bc=x["bc"]).float() - x["target"]).pow(2).mean()
+        loss.backward()
+    return counter.get_total_flops()
+
+
 def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int,
           chunk: int | None = None, options: dict | None = None, boundary: str = "fused") -> dict:
-    model, x, opt = setup(name, batch, shape, channels, device, chunk, boundary)
+    whole = mode == "whole-graph"
+    if whole and device != "cuda":
+        raise SystemExit("--modes whole-graph needs a CUDA device")
+    model, x, opt = setup(name, batch, shape, channels, device, chunk, boundary, capturable=whole)
     # a fresh compilation cache for every configuration: otherwise, after dynamo's recompilation
     # limit (8 by default), a later model of the same class silently runs eagerly
     torch._dynamo.reset()
@@ -128,18 +178,17 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
         with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
             net(x["u"], theta=x["theta"], bc=x["bc"])
 
-    with FlopCounterMode(display=False) as counter:
-        with torch.autocast(device, dtype=torch.bfloat16):
-            loss = (model(x["u"], theta=x["theta"], bc=x["bc"]).float() - x["target"]).pow(2).mean()
-        loss.backward()
-    flops = counter.get_total_flops()
+    flops = count_flops(model, x, device)
     kernels_used = [len(set(b.mixture.last_routing.index.tolist())) if b.mixture is not None else 1
                     for b in model.blocks]
     opt.zero_grad(set_to_none=True)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    step = lambda: train_step(net, x, opt, device, graphs)  # noqa: E731
+    if whole:
+        forward, step = captured(forward), captured(step)
     t_fwd = timed(forward, repeats, device)
-    t_step = timed(lambda: train_step(net, x, opt, device, graphs), repeats, device)
+    t_step = timed(step, repeats, device)
     memory = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
     return {"model": name, "batch": batch, "mode": mode, "forward_ms": 1e3 * t_fwd,
             "step_ms": 1e3 * t_step, "train_tflops": flops / t_step / 1e12, "step_gflop": flops / 1e9,
@@ -223,7 +272,7 @@ def main() -> None:
                              "with Triton) or as PyTorch operations")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled", "graphs"],
-                        choices=["eager", "compiled", "graphs"])
+                        choices=["eager", "compiled", "graphs", "whole-graph"])
     parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS, choices=list(MODELS))
     parser.add_argument("--compile-options", nargs="*", default=[], metavar="KEY=VALUE",
                         help="inductor options for the compiled modes, e.g. combo_kernels=True")

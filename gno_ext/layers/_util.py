@@ -10,6 +10,16 @@ import torch
 from torch import Tensor
 
 
+def may_read_device() -> bool:
+    """Whether a value check that reads a device tensor on the host may run: not while
+    `torch.compile` traces, nor while a CUDA graph is being captured (a device-to-host
+    synchronisation there would break the capture). Eager calls check; compiled or captured
+    ones rely on the eager check having run on the same kind of input."""
+    if torch.compiler.is_compiling():
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
 def one_hot(index: Tensor, n: int, dtype: torch.dtype = torch.long) -> Tensor:
     """``index`` (any shape, values in ``[0, n)``) as one-hot vectors along a new last axis.
 

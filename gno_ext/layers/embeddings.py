@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._util import may_read_device
+
 __all__ = ["PatchEmbed", "PatchProject", "sincos_position", "ParameterNormalizer", "token_shape"]
 
 
@@ -120,7 +122,7 @@ class ParameterNormalizer(nn.Module):
         self.register_buffer("sigma", torch.ones(n_params))
 
     def _transform(self, theta: Tensor) -> Tensor:
-        if not torch.compiler.is_compiling() and ((theta <= 0) & self.log_scale).any():
+        if may_read_device() and ((theta <= 0) & self.log_scale).any():
             raise ValueError("theta: a log-scaled parameter must be positive")
         theta = torch.where(self.log_scale, theta.clamp_min(1e-30).log(), theta)
         return theta
