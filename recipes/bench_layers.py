@@ -26,23 +26,18 @@ import torch
 from gno_ext.layers.boundary import BoundaryTransfer
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_model import timed  # noqa: E402  (the same timing as the model benchmark)
+from bench_model import captured, timed  # noqa: E402  (the same timing as the model benchmark)
 
 
 def replay_time(fn: Callable[[], None], calls: int, repeats: int) -> float:
-    """Seconds per call of ``fn``: ``calls`` calls captured in one CUDA graph (after warm-up runs
-    on a side stream), timed by replaying the graph (`bench_model.timed`)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    """Seconds per call of ``fn``: ``calls`` calls captured in one CUDA graph
+    (`bench_model.captured`), timed by replaying the graph (`bench_model.timed`)."""
+
+    def many() -> None:
         for _ in range(calls):
             fn()
-    return timed(graph.replay, repeats, "cuda") / calls
+
+    return timed(captured(many), repeats, "cuda") / calls
 
 
 def bench_boundary(path: str, mode: str, batch: int, tokens: int, dim: int, device: str, calls: int,

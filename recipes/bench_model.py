@@ -271,8 +271,8 @@ def main() -> None:
                         help="the boundary transfer operator as fused Triton kernels (the default on a GPU "
                              "with Triton) or as PyTorch operations")
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--modes", nargs="+", default=["eager", "compiled", "graphs"],
-                        choices=["eager", "compiled", "graphs", "whole-graph"])
+    parser.add_argument("--modes", nargs="+", choices=["eager", "compiled", "graphs", "whole-graph"],
+                        help="default: eager compiled graphs, and whole-graph on a CUDA device")
     parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS, choices=list(MODELS))
     parser.add_argument("--compile-options", nargs="*", default=[], metavar="KEY=VALUE",
                         help="inductor options for the compiled modes, e.g. combo_kernels=True")
@@ -280,6 +280,7 @@ def main() -> None:
     parser.add_argument("--profile", type=int, metavar="TOP", default=0,
                         help="instead of timing, list the TOP kernels of a compiled training step (CUDA)")
     args = parser.parse_args()
+    args.modes = args.modes or ["eager", "compiled", "graphs"] + ["whole-graph"] * (args.device == "cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
     options = parse_options(args.compile_options)
     if args.profile:
