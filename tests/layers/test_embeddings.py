@@ -41,3 +41,16 @@ def test_patch_project_inverts_the_patch_layout_of_patch_embed():
 def test_patch_embed_rejects_a_grid_not_divisible_by_the_patch():
     with pytest.raises(ValueError, match=r"grid \(10, 12\) is not divisible by the patch size 4"):
         PatchEmbed(1, 8, 4, 2)(torch.randn(1, 1, 10, 12))
+
+
+def test_parameter_normalizer_checks_log_scaled_values_unless_capturing(monkeypatch):
+    from gno_ext.layers.embeddings import ParameterNormalizer
+
+    norm = ParameterNormalizer(2, log_scale=[True, False])
+    assert torch.isfinite(norm(torch.tensor([[0.5, -1.0]]))).all()  # only the log-scaled one must be positive
+    with pytest.raises(ValueError, match="log-scaled parameter must be positive"):
+        norm(torch.tensor([[0.0, 1.0]]))
+    # during a CUDA graph capture the check (a device read) is skipped rather than breaking it
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    norm(torch.tensor([[0.0, 1.0]]))
