@@ -54,3 +54,18 @@ def test_parameter_normalizer_checks_log_scaled_values_unless_capturing(monkeypa
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     norm(torch.tensor([[0.0, 1.0]]))
+
+
+def test_sincos_position_spans_wavelengths_from_the_domain_to_a_64th_of_it():
+    import math
+
+    from gno_ext.layers import sincos_position
+
+    enc = sincos_position((4,), 8)  # one axis, four frequencies: 2 pi * 64^(i / 3)
+    x = (torch.arange(4, dtype=torch.float64) + 0.5) / 4
+    freqs = 2 * math.pi * torch.tensor([1.0, 4.0, 16.0, 64.0], dtype=torch.float64)
+    expected = torch.cat([(x[:, None] * freqs).sin(), (x[:, None] * freqs).cos()], -1)
+    assert enc.shape == (4, 8) and enc.dtype == torch.float32
+    # float32 angles up to 2 pi * 64 * 7/8 = 352 are rounded to about 2e-5 (twice: frequency, product)
+    assert torch.allclose(enc.double(), expected, atol=1e-4)
+    assert sincos_position((2, 3), 10).shape == (6, 10)  # 2-D, width cut to dim
