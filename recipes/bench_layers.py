@@ -24,20 +24,21 @@ from pathlib import Path
 import torch
 
 from gno_ext.layers.boundary import BoundaryTransfer
+from gno_ext.training import capture_step
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_model import captured, timed  # noqa: E402  (the same timing as the model benchmark)
+from bench_model import timed  # noqa: E402  (the same timing as the model benchmark)
 
 
 def replay_time(fn: Callable[[], None], calls: int, repeats: int) -> float:
     """Seconds per call of ``fn``: ``calls`` calls captured in one CUDA graph
-    (`bench_model.captured`), timed by replaying the graph (`bench_model.timed`)."""
+    (`gno_ext.training.capture_step`), timed by replaying the graph (`bench_model.timed`)."""
 
     def many() -> None:
         for _ in range(calls):
             fn()
 
-    return timed(captured(many), repeats, "cuda") / calls
+    return timed(capture_step(many), repeats, "cuda") / calls
 
 
 def bench_boundary(path: str, mode: str, batch: int, tokens: int, dim: int, device: str, calls: int,

@@ -13,9 +13,10 @@ Modes:
 * ``graphs``: ``torch.compile(mode="reduce-overhead")``, the model's forward and backward
   graphs replayed as CUDA graphs, the optimizer step run from Python;
 * ``whole-graph`` (CUDA only): the model compiled by inductor without CUDA graphs, and the
-  *whole* training step (forward, loss, backward, capturable fused AdamW step) captured with
-  ``torch.cuda.graph`` and replayed; the forward pass likewise. No host work is left per step
-  but one replay, so this shows what the GPU needs when the host is not the bottleneck.
+  *whole* training step (forward, loss, backward, capturable fused AdamW step) captured in
+  one CUDA graph (`gno_ext.training.capture_step`) and replayed; the forward pass likewise.
+  No host work is left per step but one replay, so this shows what the GPU needs when the
+  host is not the bottleneck.
 
 Models:
 * ``gno``: paper defaults (K = 4 kernels, boundary transfer).
@@ -42,7 +43,6 @@ import itertools
 import json
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -51,7 +51,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from gno_ext.models import GNO
 from gno_ext.schema import BoundarySpec
-from gno_ext.training import compile_model
+from gno_ext.training import capture_step, compile_model
 
 MODELS = {
     "gno": {},
@@ -126,27 +126,6 @@ def train_step(net: torch.nn.Module, x: dict, opt: torch.optim.Optimizer, device
     opt.step()
 
 
-def captured(fn: Callable[[], None], warmup: int = 3) -> Callable[[], None]:
-    """``fn`` captured in one CUDA graph; returns the graph's ``replay``.
-
-    ``fn`` first runs ``warmup`` times on a side stream (as ``torch.cuda.graph`` requires:
-    compilation, autotuning, lazy optimizer state and cuBLAS workspaces happen there, not
-    during the capture). What ``fn`` allocates during the capture (activations, gradients)
-    lives in the graph's memory pool and is reused by every replay; inputs, parameters and
-    optimizer state must stay where they are.
-    """
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def count_flops(model: torch.nn.Module, x: dict, device: str) -> int:
     """FLOPs of one training step's forward and backward (``FlopCounterMode``), counted eagerly.
 
@@ -186,7 +165,7 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
         torch.cuda.reset_peak_memory_stats()
     step = lambda: train_step(net, x, opt, device, graphs)  # noqa: E731
     if whole:
-        forward, step = captured(forward), captured(step)
+        forward, step = capture_step(forward), capture_step(step)
     t_fwd = timed(forward, repeats, device)
     t_step = timed(step, repeats, device)
     memory = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
