@@ -1,26 +1,16 @@
 """`recipes/bench_layers.py` runs on the CPU (the PyTorch path) and refuses the fused path there."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).parents[1] / "recipes" / "bench_layers.py"
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("bench_layers", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests._recipes import load_recipe
 
 
 def test_bench_layers_times_the_boundary_operator_on_the_cpu():
-    row = load().bench_boundary("unfused", "eager", batch=3, tokens=8, dim=32, device="cpu", calls=2, repeats=3)
+    row = load_recipe("bench_layers").bench_boundary("unfused", "eager", batch=3, tokens=8, dim=32, device="cpu", calls=2, repeats=3)
     assert (row["path"], row["mode"], row["width"], row["tokens"]) == ("unfused", "eager", 16, 8)
     assert row["forward_us"] > 0 and row["forward_backward_us"] > 0
 
 
 def test_bench_layers_says_why_the_fused_path_cannot_run_on_the_cpu():
     with pytest.raises(SystemExit, match="needs a CUDA device"):
-        load().bench_boundary("fused", "eager", batch=3, tokens=8, dim=32, device="cpu", calls=2, repeats=2)
+        load_recipe("bench_layers").bench_boundary("fused", "eager", batch=3, tokens=8, dim=32, device="cpu", calls=2, repeats=2)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -10,16 +9,14 @@ from pathlib import Path
 import pytest
 
 from gno_ext.adapters.fixtures import write_pdebench_cfd, write_pdebench_tensor, write_trl_dataset
+from tests._recipes import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_PY = ROOT / "recipes" / "train.py"
 
 
 def load_train_module():
-    spec = importlib.util.spec_from_file_location("recipes_train", TRAIN_PY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_recipe("train")
 
 
 @pytest.fixture(scope="session")

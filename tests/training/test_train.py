@@ -16,6 +16,8 @@ from gno_ext.models import from_checkpoint
 from gno_ext.training import NonFiniteLossError, latest_checkpoint
 from gno_ext.training.checkpoint import list_checkpoints
 
+from tests._recipes import load_recipe
+
 from .conftest import PYTHON, TRAIN_PY, env_with_cache
 
 QUIET = ["trainer.progress=false", "trainer.tensorboard=false"]
@@ -54,11 +56,7 @@ def test_heat_param_smoke_end_to_end(train_module, tmp_path):
     for name in ("per_step_nmse.png", "error_vs_parameter.png", "rollout_0.png", "report.md"):
         assert (run / "eval" / name).stat().st_size > 0
     # recipes/evaluate.py reproduces the numbers from the saved model
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("recipes_evaluate", TRAIN_PY.parent / "evaluate.py")
-    evaluate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(evaluate)
+    evaluate = load_recipe("evaluate")
     again = evaluate.main([str(run), "--out", str(tmp_path / "again")])
     assert again["nmse"]["mean"] == pytest.approx(report["nmse"]["mean"], rel=1e-6)
 
