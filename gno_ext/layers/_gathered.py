@@ -7,16 +7,18 @@ y_b = x_b\, W_{k_b} + c_{k_b}, \qquad x_b \in \mathbb{R}^{T \times D_{in}},\;
 W \in \mathbb{R}^{K \times D_{in} \times D_{out}},\; k_b = \text{index}[b],
 $$
 
-in one kernel launch that reads each tile's weights from ``W[k_b]`` in place: the batch stays
-in its order (no sorting, no padding, no copies of the selected weights). The backward pass is
-two more launches:
+in one kernel launch that reads each tile's weights from ``W[k_b]`` in place (no copies of the
+selected weights). The batch is listed by kernel (`run_plan`, on the device), and each
+program computes a tile of ``BM`` rows of one kernel's samples, a tile spanning several
+samples: only each kernel's last tile is partly empty, however many rows ``T`` a sample has
+(tiles of one sample each would pad 97 rows to 128). The rows are read and written in place,
+so the batch keeps its order. The backward pass is two more launches:
 
 * the input gradient, ``dx_b = dy_b W_{k_b}^T``, is the same kernel on the transposed weights;
 * the weight gradient, ``dW_k = \sum_{b : k_b = k} x_b^T dy_b`` (and the bias gradient, the
-  column sums of ``dy_b``), is a grouped reduction: the samples are listed by kernel, each
-  program accumulates the products of a *run* of at most ``RUN`` (8) samples of one kernel in
-  registers and adds its tile to ``dW_k`` with one atomic addition (float32). Which
-  samples each run takes is worked out on the device (`run_plan`), once per index.
+  column sums of ``dy_b``), is a grouped reduction: each program accumulates the products of
+  a *run* of at most ``RUN`` (8) samples of one kernel in registers and adds its tile to
+  ``dW_k`` with one atomic addition (float32).
 
 The atomic additions make the weight gradient's rounding depend on the order in which the
 programs finish; under `torch.use_deterministic_algorithms` the callers use their
@@ -63,10 +65,12 @@ def run_plan(index: Tensor, n_kernels: int, run: int | None = None) -> Tensor:
     """The batch listed by kernel and cut into runs of at most ``run`` (default ``RUN``)
     samples of one kernel: what the weight-gradient kernel reads.
 
-    Returns one int32 tensor, the concatenation of ``order`` (B,), the sample indices sorted by
-    kernel (stable), and, for each of the ``R = B // run + K`` runs (a static bound; the unused
-    ones have length 0), its kernel, its first position in ``order`` and its length (R each).
-    Computed on the device with static shapes (no host synchronisation).
+    Returns one int32 tensor, the concatenation of ``counts`` (K,), the number of samples of
+    each kernel, ``order`` (B,), the sample indices sorted by kernel (stable), and, for each of
+    the ``R = B // run + K`` runs (a static bound; the unused ones have length 0), its kernel,
+    its first position in ``order`` and its length (R each). Computed on the device with static
+    shapes (no host synchronisation). ``counts`` comes first so that its start is aligned as
+    the tensor's is: the forward kernel reads it as one vector.
     """
     run = run or RUN
     b = index.shape[0]
@@ -79,7 +83,7 @@ def run_plan(index: Tensor, n_kernels: int, run: int | None = None) -> Tensor:
     kernel = segment_of(r, run_end)
     within = r - (run_end - runs)[kernel]
     length = (counts[kernel] - within * run).clamp(0, run)
-    return torch.cat([order, kernel, starts[kernel] + within * run, length]).int()
+    return torch.cat([counts, order, kernel, starts[kernel] + within * run, length]).int()
 
 
 def gathered_linear(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | None = None,
@@ -95,9 +99,8 @@ def gathered_linear(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | Non
     weight : Tensor, shape (K, in, out)
     bias : Tensor, shape (K, out), optional
     plan : Tensor, optional
-        ``run_plan(index, K)`` (runs of ``RUN`` samples), for the weight gradient; pass it to share one plan between
-        several products with the same ``index``. Computed here if not given (and gradients
-        are enabled).
+        ``run_plan(index, K)`` (runs of ``RUN`` samples); pass it to share one plan between several products with the
+        same ``index``. Computed here if not given.
 
     Under autocast the product runs in the autocast type (weights cast once per call, float32
     accumulation); otherwise in ``x``'s type.
@@ -109,8 +112,8 @@ def gathered_linear(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | Non
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight = x.to(dtype), weight.to(dtype)
         bias = None if bias is None else bias.to(dtype)
-    if plan is None:  # the backward pass needs it; inference does not
-        plan = run_plan(index, weight.shape[0]) if torch.is_grad_enabled() else index.new_empty(0, dtype=torch.int32)
+    if plan is None:
+        plan = run_plan(index, weight.shape[0])
     with torch.autocast(x.device.type, enabled=False):
         return _kernels.gathered_mm(x.contiguous(), index, weight, bias, plan, RUN)
 

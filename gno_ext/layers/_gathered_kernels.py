@@ -11,38 +11,58 @@ from torch.utils.flop_counter import register_flop_formula
 
 __all__ = ["FORWARD", "WGRAD", "gathered_mm", "grouped_wgrad"]
 
-# Launch configurations (tile sizes are upper bounds, reduced to the problem's size), chosen by
-# a sweep on an H100 (docs/benchmarks.md). FORWARD: the product and the input gradient; WGRAD:
-# the weight gradient (its runs of samples: `gno_ext.layers._gathered.RUN`).
-FORWARD = {"BM": 64, "BN": 128, "BK": 64, "num_warps": 4, "num_stages": 3}
+# Launch configurations, chosen by sweeps on an H100 (docs/benchmarks.md). FORWARD: the
+# product and the input gradient (BM: rows of one kernel's samples per tile; BN, BK: upper
+# bounds, reduced to the problem's size); WGRAD: the weight gradient (tile sizes are upper
+# bounds; its runs of samples: `gno_ext.layers._gathered.RUN`).
+FORWARD = {"BM": 128, "BN": 128, "BK": 64, "num_warps": 8, "num_stages": 3}
 WGRAD = {"BD": 128, "BN": 128, "BT": 64, "num_warps": 4, "num_stages": 3}
 
 
 @triton.jit
-def _gathered_mm_kernel(x_ptr, w_ptr, bias_ptr, index_ptr, y_ptr, T, DIN, DOUT,
+def _group_rows(pid, plan_ptr, T, K, KP: tl.constexpr, BM: tl.constexpr):
+    """Program ``pid``'s tile of rows: ``BM`` consecutive rows of one kernel's samples (listed
+    by kernel in ``order``; ``plan`` holds ``counts`` and then ``order``, see
+    `gno_ext.layers._gathered.run_plan`), ``T`` rows per sample. Each kernel ``k``'s ``counts[k]``
+    samples make ``counts[k] * T`` rows, cut into ``cdiv(counts[k] * T, BM)`` tiles, the
+    kernels' tiles one after the other. Returns the kernel (``K`` or more for a program past
+    the last tile, which has nothing to do), each row's sample, token and whether it exists."""
+    kk = tl.arange(0, KP)
+    counts = tl.load(plan_ptr + kk, mask=kk < K, other=0)
+    tiles = (counts * T + BM - 1) // BM
+    tile_end = tl.cumsum(tiles, 0)
+    k = tl.sum((tile_end <= pid).to(tl.int32), 0)
+    first_tile = tl.sum(tl.where(kk == k, tile_end - tiles, 0), 0)
+    first_sample = tl.sum(tl.where(kk < k, counts, 0), 0)
+    rows = (pid - first_tile) * BM + tl.arange(0, BM)
+    live = rows < tl.sum(tl.where(kk == k, counts, 0), 0) * T
+    sample = tl.load(plan_ptr + K + first_sample + rows // T, mask=live, other=0).to(tl.int64)
+    return k, sample, rows % T, live
+
+
+@triton.jit
+def _gathered_mm_kernel(x_ptr, w_ptr, bias_ptr, plan_ptr, y_ptr, T, DIN, DOUT, K,
                         sxb, sxt, sxd, swk, swi, swo, sbk, syb, syt, syd,
                         HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                        PRECISION: tl.constexpr):
-    # program (sample b, row tile m) x (column tile n); every row of the tile is sample b's
-    pid = tl.program_id(0)
-    tiles = tl.cdiv(T, BM)
-    b = (pid // tiles).to(tl.int64)
-    rows = (pid % tiles) * BM + tl.arange(0, BM)
-    cols = tl.program_id(1) * BN + tl.arange(0, BN)
-    k = tl.load(index_ptr + b).to(tl.int64)
-    inner = tl.arange(0, BK)
-    x_rows = x_ptr + b * sxb + rows[:, None] * sxt
-    w_cols = w_ptr + k * swk + cols[None, :] * swo
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for i0 in range(0, DIN, BK):
-        i = i0 + inner
-        xt = tl.load(x_rows + i[None, :] * sxd, mask=(rows[:, None] < T) & (i[None, :] < DIN), other=0.0)
-        wt = tl.load(w_cols + i[:, None] * swi, mask=(i[:, None] < DIN) & (cols[None, :] < DOUT), other=0.0)
-        acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + k * sbk + cols, mask=cols < DOUT, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + b * syb + rows[:, None] * syt + cols[None, :] * syd, acc.to(y_ptr.dtype.element_ty),
-             mask=(rows[:, None] < T) & (cols[None, :] < DOUT))
+                        KP: tl.constexpr, PRECISION: tl.constexpr):
+    # program (row tile of one kernel's samples, `_group_rows`) x (column tile n)
+    k, sample, token, live = _group_rows(tl.program_id(0), plan_ptr, T, K, KP, BM)
+    if k < K:
+        kernel = k.to(tl.int64)
+        cols = tl.program_id(1) * BN + tl.arange(0, BN)
+        inner = tl.arange(0, BK)
+        x_rows = x_ptr + (sample * sxb + token * sxt)[:, None]
+        w_cols = w_ptr + kernel * swk + cols[None, :] * swo
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for i0 in range(0, DIN, BK):
+            i = i0 + inner
+            xt = tl.load(x_rows + i[None, :] * sxd, mask=live[:, None] & (i[None, :] < DIN), other=0.0)
+            wt = tl.load(w_cols + i[:, None] * swi, mask=(i[:, None] < DIN) & (cols[None, :] < DOUT), other=0.0)
+            acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + kernel * sbk + cols, mask=cols < DOUT, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + (sample * syb + token * syt)[:, None] + cols[None, :] * syd, acc.to(y_ptr.dtype.element_ty),
+                 mask=live[:, None] & (cols[None, :] < DOUT))
 
 
 @triton.jit
@@ -101,20 +121,21 @@ def _tile(n: int, largest: int) -> int:
     return max(16, min(largest, triton.next_power_of_2(int(n))))
 
 
-def _gathered_mm(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+def _gathered_mm(x: Tensor, weight: Tensor, bias: Tensor | None, plan: Tensor) -> Tensor:
     """Launch of the forward kernel (also the input gradient, on transposed weights)."""
     b, t, din = x.shape
-    dout = weight.shape[2]
+    n_kernels, _, dout = weight.shape
     y = x.new_empty(b, t, dout)
     c = FORWARD
-    bm, bn, bk = _tile(t, c["BM"]), _tile(dout, c["BN"]), _tile(din, c["BK"])
-    grid = (b * triton.cdiv(t, bm), triton.cdiv(dout, bn))
+    bm, bn, bk = c["BM"], _tile(dout, c["BN"]), _tile(din, c["BK"])  # BM: rows of several samples
+    # every kernel's rows fill whole tiles but its last: at most B * T / BM + K tiles
+    grid = (triton.cdiv(b * t, bm) + n_kernels, triton.cdiv(dout, bn))
     bias_arg = weight if bias is None else bias  # unused pointer when there is no bias
     _launch(_gathered_mm_kernel)[grid](
-        x, weight, bias_arg, index, y, t, din, dout, *x.stride(), *weight.stride(),
-        0 if bias is None else bias.stride(0), *y.stride(),
-        HAS_BIAS=bias is not None, BM=bm, BN=bn, BK=bk, PRECISION=_precision(),
-        num_warps=c["num_warps"], num_stages=c["num_stages"])
+        x, weight, bias_arg, plan, y, t, din, dout, n_kernels, *x.stride(),
+        *weight.stride(), 0 if bias is None else bias.stride(0), *y.stride(),
+        HAS_BIAS=bias is not None, BM=bm, BN=bn, BK=bk, KP=triton.next_power_of_2(n_kernels),
+        PRECISION=_precision(), num_warps=c["num_warps"], num_stages=c["num_stages"])
     return y
 
 
@@ -127,7 +148,7 @@ def _grouped_wgrad(x: Tensor, dy: Tensor, plan: Tensor, n_kernels: int, has_bias
     dout = dy.shape[2]
     dw = x.new_zeros(n_kernels, din, dout, dtype=torch.float32)
     dbias = x.new_zeros(n_kernels, dout if has_bias else 0, dtype=torch.float32)
-    order, (run_kernel, run_start, run_len) = plan[:b], plan[b:].view(3, -1)
+    order, (run_kernel, run_start, run_len) = plan[n_kernels:n_kernels + b], plan[n_kernels + b:].view(3, -1)
     c = WGRAD
     bd, bn, bt = _tile(din, c["BD"]), _tile(dout, c["BN"]), _tile(t, c["BT"])
     grid = (triton.cdiv(din, bd) * triton.cdiv(dout, bn), run_len.shape[0])
@@ -145,10 +166,10 @@ def _launch(kernel):
 
 @torch.library.triton_op("gno_ext::gathered_mm", mutates_args={})
 def gathered_mm(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | None, plan: Tensor, run: int) -> Tensor:
-    """``x[b] @ weight[index[b]] + bias[index[b]]``; ``plan``
-    (`gno_ext.layers._gathered.run_plan`, runs of at most ``run`` samples) is kept for the
-    backward pass."""
-    return _gathered_mm(x, index, weight, bias)
+    """``x[b] @ weight[index[b]] + bias[index[b]]``, given ``plan = run_plan(index, K, run)``
+    (`gno_ext.layers._gathered.run_plan`), which lists the samples by kernel; ``run`` is kept
+    for the weight gradient."""
+    return _gathered_mm(x, weight, bias, plan)
 
 
 @torch.library.triton_op("gno_ext::grouped_wgrad", mutates_args={})

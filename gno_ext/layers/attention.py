@@ -231,7 +231,7 @@ def _mixed(stacks: dict[str, tuple[Tensor, Tensor | None]], heads: int, index: T
             def project(t, weight, bias):
                 return F.linear(t, weight[0].t(), None if bias is None else bias[0])
         else:  # weights selected inside the products (CUDA)
-            plan = _gathered.run_plan(index, n_kernels) if torch.is_grad_enabled() else None
+            plan = _gathered.run_plan(index, n_kernels)
 
             def project(t, weight, bias):
                 return _gathered.gathered_linear(t, index, weight, bias, plan)

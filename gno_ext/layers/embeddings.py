@@ -79,19 +79,38 @@ class PatchProject(nn.Module):
         return y.permute(perm).reshape(b, self.out_channels, *[g * p for g in grid_tokens])
 
 
+_FREQUENCIES: dict[tuple[int, str], Tensor] = {}  # eager mode: (count, device) -> frequencies
+
+
+def _frequencies(n_freq: int, device: torch.device | None) -> Tensor:
+    """Angular frequencies of `sincos_position`: wavelengths from the domain size down to 1/64
+    of it, geometrically spaced.
+
+    They are computed from Python floats, so that `torch.compile` takes them as constants
+    (from `torch.logspace` it generated a float64 power for every element of the fused kernel
+    that used the encoding: 0.19 ms of a paper-size GNO training step at batch 256 on an H100).
+    In eager mode the tensor is made once per device and kept: a CUDA graph capture cannot
+    copy from the host, and each call saves a copy."""
+    values = [2 * math.pi * 64 ** (i / max(n_freq - 1, 1)) for i in range(n_freq)]
+    if torch.compiler.is_compiling():
+        return torch.tensor(values, device=device)
+    key = (n_freq, str(torch.device(device or "cpu")))
+    if key not in _FREQUENCIES:
+        _FREQUENCIES[key] = torch.tensor(values, device=device)
+    return _FREQUENCIES[key]
+
+
 def sincos_position(grid_tokens: Sequence[int], dim: int, device: torch.device | None = None,
                     dtype: torch.dtype = torch.float32) -> Tensor:
     """Fixed sine-cosine encoding of token positions in ``[0, 1)^d``, shape ``(N, dim)``.
 
-    Positions are relative to the domain, so the same encoding serves any resolution.
+    Positions are relative to the domain, so the same encoding serves any resolution. In
+    eager mode it can be captured in a CUDA graph once it has run outside one on the same
+    device (`gno_ext.training.capture_step` runs warm-up steps first).
     """
     d = len(grid_tokens)
     n_freq = math.ceil(dim / (2 * d))
-    # wavelengths from the domain size down to 1/64 of it, geometrically spaced; Python floats,
-    # so that `torch.compile` takes them as constants (from `torch.logspace` it generated a
-    # float64 power for every element of the fused kernel that used the encoding: 0.19 ms of a
-    # paper-size GNO training step at batch 256 on an H100)
-    freqs = torch.tensor([2 * math.pi * 64 ** (i / max(n_freq - 1, 1)) for i in range(n_freq)], device=device)
+    freqs = _frequencies(n_freq, device)
     axes = [(torch.arange(g, device=device, dtype=torch.float32) + 0.5) / g for g in grid_tokens]
     coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, d)
     angles = coords[:, :, None] * freqs

@@ -69,3 +69,14 @@ def test_sincos_position_spans_wavelengths_from_the_domain_to_a_64th_of_it():
     # float32 angles up to 2 pi * 64 * 7/8 = 352 are rounded to about 2e-5 (twice: frequency, product)
     assert torch.allclose(enc.double(), expected, atol=1e-4)
     assert sincos_position((2, 3), 10).shape == (6, 10)  # 2-D, width cut to dim
+
+
+def test_sincos_frequencies_are_made_once_per_device_in_eager_mode():
+    """Eager calls reuse one frequency tensor per device: a CUDA graph capture of an eager
+    model cannot copy them from the host (tests/training/test_capture.py, on a GPU)."""
+    from gno_ext.layers import embeddings
+
+    freqs = embeddings._frequencies(5, "cpu")
+    assert embeddings._frequencies(5, torch.device("cpu")) is freqs
+    assert embeddings._frequencies(6, "cpu") is not freqs and freqs.shape == (5,)
+    assert torch.equal(embeddings.sincos_position((5,), 10), embeddings.sincos_position((5,), 10))
