@@ -27,8 +27,13 @@ BUILDERS = {
 }
 
 
+NEED_NEURALOP = ("fno", "pino", "cape_fno")  # built on neuraloperator's FNO (the `neuralop` extra)
+
+
 def build(key: str, seed: int = 0, **extra) -> torch.nn.Module:
     name, kwargs = BUILDERS[key]
+    if name in NEED_NEURALOP:
+        pytest.importorskip("neuralop")
     torch.manual_seed(seed)
     kwargs = {"in_channels": 1, "n_params": 1, "field_channels": 2, "ndim": 2, "log_params": [True], **kwargs, **extra}
     model = get_model(name, **kwargs)
