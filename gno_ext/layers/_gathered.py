@@ -99,8 +99,8 @@ def gathered_linear(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | Non
     weight : Tensor, shape (K, in, out)
     bias : Tensor, shape (K, out), optional
     plan : Tensor, optional
-        ``run_plan(index, K)`` (runs of ``RUN`` samples); pass it to share one plan between several products with the
-        same ``index``. Computed here if not given.
+        ``run_plan(index, K)`` (runs of ``RUN`` samples); pass it to share one plan between
+        several products with the same ``index``. Computed here if not given.
 
     Under autocast the product runs in the autocast type (weights cast once per call, float32
     accumulation); otherwise in ``x``'s type.
