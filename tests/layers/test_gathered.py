@@ -160,8 +160,8 @@ def test_gpu_gathered_path_compiles_with_a_dynamic_batch():
 
 @needs_cuda
 def test_gpu_gathered_path_under_bf16_autocast():
-    """Under bf16 autocast the gathered path agrees with the float32 products to bf16 precision, and so does the chunked path in bf16;
-    the weight gradients stay float32."""
+    """Under bf16 autocast the gathered path agrees with the float32 products to bf16
+    precision, and so does the chunked path in bf16; the weight gradients stay float32."""
     from gno_ext.layers import AttentionKernelBank
 
     torch.manual_seed(17)
