@@ -56,38 +56,58 @@ def relative_l2(pred: Tensor, target: Tensor, eps: float = 1e-12) -> Tensor:
     return (pred - target).flatten(1).norm(dim=1) / target.flatten(1).norm(dim=1).clamp_min(eps)
 
 
+def _host_checks(t: Tensor) -> bool:
+    """Whether input checks that read tensor values may run: on CPU tensors outside
+    `torch.compile`. On a GPU each read would make the host wait for the device before it can
+    queue the backward pass, so the training objective reads nothing there."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def group_sums(per_sample_loss: Tensor, groups: Tensor, n_groups: int | None = None) -> tuple[Tensor, Tensor]:
     """Per-group loss sums and sample counts, each of shape ``(n_groups,)``.
 
     These are what processes all-reduce before `dro_from_group_sums`, so that ``N`` processes
-    optimise the objective of one process over the global batch.
+    optimise the objective of one process over the global batch. With ``n_groups`` given, no
+    value is read on the host (group ids are checked on CPU tensors only); without it, the
+    number of groups is read from ``groups``.
     """
     if per_sample_loss.ndim != 1 or groups.shape != per_sample_loss.shape:
         raise ValueError(f"per_sample_loss and groups: expected matching shapes (B,), got "
                          f"{tuple(per_sample_loss.shape)} and {tuple(groups.shape)}")
-    if groups.numel() and groups.min() < 0:
+    if groups.numel() and (n_groups is None or _host_checks(groups)) and groups.min() < 0:
         raise ValueError("groups: ids must be >= 0")
     n = int(n_groups if n_groups is not None else (int(groups.max()) + 1 if groups.numel() else 0))
-    sums = torch.zeros(n, dtype=per_sample_loss.dtype, device=per_sample_loss.device)
-    sums = sums.index_add(0, groups, per_sample_loss)
-    counts = torch.bincount(groups, minlength=n).to(per_sample_loss.dtype)
+    if groups.numel() and _host_checks(groups) and groups.max() >= n:
+        raise ValueError(f"groups: ids must be < n_groups = {n}, got {int(groups.max())}")
+    sums = per_sample_loss.new_zeros(n).index_add(0, groups, per_sample_loss)
+    counts = per_sample_loss.new_zeros(n).index_add(0, groups, torch.ones_like(per_sample_loss).detach())
     return sums, counts
 
 
 def dro_from_group_sums(sums: Tensor, counts: Tensor, tau: float) -> Tensor:
-    """Log-sum-exp group DRO from group sums and counts; empty groups are left out of ``|G|``."""
+    """Log-sum-exp group DRO from group sums and counts; empty groups are left out of ``|G|``.
+
+    Computed with masks, not by selecting the present groups, so that no value is read on the
+    host (on a GPU the training step is queued without waiting; a CUDA graph can capture it).
+    Where every deviation ``tau * (mean_g - centre)`` is below 1 in magnitude, the log of the
+    mean of exponentials is taken through ``expm1``/``log1p``, free of the cancellation of
+    ``logsumexp - log |G|``; otherwise through ``logsumexp``. With no group present the result
+    is NaN (on CPU tensors, an error).
+    """
     if not tau > 0:
         raise ValueError(f"tau: must be positive, got {tau}")
     present = counts > 0
-    if not present.any():
+    if _host_checks(counts) and not present.any():
         raise ValueError("group DRO: no group has a sample")
-    means = sums[present] / counts[present]
-    centre = means.mean()
-    dev = tau * (means - centre)
-    if float(dev.detach().abs().max()) < 1.0:
-        # small tau: log(mean(exp(dev))) by expm1/log1p, free of the cancellation of logsumexp - log n
-        return centre + torch.log1p(torch.expm1(dev).mean()) / tau
-    return centre + (torch.logsumexp(dev, 0) - math.log(int(present.sum()))) / tau
+    n = present.sum().to(sums.dtype)
+    means = torch.where(present, sums / counts.clamp_min(1), 0)
+    centre = means.sum() / n
+    dev = torch.where(present, tau * (means - centre), 0)
+    # both forms are computed and one is kept: the other's inputs are kept finite (clamped,
+    # masked with -inf for logsumexp only), so that it passes no NaN into the gradient
+    near = torch.log1p(torch.where(present, torch.expm1(dev.clamp(-1, 1)), 0).sum() / n)
+    far = torch.logsumexp(torch.where(present, dev, -math.inf), 0) - torch.log(n)
+    return centre + torch.where(dev.abs().amax() < 1, near, far) / tau
 
 
 def group_dro_loss(per_sample_loss: Tensor, groups: Tensor, tau: float) -> Tensor:

@@ -55,6 +55,58 @@ def test_bad_group_dro_input():
         group_dro_loss(torch.rand(3), torch.zeros(3, dtype=torch.long), 0.0)
     with pytest.raises(ValueError, match="matching shapes"):
         group_dro_loss(torch.rand(3), torch.zeros(4, dtype=torch.long), 1.0)
+    with pytest.raises(ValueError, match="ids must be >= 0"):
+        group_sums(torch.rand(3), torch.tensor([0, -1, 1]), 3)
+    with pytest.raises(ValueError, match="ids must be < n_groups = 3, got 3"):
+        group_sums(torch.rand(3), torch.tensor([0, 3, 1]), 3)
+    with pytest.raises(ValueError, match="no group has a sample"):
+        dro_from_group_sums(torch.zeros(4), torch.zeros(4), 1.0)
+
+
+@pytest.mark.parametrize("tau", [0.7, 5.0])  # every deviation below 1 (expm1 form), and not (logsumexp)
+def test_group_dro_gradient_with_an_empty_group_matches_the_formula(tau):
+    """Both forms of the masked computation give the formula's value and gradient, and an
+    empty group passes nothing (no NaN) into the gradient."""
+    loss = torch.tensor([1.0, 1.4, 0.9, 1.6, 1.2], dtype=torch.float64, requires_grad=True)
+    groups = torch.tensor([0, 0, 3, 1, 1])  # group 2 empty
+    got = group_dro_loss(loss, groups, tau)
+    (grad,) = torch.autograd.grad(got, loss)
+    x = loss.detach().clone().requires_grad_(True)
+    means = torch.stack([x[:2].mean(), x[3:].mean(), x[2]])
+    want = torch.log(torch.exp(tau * means).mean()) / tau
+    (grad_want,) = torch.autograd.grad(want, x)
+    assert torch.isclose(got, want, rtol=1e-12) and torch.allclose(grad, grad_want, rtol=1e-10)
+
+
+def test_training_objective_reads_no_value_on_the_host(monkeypatch):
+    """With the checks that run on CPU tensors only switched off (as on a GPU), the objective of
+    the training loop and its backward pass read no tensor value on the host, in the MSE and
+    in the DRO phase (on a GPU each read would make the host wait for the device). Reads inside
+    an operator's own implementation are not seen here (`torch.bincount` on a GPU reads the
+    largest id): the counts use `index_add` instead."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from gno_ext import losses
+    from gno_ext.training.objective import global_objective
+
+    class Reads(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func.__name__.startswith(("_local_scalar_dense", "nonzero", "item"))
+            return func(*args, **(kwargs or {}))
+
+    loss = torch.rand(8, requires_grad=True)
+    groups = torch.tensor([0, 0, 2, 2, 2, 4, 4, 0])  # groups 1 and 3 empty
+    for dro in (False, True):
+        with Reads() as reads:
+            global_objective(loss, groups, 5, dro, 2.0, world_size=1)[1].backward()
+        assert reads.count > 0  # the checks on CPU tensors
+        monkeypatch.setattr(losses, "_host_checks", lambda t: False)
+        with Reads() as reads:
+            global_objective(loss, groups, 5, dro, 2.0, world_size=1)[1].backward()
+        assert reads.count == 0, dro
+        monkeypatch.undo()
 
 
 def test_metrics():
@@ -85,3 +137,34 @@ def test_curriculum_switches_to_dro_after_warmup():
     assert torch.isclose(cur.loss(loss, groups, 0), loss.mean())
     assert torch.isclose(cur.loss(loss, groups, 2), group_dro_loss(loss, groups, 1.0))
     assert cur.boundary_order(0) == [1, 2, 0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_training_objective_does_not_synchronise_and_can_be_captured():
+    """On a GPU the training objective and its gradient, MSE and DRO phases, run with no
+    host synchronisation (`torch.cuda.set_sync_debug_mode("error")` raises on any), and the
+    DRO objective captured in a CUDA graph gives, on new data, what eager mode gives."""
+    from gno_ext.training.loop import capture_step
+    from gno_ext.training.objective import global_objective
+
+    torch.manual_seed(3)
+    loss = torch.rand(64, device="cuda", requires_grad=True)
+    groups = torch.randint(0, 6, (64,), device="cuda") * 2  # the odd groups empty
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for dro in (False, True):
+            torch.autograd.grad(global_objective(loss, groups, 12, dro, 2.0, world_size=1)[1], loss)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    out = {}
+
+    def step():
+        value = global_objective(loss, groups, 12, True, 2.0, world_size=1)[1]
+        out["value"], out["grad"] = value.detach(), torch.autograd.grad(value, loss)[0]
+
+    replay = capture_step(step, warmup=2)
+    with torch.no_grad():
+        loss.copy_(torch.rand(64, device="cuda") * 3)
+    replay()
+    value = global_objective(loss, groups, 12, True, 2.0, world_size=1)[1]
+    assert torch.allclose(out["value"], value) and torch.allclose(out["grad"], torch.autograd.grad(value, loss)[0])
