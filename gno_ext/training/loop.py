@@ -419,11 +419,13 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
                    disable=not (main and tr.get("progress", True)), leave=False)
         batch_index = sampler.start
         for micro, batch in enumerate(_timed(loader, data_wait)):
+            # the groups from the batch still on the host: on the device their computation would
+            # copy the boundary types back, and wait for all the work queued before
+            groups = binner(batch.theta, batch.bc.kind).to(device, non_blocking=True)
             batch = batch_to(batch, device)
             last_micro = (micro + 1) % accum == 0 or micro == n_batches - 1
             if micro % accum == 0:
                 finite = True
-            groups = binner(batch.theta, batch.bc.kind)
             with accelerator.no_sync(model) if not last_micro else nullcontext():
                 with accelerator.autocast():
                     pred = model(batch.u_in, theta=batch.theta, theta_field=batch.theta_field, bc=batch.bc,
@@ -437,7 +439,8 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
                 accelerator.backward(backward_loss / accum)
             # checked once the backward pass is queued (the check waits for the GPU): a non-finite
             # loss in any micro-batch skips the whole update, whose gradients it has reached
-            finite = guard.ok(loss, "loss", step) and finite
+            loss_value = float(loss)  # the one wait for the device per micro-batch (the gradient norm's aside)
+            finite = guard.ok(loss_value, "loss", step) and finite
             batch_index += 1
             seen += len(batch.theta) * world
             window_seen += len(batch.theta) * world
@@ -456,10 +459,10 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
                     ema.update_parameters(raw)
                 step += 1
             optimizer.zero_grad(set_to_none=True)
-            bar.set_postfix(loss=f"{float(loss):.3e}")
+            bar.set_postfix(loss=f"{loss_value:.3e}")
             if finite and (step % log_every == 0 or step == total_steps):
                 elapsed = time.perf_counter() - t0
-                log({"train/loss": float(loss), "train/lr": scheduler.get_last_lr()[0], "train/grad_norm": grad_norm,
+                log({"train/loss": loss_value, "train/lr": scheduler.get_last_lr()[0], "train/grad_norm": grad_norm,
                      "train/dro": float(dro), "train/skipped": guard.skipped,
                      "train/samples_per_s": window_seen / max(elapsed, 1e-9),
                      "train/data_wait": data_wait[0] / max(elapsed, 1e-9)})
@@ -474,7 +477,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
             v = _validate(model, valid_ds, scale, device, int(tr["batch_size"]), int(tr.get("val_batches", 4)),
                           rank, world, accelerator.autocast)
             log({"valid/nmse_one_step": v})
-            say(f"epoch {epoch + 1}: loss {float(loss):.4e}, one-step validation nMSE {v:.4e}")
+            say(f"epoch {epoch + 1}: loss {loss_value:.4e}, one-step validation nMSE {v:.4e}")
         finished_epoch = batch_index >= len(sampler.global_batches(epoch))
         checkpoint_now(epoch + 1 if finished_epoch else epoch, 0 if finished_epoch else batch_index)
 
