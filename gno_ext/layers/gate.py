@@ -122,8 +122,9 @@ def _route(scores: Tensor, gates: Sequence[ParameterGate]) -> list[Routing]:
     probs = scores.float().softmax(-1)
     choice = scores
     noise = [g.noise_std if g.training else 0.0 for g in gates]
-    if any(noise):
-        choice = scores + scores.new_tensor(noise)[:, None, None] * torch.randn_like(scores)
+    if any(noise):  # one level for all gates (the usual case) as a number: no host-to-device copy
+        level = noise[0] if len(set(noise)) == 1 else scores.new_tensor(noise)[:, None, None]
+        choice = scores + level * torch.randn_like(scores)
     index = choice.argmax(-1)
     picked = probs.gather(-1, index[..., None]).squeeze(-1)
     weight = (picked - picked.detach()) + 1.0  # exactly 1 (1 + p - p can round to 1 - 2^-24)

@@ -71,6 +71,22 @@ def test_route_all_draws_training_noise_for_each_gate():
     assert all(len(set(r.index.tolist())) == 1 for r in route_all(gates, theta))
 
 
+def test_route_all_with_one_noise_level_adds_it_as_a_number():
+    """Gates with one noise level (the usual case) scale the draws by a number, no tensor made
+    from the host: the same routing as the scores plus the scaled draws."""
+    torch.manual_seed(3)
+    gates = [ParameterGate(1, 4, noise_std=50.0) for _ in range(2)]
+    theta = torch.zeros(64, 1)
+    with torch.no_grad():
+        scores = torch.stack([g.score(theta) for g in gates])
+    torch.manual_seed(0)
+    want = (scores + 50.0 * torch.randn_like(scores)).argmax(-1)
+    torch.manual_seed(0)
+    got = route_all(gates, theta)
+    assert all(torch.equal(r.index, w) for r, w in zip(got, want))
+    assert not torch.equal(got[0].index, got[1].index)  # a draw of its own for each gate
+
+
 def test_only_selected_kernels_run_once_each_and_output_is_the_selected_kernel():
     torch.manual_seed(1)
     kernels = [Counting(nn.Linear(6, 6)) for _ in range(4)]
