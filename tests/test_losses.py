@@ -84,28 +84,20 @@ def test_training_objective_reads_no_value_on_the_host(monkeypatch):
     in the DRO phase (on a GPU each read would make the host wait for the device). Reads inside
     an operator's own implementation are not seen here (`torch.bincount` on a GPU reads the
     largest id): the counts use `index_add` instead."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from gno_ext import losses
     from gno_ext.training.objective import global_objective
-
-    class Reads(TorchDispatchMode):
-        count = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.count += func.__name__.startswith(("_local_scalar_dense", "nonzero", "item"))
-            return func(*args, **(kwargs or {}))
+    from tests._dispatch import RecordOps
 
     loss = torch.rand(8, requires_grad=True)
     groups = torch.tensor([0, 0, 2, 2, 2, 4, 4, 0])  # groups 1 and 3 empty
     for dro in (False, True):
-        with Reads() as reads:
+        with RecordOps() as ops:
             global_objective(loss, groups, 5, dro, 2.0, world_size=1)[1].backward()
-        assert reads.count > 0  # the checks on CPU tensors
+        assert ops.host_reads > 0  # the checks on CPU tensors
         monkeypatch.setattr(losses, "_host_checks", lambda t: False)
-        with Reads() as reads:
+        with RecordOps() as ops:
             global_objective(loss, groups, 5, dro, 2.0, world_size=1)[1].backward()
-        assert reads.count == 0, dro
+        assert ops.host_reads == 0, dro
         monkeypatch.undo()
 
 

@@ -265,9 +265,8 @@ def test_kernel_bank_equals_its_kernels_with_gradients(chunk):
 def test_row_move_is_a_gather_both_ways():
     """The chunk layout's row moves: padding rows are zero, the gradient is the inverse
     gather (checked numerically), and the backward pass runs no scatter (``index_add``)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from gno_ext.layers.attention import _MoveRows
+    from tests._dispatch import RecordOps
 
     x = torch.randn(3, 2, 4, dtype=torch.float64, requires_grad=True)
     sample_of = torch.tensor([1, 3, 0, 3, 2, 3])  # six rows, three of them padding (3)
@@ -279,17 +278,8 @@ def test_row_move_is_a_gather_both_ways():
     assert torch.autograd.gradcheck(lambda t: _MoveRows.apply(t, slot, sample_of),
                                     (torch.randn(6, 2, 4, dtype=torch.float64, requires_grad=True),))
 
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.__name__)
-            return func(*args, **(kwargs or {}))
-
     y = _MoveRows.apply(_MoveRows.apply(x, sample_of, slot), slot, sample_of)
-    with Ops() as ops:
+    with RecordOps() as ops:
         y.sum().backward()
     assert "index_select" in " ".join(ops.names) and not any("index_add" in n or "scatter" in n for n in ops.names)
 
