@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from gno_ext.layers._util import may_read_device
+
 __all__ = ["mse_per_sample", "nmse", "relative_l2", "group_sums", "dro_from_group_sums", "group_dro_loss",
            "bin_parameters", "Curriculum"]
 
@@ -57,10 +59,11 @@ def relative_l2(pred: Tensor, target: Tensor, eps: float = 1e-12) -> Tensor:
 
 
 def _host_checks(t: Tensor) -> bool:
-    """Whether input checks that read tensor values may run: on CPU tensors outside
-    `torch.compile`. On a GPU each read would make the host wait for the device before it can
-    queue the backward pass, so the training objective reads nothing there."""
-    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+    """Whether input checks that read tensor values may run: on CPU tensors, where
+    `may_read_device` allows it (not under `torch.compile`). On a GPU each read would make the
+    host wait for the device before it can queue the backward pass, so the training objective
+    reads nothing there."""
+    return t.device.type == "cpu" and may_read_device()
 
 
 def group_sums(per_sample_loss: Tensor, groups: Tensor, n_groups: int | None = None) -> tuple[Tensor, Tensor]:
@@ -80,7 +83,7 @@ def group_sums(per_sample_loss: Tensor, groups: Tensor, n_groups: int | None = N
     if groups.numel() and _host_checks(groups) and groups.max() >= n:
         raise ValueError(f"groups: ids must be < n_groups = {n}, got {int(groups.max())}")
     sums = per_sample_loss.new_zeros(n).index_add(0, groups, per_sample_loss)
-    counts = per_sample_loss.new_zeros(n).index_add(0, groups, torch.ones_like(per_sample_loss).detach())
+    counts = per_sample_loss.new_zeros(n).index_add(0, groups, torch.ones_like(per_sample_loss))
     return sums, counts
 
 

@@ -91,12 +91,12 @@ def _frequencies(n_freq: int, device: torch.device | None) -> Tensor:
     that used the encoding: 0.19 ms of a paper-size GNO training step at batch 256 on an H100).
     In eager mode the tensor is made once per device and kept: a CUDA graph capture cannot
     copy from the host, and each call saves a copy."""
-    values = [2 * math.pi * 64 ** (i / max(n_freq - 1, 1)) for i in range(n_freq)]
+    make = lambda: torch.tensor([2 * math.pi * 64 ** (i / max(n_freq - 1, 1)) for i in range(n_freq)], device=device)
     if torch.compiler.is_compiling():
-        return torch.tensor(values, device=device)
+        return make()
     key = (n_freq, str(torch.device(device or "cpu")))
     if key not in _FREQUENCIES:
-        _FREQUENCIES[key] = torch.tensor(values, device=device)
+        _FREQUENCIES[key] = make()
     return _FREQUENCIES[key]
 
 
