@@ -129,9 +129,10 @@ def train_step(net: torch.nn.Module, x: dict, opt: torch.optim.Optimizer, device
 def count_flops(model: torch.nn.Module, x: dict, device: str) -> int:
     """FLOPs of one training step's forward and backward (``FlopCounterMode``), counted eagerly.
 
-    A function of its own so that the autograd graph of this step dies with it: its gradient
-    accumulators remember the stream they were made on (here the default one), and a step
-    captured in a CUDA graph later must not run them there."""
+    A function of its own so that the loss, and with it the autograd graph of this step, dies
+    with it: its gradient accumulators remember the stream they were made on (here the default
+    one), and a step captured in a CUDA graph later must not run them there. (The mixtures
+    still keep this step's routing, `last_routing`; the capture worked regardless.)"""
     with FlopCounterMode(display=False) as counter:
         with torch.autocast(device, dtype=torch.bfloat16):
             loss = (model(x["u"], theta=x["theta"], bc=x["bc"]).float() - x["target"]).pow(2).mean()
