@@ -27,12 +27,17 @@ Models:
 The parameters of the batch are spread over [0.01, 1] (log scale) and the boundaries mix
 Dirichlet and Neumann faces; the table reports how many kernels each block actually used.
 
+The optimizer is a fused AdamW. By default (``--optimizer flat``, as in the recipes' trainer)
+it steps flat buffers of which the parameters are views (`gno_ext.training.FlatParameters`);
+``--optimizer fused`` gives it the parameters themselves.
+
     python recipes/bench_model.py --device cuda --batch 1 256 --out docs/benchmarks/model_h100.json
     python recipes/bench_model.py --batch 256 --modes graphs --chunk 0 4     # gathered kernels against chunks of 4
     python recipes/bench_model.py --batch 256 --modes graphs --boundary fused unfused   # boundary operator paths
     python recipes/bench_model.py --batch 32 --shape 128 384 --channels 4    # The Well TRL size
     python recipes/bench_model.py --batch 256 --profile 40                   # kernels of one compiled step
     python recipes/bench_model.py --batch 256 --modes graphs --compile-options combo_kernels=True
+    python recipes/bench_model.py --batch 256 --modes whole-graph --optimizer flat fused   # optimizer layouts
     python recipes/bench_model.py --batch 256 --modes graphs whole-graph --compile-options combo_kernels=True
 """
 
@@ -51,7 +56,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from gno_ext.models import GNO
 from gno_ext.schema import BoundarySpec
-from gno_ext.training import capture_step, compile_model
+from gno_ext.training import FlatParameters, capture_step, compile_model
 
 MODELS = {
     "gno": {},
@@ -97,10 +102,12 @@ def timed(fn, repeats: int, device: str, warmup: int = 3, warmup_s: float = 2.0)
 
 
 def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: str,
-          chunk: int | None, boundary: str = "fused",
-          capturable: bool = False) -> tuple[GNO, dict, torch.optim.Optimizer]:
-    """The model (normalisation fitted, mixture chunk and boundary path set), its inputs and a
-    fused AdamW (``capturable`` for a step captured in a CUDA graph)."""
+          chunk: int | None, boundary: str = "fused", capturable: bool = False,
+          optimizer: str = "flat") -> tuple[GNO, dict, torch.optim.Optimizer, FlatParameters | None]:
+    """The model (normalisation fitted, mixture chunk and boundary path set), its inputs, a
+    fused AdamW (``capturable`` for a step captured in a CUDA graph) and, for ``optimizer="flat"``
+    (what the recipes' trainer does), the `FlatParameters` it steps; ``"fused"``: the AdamW
+    steps the parameters themselves."""
     torch.manual_seed(0)
     model = GNO(in_channels=channels, **MODELS[name]).to(device)
     model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].to(device))
@@ -112,17 +119,25 @@ def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: 
     x = make_inputs(batch, shape, channels, device)
     x["target"] = x["u"] + 0.01
     cuda = device == "cuda"
-    return model, x, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda, capturable=cuda and capturable)
+    if optimizer not in ("flat", "fused"):
+        raise ValueError(f"optimizer: expected flat or fused, got {optimizer!r}")
+    flat = FlatParameters(model.parameters()) if optimizer == "flat" else None
+    params = model.parameters() if flat is None else flat.param_groups
+    return model, x, torch.optim.AdamW(params, lr=1e-4, fused=cuda, capturable=cuda and capturable), flat
 
 
-def train_step(net: torch.nn.Module, x: dict, opt: torch.optim.Optimizer, device: str, graphs: bool = False) -> None:
-    """Forward in bf16 autocast, MSE loss, backward, optimizer step."""
+def train_step(net: torch.nn.Module, x: dict, opt: torch.optim.Optimizer, device: str, graphs: bool = False,
+               flat: FlatParameters | None = None) -> None:
+    """Forward in bf16 autocast, MSE loss, backward, optimizer step (of the flat buffers if
+    ``flat`` is given)."""
     if graphs:
         torch.compiler.cudagraph_mark_step_begin()
     with torch.autocast(device, dtype=torch.bfloat16):
         loss = (net(x["u"], theta=x["theta"], bc=x["bc"]).float() - x["target"]).pow(2).mean()
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    if flat is not None:
+        flat.gather_grads()
     opt.step()
 
 
@@ -141,11 +156,13 @@ def count_flops(model: torch.nn.Module, x: dict, device: str) -> int:
 
 
 def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int,
-          chunk: int | None = None, options: dict | None = None, boundary: str = "fused") -> dict:
+          chunk: int | None = None, options: dict | None = None, boundary: str = "fused",
+          optimizer: str = "flat") -> dict:
     whole = mode == "whole-graph"
     if whole and device != "cuda":
         raise SystemExit("--modes whole-graph needs a CUDA device")
-    model, x, opt = setup(name, batch, shape, channels, device, chunk, boundary, capturable=whole)
+    model, x, opt, flat = setup(name, batch, shape, channels, device, chunk, boundary, capturable=whole,
+                                optimizer=optimizer)
     # a fresh compilation cache for every configuration: otherwise, after dynamo's recompilation
     # limit (8 by default), a later model of the same class silently runs eagerly
     torch._dynamo.reset()
@@ -161,10 +178,10 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
     flops = count_flops(model, x, device)
     kernels_used = [len(set(b.mixture.last_routing.index.tolist())) if b.mixture is not None else 1
                     for b in model.blocks]
-    opt.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)  # the FLOP count's gradients
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    step = lambda: train_step(net, x, opt, device, graphs)  # noqa: E731
+    step = lambda: train_step(net, x, opt, device, graphs, flat)  # noqa: E731
     if whole:
         forward, step = capture_step(forward), capture_step(step)
     t_fwd = timed(forward, repeats, device)
@@ -174,23 +191,25 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
             "step_ms": 1e3 * t_step, "train_tflops": flops / t_step / 1e12, "step_gflop": flops / 1e9,
             "peak_gib": memory, "kernels_used": kernels_used,
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "chunk": chunk,
-            "boundary": boundary if model.boundary_transfer else None, "compile_options": options or {}}
+            "boundary": boundary if model.boundary_transfer else None, "compile_options": options or {},
+            "optimizer": optimizer}
 
 
 def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device: str, top: int,
-            chunk: int | None = None, options: dict | None = None, boundary: str = "fused") -> None:
+            chunk: int | None = None, options: dict | None = None, boundary: str = "fused",
+            optimizer: str = "flat") -> None:
     """Print the GPU kernels of one compiled training step (inductor, no CUDA graphs, so that
     every kernel is seen), grouped by name and sorted by total time."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    model, x, opt = setup(name, batch, shape, channels, device, chunk, boundary)
+    model, x, opt, flat = setup(name, batch, shape, channels, device, chunk, boundary, optimizer=optimizer)
     torch._dynamo.reset()
     net = compile_model(model, True, options)
     for _ in range(3):
-        train_step(net, x, opt, device)
+        train_step(net, x, opt, device, flat=flat)
     torch.cuda.synchronize()
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-        train_step(net, x, opt, device)
+        train_step(net, x, opt, device, flat=flat)
         torch.cuda.synchronize()
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     total = sum(e.time_range.elapsed_us() for e in events)
@@ -250,6 +269,10 @@ def main() -> None:
     parser.add_argument("--boundary", nargs="+", default=["fused"], choices=["fused", "unfused"],
                         help="the boundary transfer operator as fused Triton kernels (the default on a GPU "
                              "with Triton) or as PyTorch operations")
+    parser.add_argument("--optimizer", nargs="+", default=["flat"], choices=["flat", "fused"],
+                        help="flat: the fused AdamW steps one flat buffer of which the parameters are views "
+                             "(gno_ext.training.FlatParameters, what the trainer does); fused: it steps the "
+                             "parameters themselves")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--modes", nargs="+", choices=["eager", "compiled", "graphs", "whole-graph"],
                         help="default: eager compiled graphs, and whole-graph on a CUDA device")
@@ -264,9 +287,10 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     options = parse_options(args.compile_options)
     if args.profile:
-        for batch, model, path in itertools.product(args.batch, args.models, args.boundary):
+        for batch, model, path, optimizer in itertools.product(args.batch, args.models, args.boundary,
+                                                               args.optimizer):
             profile(model, batch, tuple(args.shape), args.channels, args.device, args.profile,
-                    args.chunk[0] or None, options, path)
+                    args.chunk[0] or None, options, path, optimizer)
         return
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     meta = {"device": name, "torch": torch.__version__, "shape": args.shape, "channels": args.channels,
@@ -280,13 +304,13 @@ def main() -> None:
             for model in args.models:
                 chunks = args.chunk if MODELS[model].get("n_kernels", 4) > 1 else [0]
                 paths = args.boundary if MODELS[model].get("boundary_transfer", True) else ["fused"]
-                for chunk, path in itertools.product(chunks, paths):
+                for chunk, path, optimizer in itertools.product(chunks, paths, args.optimizer):
                     r = bench(model, batch, mode, tuple(args.shape), args.channels, args.device, args.repeats,
-                              chunk or None, options, path)
+                              chunk or None, options, path, optimizer)
                     rows.append(r)
                     print(f"{model:15s} {batch:5d} {mode:>8s} {r['forward_ms']:8.3f} {r['step_ms']:8.3f} "
                           f"{r['train_tflops']:8.1f} {r['step_gflop']:8.1f} {r['peak_gib']:6.2f}  {r['kernels_used']}"
-                          f"  chunk {chunk or 'auto'}, boundary {r['boundary']}", flush=True)
+                          f"  chunk {chunk or 'auto'}, boundary {r['boundary']}, optimizer {optimizer}", flush=True)
                 if args.out:
                     args.out.parent.mkdir(parents=True, exist_ok=True)
                     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

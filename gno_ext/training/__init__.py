@@ -18,6 +18,7 @@ from gno_ext.training.data import (
     open_split,
 )
 from gno_ext.training.evaluate import evaluate_rollouts, write_report
+from gno_ext.training.flat import FlatParameters
 from gno_ext.training.loop import capture_step, compile_model, evaluate_run, evaluate_saved, run_dir_of, train
 from gno_ext.training.objective import (
     NonFiniteGuard,
@@ -28,5 +29,5 @@ from gno_ext.training.objective import (
 
 __all__ = ["train", "compile_model", "capture_step", "evaluate_run", "evaluate_saved", "run_dir_of", "global_objective", "NonFiniteGuard", "NonFiniteLossError",
            "choose_precision", "CurriculumBatchSampler", "GroupBinner", "DataSpec", "data_spec", "open_split",
-           "save_training_checkpoint", "load_training_checkpoint", "latest_checkpoint", "evaluate_rollouts",
+           "FlatParameters", "save_training_checkpoint", "load_training_checkpoint", "latest_checkpoint", "evaluate_rollouts",
            "write_report"]

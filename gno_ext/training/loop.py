@@ -10,7 +10,10 @@ many GPUs and nodes (``accelerate launch`` or ``torchrun``).
   log-sum-exp (`gno_ext.training.objective.global_objective`). Batches hold one boundary
   configuration each, visited in turn (Algorithm 1 of the paper).
 * Optimiser: AdamW (no weight decay on biases, norms and embeddings' 1-D parameters), cosine
-  schedule with linear warm-up, gradient clipping, optional EMA of the weights.
+  schedule with linear warm-up, gradient clipping, optional EMA of the weights. By default
+  (``trainer.flat_parameters``) the optimizer steps one flat buffer per parameter group, of
+  which the parameters are views (`gno_ext.training.flat.FlatParameters`): a few large
+  tensors instead of hundreds of small ones.
 * Non-finite losses or gradients: the update is skipped and counted; after
   ``trainer.max_nonfinite`` consecutive ones the run stops with an error.
 * Precision: bf16 where every device supports it, else fp16 with loss scaling, else fp32.
@@ -61,6 +64,7 @@ from gno_ext.training.data import (
     window_boundary_kinds,
 )
 from gno_ext.training.evaluate import evaluate_rollouts, write_report
+from gno_ext.training.flat import FlatParameters
 from gno_ext.training.objective import (
     NonFiniteGuard,
     choose_precision,
@@ -336,10 +340,6 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     total_steps = epochs * steps_per_epoch
     if tr.get("max_steps"):
         total_steps = min(total_steps, int(tr["max_steps"]))
-    optimizer = torch.optim.AdamW(_param_groups(model, float(opt_cfg["weight_decay"])), lr=float(opt_cfg["lr"]),
-                                  betas=tuple(opt_cfg.get("betas", (0.9, 0.999))),
-                                  fused=device.type == "cuda")  # one kernel for all parameters on GPUs
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(opt_cfg, total_steps))
     raw = model
     compile_mode = tr.get("compile", False)
     if compile_mode:  # compiled forward (and backward); the weights stay those of `raw`
@@ -351,7 +351,19 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
         cpu=use_cpu, mixed_precision=precision, log_with="tensorboard" if tr.get("tensorboard", True) else None,
         project_dir=str(run_dir),
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=bool(find_unused))])
-    model, optimizer = accelerator.prepare(model, optimizer)
+    model = accelerator.prepare(model)
+    groups = _param_groups(raw, float(opt_cfg["weight_decay"]))
+    flat = None
+    if tr.get("flat_parameters", True):
+        # the parameters as views of one buffer per group (FlatParameters): made once the model
+        # is on its device and DDP has synchronised it (the other processes' copies get new storage)
+        flat = FlatParameters(groups)
+        groups = flat.param_groups
+    optimizer = torch.optim.AdamW(groups, lr=float(opt_cfg["lr"]),
+                                  betas=tuple(opt_cfg.get("betas", (0.9, 0.999))),
+                                  fused=device.type == "cuda")  # one kernel for all parameters on GPUs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(opt_cfg, total_steps))
+    optimizer = accelerator.prepare(optimizer)
     ema = None
     if tr.get("ema", {}).get("enabled", False):
         from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
@@ -448,8 +460,11 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
             if not last_micro:
                 continue
             grad_norm = float("nan")
+            if flat is not None:  # also when the update is skipped: it drops the parameters' gradients
+                flat.gather_grads()
             if finite and clip:
-                grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), float(clip)))
+                params = model.parameters() if flat is None else flat.parameters()
+                grad_norm = float(accelerator.clip_grad_norm_(params, float(clip)))
                 if precision != "fp16":  # fp16: the loss scaler skips steps with inf gradients itself
                     finite = guard.ok(grad_norm, "gradient norm", step)
             if finite:

@@ -6,7 +6,7 @@ import torch
 
 from gno_ext.models import GNO
 from gno_ext.schema import BoundarySpec
-from gno_ext.training import capture_step
+from gno_ext.training import FlatParameters, capture_step
 
 
 def make_inputs(batch: int, shape: tuple[int, int], device: str) -> dict:
@@ -23,20 +23,26 @@ def test_capture_step_needs_cuda(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_a_captured_training_step_updates_like_the_step_run_from_python():
+@pytest.mark.parametrize("flat", [False, True], ids=["parameters", "flat-buffer"])
+def test_a_captured_training_step_updates_like_the_step_run_from_python(flat):
+    """Also with the optimizer stepping a flat buffer (FlatParameters, gathered in the graph)."""
     def run(capture: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         torch.manual_seed(0)
         model = GNO(latent=64, patch=8, depth=2, heads=4, n_kernels=3, gate_hidden=8).cuda()
         model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].cuda())
         x = make_inputs(8, (32, 32), "cuda")
         x["target"] = x["u"] + 0.01
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True, capturable=True)
+        buffers = FlatParameters(model.parameters()) if flat else None
+        params = model.parameters() if buffers is None else buffers.param_groups
+        opt = torch.optim.AdamW(params, lr=1e-3, fused=True, capturable=True)
         start = [p.detach().clone() for p in model.parameters()]
 
         def step() -> None:  # float32, so that the two paths differ only by the capture
             loss = (model(x["u"], theta=x["theta"], bc=x["bc"]) - x["target"]).pow(2).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if buffers is not None:
+                buffers.gather_grads()
             opt.step()
 
         # a capture records the step without running it: 2 warm-up steps, then 4 replays

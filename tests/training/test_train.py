@@ -214,6 +214,19 @@ def test_gradient_accumulation_matches_the_larger_batch(train_module, tmp_path):
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=5e-5, msg=key)
 
 
+def test_flat_parameters_train_like_the_parameters_themselves(train_module, tmp_path):
+    """trainer.flat_parameters (the default) takes the optimizer steps of an AdamW over the
+    parameters themselves: both phases of the curriculum, gradient clipping on."""
+    common = ["--recipe", "heat-param", "size=smoke", "trainer.max_steps=5", "trainer.curriculum.warmup_epochs=1",
+              "trainer.clip_grad=0.05", "eval.enabled=false", *QUIET]
+    train_module.main([*common, f"run_dir={tmp_path / 'flat'}"])
+    train_module.main([*common, "trainer.flat_parameters=false", f"run_dir={tmp_path / 'plain'}"])
+    a, b = _weights(tmp_path / "plain"), _weights(tmp_path / "flat")
+    # (a flat buffer cut off from its parameters would leave them at their initial values)
+    for key in a:  # the clipping norm is summed in another order: rounding only
+        torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
 def test_ema_weights_are_the_final_model_and_survive_resume(train_module, tmp_path):
     args = ["--recipe", "heat-param", "size=smoke", "trainer.ema.enabled=true", "trainer.ema.decay=0.5",
             "eval.enabled=false", f"run_dir={tmp_path / 'run'}", *QUIET]
