@@ -44,6 +44,7 @@ from gno_ext.layers.mixture import has_dispatch
 from gno_ext.losses import mse_per_sample, nmse
 from gno_ext.models.registry import get_model, model_class, save_checkpoint
 from gno_ext.schema import collate
+from gno_ext.training.captured import CapturedSteps, check_capture_settings
 from gno_ext.training.checkpoint import (
     latest_checkpoint,
     load_training_checkpoint,
@@ -75,7 +76,7 @@ __all__ = ["train", "run_dir_of", "evaluate_run", "evaluate_saved", "training_gr
 
 # keys that may change between a run and its resumption
 RESUME_FREE = ("resume", "overwrite", "run_dir", "trainer.epochs", "trainer.max_steps", "trainer.progress",
-               "trainer.num_workers", "eval", "trainer.checkpoint_every", "data.root")
+               "trainer.num_workers", "eval", "trainer.checkpoint_every", "data.root", "trainer.capture")
 
 
 def _flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -143,7 +144,8 @@ def compile_model(model: nn.Module, mode: bool | str = True, options: Mapping[st
     return torch.compile(model, options={**list_mode_options(name), **dict(options)})
 
 
-def capture_step(fn: Callable[[], Any], warmup: int = 3) -> Callable[[], None]:
+def capture_step(fn: Callable[[], Any], warmup: int = 3, pool: Any = None, stream: torch.cuda.Stream | None = None,
+                 capture_error_mode: str = "global") -> Callable[[], None]:
     """Capture ``fn`` (a whole training step, or a forward pass) in one CUDA graph and return
     the graph's ``replay``.
 
@@ -154,6 +156,13 @@ def capture_step(fn: Callable[[], Any], warmup: int = 3) -> Callable[[], None]:
     (activations, gradients) lives in the graph's memory pool and is reused by every replay.
     Inputs, parameters and optimizer state must stay where they are: copy each new batch
     into the tensors ``fn`` reads.
+
+    ``pool`` (from `torch.cuda.graph_pool_handle`) lets several graphs share one memory pool,
+    for graphs that never run at the same time and whose outputs are read before another of
+    them is replayed. ``stream``: run the warm-up and the capture on this stream (default: a
+    new side stream for the warm-up, PyTorch's capture stream for the capture).
+    ``capture_error_mode``: as for `torch.cuda.graph` (``"thread_local"`` lets other threads,
+    such as a DataLoader's pin-memory thread, use CUDA during the capture).
 
     For a training step, use a capturable optimizer (``torch.optim.AdamW(...,
     capturable=True)``) and a model compiled *without* CUDA graphs of its own
@@ -183,16 +192,27 @@ def capture_step(fn: Callable[[], Any], warmup: int = 3) -> Callable[[], None]:
     """
     if not torch.cuda.is_available():
         raise RuntimeError("capture_step: CUDA graphs need a CUDA device, and none is available")
-    side = torch.cuda.Stream()
+    side = stream if stream is not None else torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(warmup):
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
         fn()
     return graph.replay
+
+
+def _set_lr_type(groups: list[dict[str, Any]], device: torch.device, capture: bool) -> None:
+    """Each parameter group's learning rate as a tensor on ``device`` for a captured optimizer
+    step (the scheduler fills it in place), else as a float. ``initial_lr``, from which the
+    scheduler computes, stays a float."""
+    for g in groups:
+        value = float(g["lr"])
+        g.setdefault("initial_lr", value)
+        g["initial_lr"] = float(g["initial_lr"])
+        g["lr"] = torch.tensor(value, device=device) if capture else value
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -303,6 +323,10 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
         _check_resume_config(saved, cfg, checkpoint)
 
     main, rank, world, device = state.is_main_process, state.process_index, state.num_processes, state.device
+    capture = bool(tr.get("capture", False))
+    if capture:  # refused before any work is done
+        check_capture_settings(device, world, int(tr.get("grad_accum", 1)), precision, tr.get("compile", False),
+                               bool(tr.get("flat_parameters", True)))
     set_seed(int(cfg["seed"]))
     say = state.print
 
@@ -361,7 +385,9 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
         groups = flat.param_groups
     optimizer = torch.optim.AdamW(groups, lr=float(opt_cfg["lr"]),
                                   betas=tuple(opt_cfg.get("betas", (0.9, 0.999))),
-                                  fused=device.type == "cuda")  # one kernel for all parameters on GPUs
+                                  fused=device.type == "cuda",  # one kernel for all parameters on GPUs
+                                  capturable=capture)
+    _set_lr_type(optimizer.param_groups, device, capture)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(opt_cfg, total_steps))
     optimizer = accelerator.prepare(optimizer)
     ema = None
@@ -378,6 +404,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     step, epoch0, batch0, seen = 0, 0, 0, 0
     if checkpoint is not None:
         st = load_training_checkpoint(checkpoint, raw, optimizer, scheduler, ema)
+        _set_lr_type(optimizer.param_groups, device, capture)  # as this run needs them, whatever was saved
         step, epoch0, batch0, seen = st["step"], st["epoch"], st["batch"], st.get("samples", 0)
         guard.skipped = st.get("skipped", 0)
         say(f"resumed from {checkpoint} (step {step}, epoch {epoch0}, batch {batch0})")
@@ -419,6 +446,24 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
             with open(metrics_file, "a") as f:
                 f.write(json.dumps({"step": step, **values}) + "\n")
 
+    def objective(batch: Any, groups: torch.Tensor, dro: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward pass and the loss: ``(loss to log, loss to differentiate)``."""
+        with accelerator.autocast():
+            pred = model(batch.u_in, theta=batch.theta, theta_field=batch.theta_field, bc=batch.bc, grid=batch.grid)
+        per_sample = mse_per_sample(pred.float() / scale, batch.u_out[:, :1].float() / scale)
+        loss, backward_loss = global_objective(per_sample, groups, binner.n_groups, dro, tau, world)
+        if balance_weight and hasattr(raw, "balance_loss"):
+            backward_loss = backward_loss + balance_weight * raw.balance_loss()
+        if physics_weight and hasattr(raw, "physics_loss"):  # PINO's residual term
+            backward_loss = backward_loss + physics_weight * raw.physics_loss(batch, pred)
+        return loss, backward_loss
+
+    captured, loop_stream, default_stream = None, None, None
+    if capture:  # the whole loop on one side stream (see gno_ext.training.captured)
+        default_stream, loop_stream = torch.cuda.current_stream(), torch.cuda.Stream()
+        loop_stream.wait_stream(default_stream)
+        torch.cuda.set_stream(loop_stream)
+
     model.train()
     t0, window_seen, data_wait = time.perf_counter(), 0, [0.0]  # data_wait[0]: seconds waited for the loader
     for epoch in range(epoch0, epochs):
@@ -438,17 +483,13 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
             last_micro = (micro + 1) % accum == 0 or micro == n_batches - 1
             if micro % accum == 0:
                 finite = True
-            with accelerator.no_sync(model) if not last_micro else nullcontext():
-                with accelerator.autocast():
-                    pred = model(batch.u_in, theta=batch.theta, theta_field=batch.theta_field, bc=batch.bc,
-                                 grid=batch.grid)
-                per_sample = mse_per_sample(pred.float() / scale, batch.u_out[:, :1].float() / scale)
-                loss, backward_loss = global_objective(per_sample, groups, binner.n_groups, dro, tau, world)
-                if balance_weight and hasattr(raw, "balance_loss"):
-                    backward_loss = backward_loss + balance_weight * raw.balance_loss()
-                if physics_weight and hasattr(raw, "physics_loss"):  # PINO's residual term
-                    backward_loss = backward_loss + physics_weight * raw.physics_loss(batch, pred)
-                accelerator.backward(backward_loss / accum)
+            replayed = captured is not None
+            if replayed:  # forward, backward, gradients into the flat buffers, clipping: one replay
+                loss, captured_norm = captured.forward_backward(batch, groups, dro)
+            else:
+                with accelerator.no_sync(model) if not last_micro else nullcontext():
+                    loss, backward_loss = objective(batch, groups, dro)
+                    accelerator.backward(backward_loss / accum)
             # checked once the backward pass is queued (the check waits for the GPU): a non-finite
             # loss in any micro-batch skips the whole update, whose gradients it has reached
             loss_value = float(loss)  # the one wait for the device per micro-batch (the gradient norm's aside)
@@ -460,24 +501,31 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
             if not last_micro:
                 continue
             grad_norm = float("nan")
-            if flat is not None:  # also when the update is skipped: it drops the parameters' gradients
+            if flat is not None and not replayed:  # also when the update is skipped: it drops the parameters' gradients
                 flat.gather_grads()
             if finite and clip:
-                params = model.parameters() if flat is None else flat.parameters()
-                grad_norm = float(accelerator.clip_grad_norm_(params, float(clip)))
+                if replayed:
+                    grad_norm = float(captured_norm)
+                else:
+                    params = model.parameters() if flat is None else flat.parameters()
+                    grad_norm = float(accelerator.clip_grad_norm_(params, float(clip)))
                 if precision != "fp16":  # fp16: the loss scaler skips steps with inf gradients itself
                     finite = guard.ok(grad_norm, "gradient norm", step)
             if finite:
-                optimizer.step()
+                captured.optimizer_step() if replayed else optimizer.step()
                 scheduler.step()
                 if ema is not None:
                     ema.update_parameters(raw)
                 step += 1
-            optimizer.zero_grad(set_to_none=True)
+                if capture and captured is None:  # the optimizer's state exists: the next steps are replayed
+                    captured = CapturedSteps(flat, getattr(optimizer, "optimizer", optimizer), objective,
+                                             float(clip) if clip else None, loop_stream)
+            if not replayed:  # (the captured steps overwrite the flat buffers' gradients in full)
+                optimizer.zero_grad(set_to_none=True)
             bar.set_postfix(loss=f"{loss_value:.3e}")
             if finite and (step % log_every == 0 or step == total_steps):
                 elapsed = time.perf_counter() - t0
-                log({"train/loss": loss_value, "train/lr": scheduler.get_last_lr()[0], "train/grad_norm": grad_norm,
+                log({"train/loss": loss_value, "train/lr": float(scheduler.get_last_lr()[0]), "train/grad_norm": grad_norm,
                      "train/dro": float(dro), "train/skipped": guard.skipped,
                      "train/samples_per_s": window_seen / max(elapsed, 1e-9),
                      "train/data_wait": data_wait[0] / max(elapsed, 1e-9)})
@@ -495,6 +543,10 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
             say(f"epoch {epoch + 1}: loss {loss_value:.4e}, one-step validation nMSE {v:.4e}")
         finished_epoch = batch_index >= len(sampler.global_batches(epoch))
         checkpoint_now(epoch + 1 if finished_epoch else epoch, 0 if finished_epoch else batch_index)
+
+    if capture:
+        default_stream.wait_stream(loop_stream)
+        torch.cuda.set_stream(default_stream)
 
     # ---- final model and evaluation
     final = ema.module if ema is not None else raw

@@ -1,0 +1,170 @@
+"""Training steps replayed from CUDA graphs (``trainer.capture=true``).
+
+The host's work in a training step (Python, the optimizer's launches) can take longer than the
+GPU's: on the paper-size GNO at batch 256 an H100 step took 13.6 ms with the model's own CUDA
+graphs and the optimizer run from Python, 8.9 ms with the whole step in one graph
+(docs/benchmarks.md, sixth round). `CapturedSteps` brings the whole-step capture to the
+training loop and keeps the loop's semantics:
+
+* one graph for the forward and backward passes, the move of the gradients into the flat
+  buffers (`FlatParameters`) and the gradient clipping, per input signature (shapes, dtypes,
+  grid, MSE or DRO phase): a last, shorter batch gets a graph of its own. Each batch is copied
+  into the graph's static input tensors before the replay;
+* one graph for the optimizer step (a capturable fused AdamW whose learning rates are
+  tensors, which the scheduler fills in place), replayed only when the loss and the gradient
+  norm are finite, so the non-finite guard still skips updates;
+* the graphs share one memory pool (they never run at the same time), and everything (the
+  first, eager step included) runs on one side stream: no gradient accumulator is bound to
+  the default stream, which a capture cannot wait on.
+
+The flat buffers make the gradients fixed tensors that every graph writes in full, and give
+the eager and captured steps the same semantics (a parameter without gradient in a step gets
+a zero gradient).
+
+Limits: one process (DDP's gradient hooks are not captured), no gradient accumulation, no fp16
+loss scaling, ``trainer.flat_parameters=true``, and no ``trainer.compile=reduce-overhead``
+(which makes CUDA graphs of its own; ``trainer.compile=true`` is the fast choice). Before each
+capture the step runs twice on the new signature (`capture_step`'s warm-up) without an
+optimizer step: state that the forward pass updates (batch-norm statistics) sees those runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gno_ext.schema import PDEBatch
+from gno_ext.training.flat import FlatParameters
+
+__all__ = ["CapturedSteps", "check_capture_settings", "signature"]
+
+
+def check_capture_settings(device: torch.device, world: int, accum: int, precision: str, compile_mode: Any,
+                           flat: bool) -> None:
+    """Raise a ValueError naming the setting that ``trainer.capture=true`` cannot work with."""
+    if device.type != "cuda":
+        raise ValueError(f"trainer.capture=true: CUDA graphs need a GPU; this run is on {device.type}")
+    if world != 1:
+        raise ValueError(f"trainer.capture=true: one process only (DDP's gradient hooks are not captured); "
+                         f"this run has {world}. Set trainer.capture=false for data-parallel runs")
+    if accum != 1:
+        raise ValueError(f"trainer.capture=true: needs trainer.grad_accum=1, got {accum}")
+    if precision == "fp16":
+        raise ValueError("trainer.capture=true: fp16 loss scaling reads the gradients on the host; "
+                         "use trainer.precision=bf16 or no")
+    if compile_mode not in (False, None, True, "default", "max-autotune-no-cudagraphs"):
+        raise ValueError(f"trainer.capture=true: trainer.compile={compile_mode!r} makes CUDA graphs of its own; "
+                         f"use trainer.compile=true (inductor without CUDA graphs) or false")
+    if not flat:
+        raise ValueError("trainer.capture=true: needs trainer.flat_parameters=true (the captured steps keep the "
+                         "gradients in the flat buffers)")
+
+
+def signature(value: Any) -> Any:
+    """A hashable description of what a graph's static inputs must match: shapes, dtypes and
+    devices of tensors, other values as they are (``meta`` fields left out), recursively
+    through dataclasses."""
+    if isinstance(value, Tensor):
+        return ("tensor", tuple(value.shape), value.dtype, value.device)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (type(value).__name__,) + tuple(
+            (f.name, signature(getattr(value, f.name))) for f in dataclasses.fields(value) if f.name != "meta")
+    return value
+
+
+def _clone(value: Any) -> Any:
+    """``value`` with every tensor cloned (the static inputs of a graph)."""
+    if isinstance(value, Tensor):
+        return value.clone()
+    if isinstance(value, PDEBatch):
+        return PDEBatch(**{f.name: _clone(getattr(value, f.name)) for f in dataclasses.fields(value)})
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: _clone(getattr(value, f.name))
+                                             for f in dataclasses.fields(value) if f.init})
+    return value
+
+
+def _copy_into(static: Any, value: Any) -> None:
+    """Copy every tensor of ``value`` into the matching tensor of ``static`` (same signature)."""
+    if isinstance(static, Tensor):
+        static.copy_(value, non_blocking=True)
+    elif dataclasses.is_dataclass(static) and not isinstance(static, type):
+        for f in dataclasses.fields(static):
+            _copy_into(getattr(static, f.name), getattr(value, f.name))
+
+
+class CapturedSteps:
+    """The training loop's steps as CUDA graph replays (see the module's text).
+
+    Parameters
+    ----------
+    flat : FlatParameters
+        The parameters the optimizer steps, as flat buffers.
+    optimizer : torch.optim.Optimizer
+        Over ``flat.param_groups``, capturable (``capturable=True``), with tensor learning
+        rates; its state must exist (run one eager step first).
+    objective : callable
+        ``objective(batch, groups, dro) -> (loss, backward_loss)``: the forward pass and the
+        loss, as the eager loop computes them.
+    clip : float or None
+        Maximum gradient norm (clipped inside the graph), or None.
+    stream : torch.cuda.Stream
+        The stream the loop runs on (not the default stream), on which the graphs are captured.
+    warmup : int
+        Forward-backward runs before each capture (they change no parameter).
+    """
+
+    def __init__(self, flat: FlatParameters, optimizer: Any, objective: Callable[..., tuple[Tensor, Tensor]],
+                 clip: float | None, stream: torch.cuda.Stream, warmup: int = 2) -> None:
+        self.flat, self.optimizer, self.objective, self.clip = flat, optimizer, objective, clip
+        self.stream, self.warmup = stream, warmup
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[Any, tuple[Callable[[], None], PDEBatch, Tensor, dict[str, Tensor]]] = {}
+        self._step: Callable[[], None] | None = None
+
+    def _capture(self, fn: Callable[[], Any], warmup: int) -> Callable[[], None]:
+        from gno_ext.training.loop import capture_step
+
+        try:
+            # thread_local: a DataLoader's pin-memory thread may use CUDA meanwhile
+            return capture_step(fn, warmup=warmup, pool=self.pool, stream=self.stream,
+                                capture_error_mode="thread_local")
+        except RuntimeError as error:
+            raise RuntimeError(f"trainer.capture=true: the training step could not be captured in a CUDA graph "
+                               f"({error}). Set trainer.capture=false for this model") from error
+
+    def forward_backward(self, batch: PDEBatch, groups: Tensor, dro: bool) -> tuple[Tensor, Tensor | None]:
+        """Replay (capturing it first for a new signature) the forward and backward passes on
+        ``batch``, which leave the gradients, clipped, in the flat buffers. Returns the loss and
+        the gradient norm before clipping (None without clipping): device tensors that the next
+        replay overwrites."""
+        key = (signature(batch), signature(groups), dro)
+        if key not in self.graphs:
+            static, static_groups = _clone(batch), groups.clone()
+            out: dict[str, Tensor] = {}
+
+            def run() -> None:
+                loss, backward_loss = self.objective(static, static_groups, dro)
+                backward_loss.backward()
+                self.flat.gather_grads()
+                out["loss"] = loss.detach()
+                if self.clip:
+                    out["norm"] = torch.nn.utils.clip_grad_norm_(list(self.flat.parameters()), self.clip, foreach=True)
+
+            self.graphs[key] = (self._capture(run, self.warmup), static, static_groups, out)
+        replay, static, static_groups, out = self.graphs[key]
+        _copy_into(static, batch)
+        static_groups.copy_(groups, non_blocking=True)
+        replay()
+        return out["loss"], out.get("norm")
+
+    def optimizer_step(self) -> None:
+        """Replay the optimizer step (captured on the first call, after a forward-backward
+        graph has given the buffers their gradients)."""
+        if self._step is None:
+            self._step = self._capture(self.optimizer.step, warmup=0)
+        self._step()

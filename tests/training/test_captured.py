@@ -1,0 +1,112 @@
+"""``trainer.capture=true``: the settings it refuses, the static-input helpers (CPU), and the
+training loop with captured steps reaching the weights of the eager loop (GPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+
+from gno_ext.schema import BoundarySpec, Grid, PDEBatch
+from gno_ext.training.captured import _clone, _copy_into, check_capture_settings, signature
+
+QUIET = ["trainer.progress=false", "trainer.tensorboard=false"]
+CUDA = torch.device("cuda")
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"device": torch.device("cpu")}, "CUDA graphs need a GPU; this run is on cpu"),
+    ({"world": 2}, "one process only"),
+    ({"accum": 2}, "needs trainer.grad_accum=1, got 2"),
+    ({"precision": "fp16"}, "use trainer.precision=bf16 or no"),
+    ({"compile_mode": "reduce-overhead"}, "trainer.compile='reduce-overhead' makes CUDA graphs of its own"),
+    ({"flat": False}, "needs trainer.flat_parameters=true"),
+])
+def test_capture_refuses_settings_it_cannot_work_with(kwargs, message):
+    settings = {"device": CUDA, "world": 1, "accum": 1, "precision": "bf16", "compile_mode": True, "flat": True,
+                **kwargs}
+    with pytest.raises(ValueError, match=message):
+        check_capture_settings(**settings)
+    check_capture_settings(CUDA, 1, 1, "bf16", True, True)  # and accepts the supported ones
+    check_capture_settings(CUDA, 1, 1, "no", False, True)
+
+
+def _batch(b: int, seed: int) -> PDEBatch:
+    g = torch.Generator().manual_seed(seed)
+    bc = BoundarySpec(torch.tensor([1, 1, 2, 2]).repeat(b, 1), torch.rand(b, 4, 2, 1, generator=g))
+    return PDEBatch(u_in=torch.rand(b, 1, 1, 8, 8, generator=g), u_out=torch.rand(b, 1, 1, 8, 8, generator=g),
+                    theta=torch.rand(b, 1, generator=g), bc=bc, grid=Grid((8, 8)), dt=torch.rand(b, generator=g))
+
+
+def test_static_inputs_are_cloned_and_refilled_in_place():
+    first, second = _batch(4, 0), _batch(4, 1)
+    assert signature(first) == signature(second) != signature(_batch(3, 0))
+    static = _clone(first)
+    assert static.u_in is not first.u_in and torch.equal(static.u_in, first.u_in)
+    held = [static.u_in, static.bc.values, static.theta]
+    _copy_into(static, second)
+    assert [t.data_ptr() for t in held] == [static.u_in.data_ptr(), static.bc.values.data_ptr(),
+                                             static.theta.data_ptr()]  # the same tensors, new values
+    for name in ("u_in", "u_out", "theta", "dt"):
+        assert torch.equal(getattr(static, name), getattr(second, name)), name
+    assert torch.equal(static.bc.values, second.bc.values) and torch.equal(static.bc.kind, second.bc.kind)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU run set up in this process would stay on the CPU")
+def test_capture_on_the_cpu_is_refused_before_training(train_module, tmp_path):
+    with pytest.raises(ValueError, match="trainer.capture=true: CUDA graphs need a GPU"):
+        train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}", "trainer.capture=true",
+                           *QUIET])
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    return safetensors.torch.load_file(str(run / "model" / "model.safetensors"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_gpu_captured_training_reaches_the_weights_of_the_eager_loop(train_module, tmp_path):
+    """The smoke recipe (both curriculum phases, gradient clipping, a shorter last batch of an
+    epoch where there is one) in float32 with and without ``trainer.capture``: the same final
+    weights, and the same losses logged; and a captured run resumes from its checkpoint."""
+    import json
+
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # on the GPU, whatever ran before in this process
+    common = ["--recipe", "heat-param", "size=smoke", "trainer.precision=no", "eval.enabled=false", *QUIET]
+    train_module.main([*common, f"run_dir={tmp_path / 'eager'}"])
+    train_module.main([*common, "trainer.capture=true", f"run_dir={tmp_path / 'captured'}"])
+    a, b = _weights(tmp_path / "eager"), _weights(tmp_path / "captured")
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=5e-5, msg=key)
+    losses = [[json.loads(line).get("train/loss") for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+              for run in ("eager", "captured")]
+    assert [x for x in losses[0] if x is not None] == pytest.approx([x for x in losses[1] if x is not None], rel=1e-4)
+    assert len([x for x in losses[1] if x is not None]) >= 4
+    # a longer captured run resumes from the checkpoint of the first (tensor learning rates saved)
+    done = train_module.main([*common, "trainer.capture=true", "trainer.epochs=3", "resume=auto",
+                              f"run_dir={tmp_path / 'captured'}"])
+    assert done["step"] > 8
+
+
+def test_tensor_learning_rates_are_filled_in_place_by_the_scheduler():
+    """A captured optimizer step reads its learning rate from a tensor: the scheduler must fill
+    that tensor (not replace it), from a float ``initial_lr``; and back to floats for a run
+    without capture (resuming a captured run's checkpoint)."""
+    from gno_ext.training.loop import _set_lr_type
+
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.AdamW([p], lr=0.1, foreach=False)
+    _set_lr_type(opt.param_groups, torch.device("cpu"), True)
+    lr = opt.param_groups[0]["lr"]
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5 ** step)
+    assert opt.param_groups[0]["lr"] is lr and lr.item() == pytest.approx(0.1)
+    assert isinstance(opt.param_groups[0]["initial_lr"], float)
+    p.grad = torch.ones(3)
+    opt.step()
+    scheduler.step()
+    assert opt.param_groups[0]["lr"] is lr and lr.item() == pytest.approx(0.05)
+    _set_lr_type(opt.param_groups, torch.device("cpu"), False)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05) and isinstance(opt.param_groups[0]["lr"], float)
