@@ -14,6 +14,9 @@ many GPUs and nodes (``accelerate launch`` or ``torchrun``).
   (``trainer.flat_parameters``) the optimizer steps one flat buffer per parameter group, of
   which the parameters are views (`gno_ext.training.flat.FlatParameters`): a few large
   tensors instead of hundreds of small ones.
+* Speed: ``trainer.compile`` (inductor, optionally with CUDA graphs of the model), and
+  ``trainer.capture`` (the whole step replayed from CUDA graphs on one GPU,
+  `gno_ext.training.captured`).
 * Non-finite losses or gradients: the update is skipped and counted; after
   ``trainer.max_nonfinite`` consecutive ones the run stops with an error.
 * Precision: bf16 where every device supports it, else fp16 with loss scaling, else fp32.
