@@ -102,16 +102,16 @@ def gathered_linear(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | Non
         ``run_plan(index, K)`` (runs of ``RUN`` samples); pass it to share one plan between
         several products with the same ``index``. Computed here if not given.
 
-    Under autocast the product runs in the autocast type (weights cast once per call, float32
-    accumulation); otherwise in ``x``'s type.
+    The product runs in ``x``'s type (under autocast, the autocast type), with float32
+    accumulation. The weight and bias are cast to that type inside the operator, once per call,
+    and their gradients come back in their own type (float32 for float32 parameters), summed in
+    float32 and never rounded to the product's type.
     """
     if _kernels is None:
         raise RuntimeError("gathered_linear: the Triton operators are not loaded (they need Triton and a CUDA "
                            "device, or Triton's interpreter); check `usable(x)` first")
     if torch.is_autocast_enabled(x.device.type):
-        dtype = torch.get_autocast_dtype(x.device.type)
-        x, weight = x.to(dtype), weight.to(dtype)
-        bias = None if bias is None else bias.to(dtype)
+        x = x.to(torch.get_autocast_dtype(x.device.type))
     if plan is None:
         plan = run_plan(index, weight.shape[0])
     with torch.autocast(x.device.type, enabled=False):

@@ -166,10 +166,10 @@ def _launch(kernel):
 
 @torch.library.triton_op("gno_ext::gathered_mm", mutates_args={})
 def gathered_mm(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | None, plan: Tensor, run: int) -> Tensor:
-    """``x[b] @ weight[index[b]] + bias[index[b]]``, given ``plan = run_plan(index, K, run)``
-    (`gno_ext.layers._gathered.run_plan`), which lists the samples by kernel; ``run`` is kept
-    for the weight gradient."""
-    return _gathered_mm(x, weight, bias, plan)
+    """``x[b] @ weight[index[b]] + bias[index[b]]`` in ``x``'s type (the weight and bias cast to
+    it here), given ``plan = run_plan(index, K, run)`` (`gno_ext.layers._gathered.run_plan`),
+    which lists the samples by kernel; ``run`` is kept for the weight gradient."""
+    return _gathered_mm(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype), plan)
 
 
 @torch.library.triton_op("gno_ext::grouped_wgrad", mutates_args={})
@@ -186,6 +186,8 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, grad: Tensor):
+    # the weight as the forward pass got it (float32 parameters under autocast): the input
+    # gradient casts it again, and its gradient is returned in its type without rounding
     x, index, weight, plan = ctx.saved_tensors
     grad = grad.contiguous()
     dx = gathered_mm(grad, index, weight.transpose(1, 2), None, plan, ctx.run) if ctx.needs_input_grad[0] else None

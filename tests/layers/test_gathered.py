@@ -181,3 +181,27 @@ def test_gpu_gathered_path_under_bf16_autocast():
     for other in results[1:]:
         for a, b in zip(results[0], other):
             assert (a - b).norm() <= 1e-2 * a.norm(), ((a - b).norm() / a.norm()).item()
+
+
+@needs_cuda
+def test_gpu_weight_gradients_under_autocast_are_not_rounded():
+    """Under bf16 autocast the products take bf16 operands, but the float32 weight and bias get
+    their gradients summed in float32 and returned unrounded: they equal a float64 sum of the
+    same bf16 operands to float32 precision (a bf16 rounding would be off by about 1e-3)."""
+    torch.manual_seed(19)
+    x = torch.randn(64, 97, 64, device="cuda")
+    w = torch.randn(4, 64, 96, device="cuda", requires_grad=True)
+    c = torch.randn(4, 96, device="cuda", requires_grad=True)
+    index = torch.randint(0, 4, (64,), device="cuda")
+    probe = torch.randn(64, 97, 96, device="cuda")
+    with torch.autocast("cuda", torch.bfloat16):
+        y = _gathered.gathered_linear(x, index, w, c)
+    assert y.dtype == torch.bfloat16
+    dw, dc = torch.autograd.grad((y.float() * probe).sum(), (w, c))
+    assert dw.dtype == dc.dtype == torch.float32
+    xb, dy = x.bfloat16().double(), probe.bfloat16().double()  # the operands the kernels saw
+    want_w = torch.zeros(4, 64, 96, device="cuda", dtype=torch.float64).index_add_(
+        0, index, torch.einsum("btd,bte->bde", xb, dy))
+    want_c = torch.zeros(4, 96, device="cuda", dtype=torch.float64).index_add_(0, index, dy.sum(1))
+    assert ((dw.double() - want_w).norm() / want_w.norm()).item() < 1e-5
+    assert ((dc.double() - want_c).norm() / want_c.norm()).item() < 1e-5
