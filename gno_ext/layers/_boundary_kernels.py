@@ -330,6 +330,11 @@ def _geometry(state: Tensor) -> tuple[int, int, int, tuple[int]]:
     return mp, g, bd, (triton.cdiv(b, g),)
 
 
+def _operands(dtype: torch.dtype, *weights: Tensor) -> list[Tensor]:
+    """The weights in the operand type ``dtype``, contiguous (what the kernels read)."""
+    return [w.to(dtype).contiguous() for w in weights]
+
+
 @torch.library.triton_op("gno_ext::boundary_transfer", mutates_args={})
 def boundary_transfer(desc: Tensor, state: Tensor, ws: Tensor, bs: Tensor, g1: Tensor, be1: Tensor,
                       wqkv: Tensor, bqkv: Tensor, wo: Tensor, bo: Tensor, g2: Tensor, be2: Tensor,
@@ -340,9 +345,11 @@ def boundary_transfer(desc: Tensor, state: Tensor, ws: Tensor, bs: Tensor, g1: T
     x1, n2, x2 (w each), hpre, h (h each)).
 
     ``desc`` (B, M, w) is the boundary description, ``state`` (B, M, D) the near-boundary
-    latent state, both in the operand type, as are the weights ``ws wqkv wo w1 w2 wout``
-    (``torch.nn.Linear`` layout, contiguous); biases and norm parameters in any float type.
+    latent state, both in the operand type. The weights ``ws wqkv wo w1 w2 wout``
+    (``torch.nn.Linear`` layout) are cast to it here, so that their gradients come back in
+    their own type, unrounded; biases and norm parameters in any float type.
     """
+    ws, wqkv, wo, w1, w2, wout = _operands(state.dtype, ws, wqkv, wo, w1, w2, wout)
     b, m, d = state.shape
     width, hidden = wqkv.shape[1], w1.shape[0]
     mp, g, bd, grid = _geometry(state)
@@ -362,7 +369,8 @@ def boundary_transfer_backward(dy: Tensor, saved: Tensor, ws: Tensor, g1: Tensor
     """Input gradients of `boundary_transfer`: ``(dstate (B, M, D), grads (B, M, 6 w + h),
     sums (programs, 10 w + h + D))``, with ``grads`` the gradients at the products' outputs
     (columns: dx, dq, dk, dv, dx1 (w each), dhpre (h), dx2 (w)) and ``sums`` each program's
-    float32 row sums (`sums_layout`)."""
+    float32 row sums (`sums_layout`). The weights are cast to ``dy``'s type here."""
+    ws, wqkv, wo, w1, w2, wout = _operands(dy.dtype, ws, wqkv, wo, w1, w2, wout)
     b, m, d = dy.shape
     width, hidden = wqkv.shape[1], w1.shape[0]
     mp, g, bd, grid = _geometry(dy)
@@ -422,8 +430,10 @@ def _backward(ctx, dy: Tensor, _saved_grad: Tensor | None):
     small = [sums[i:j].to(t) for (i, j), t in zip(sums_layout(width, hidden, d).values(), ctx.small_types)]
     flat = boundary_transfer_wgrad(grads, dy, saved, state)
     shapes = wgrad_shapes(width, hidden, d)
-    dws, dwqkv, dwo, dw1, dw2, dwout = (g.view(shape).to(state.dtype) for g, shape in
-                                        zip(flat.split([a * x for a, x in shapes]), shapes))
+    # float32 sums, returned in the weights' own type (no rounding for float32 parameters)
+    dws, dwqkv, dwo, dw1, dw2, dwout = (g.view(shape).to(w.dtype) for g, shape, w in
+                                        zip(flat.split([a * x for a, x in shapes]), shapes,
+                                            (ws, wqkv, wo, w1, w2, wout)))
     dbs, dg1, dbe1, dbqkv, dbo, dg2, dbe2, db1, db2, dbout = small
     ddesc = grads[..., :width]
     return (ddesc, dstate, dws, dbs, dg1, dbe1, dwqkv, dbqkv, dwo, dbo, dg2, dbe2, dw1, db1, dw2, db2, dwout, dbout,

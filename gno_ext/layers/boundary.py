@@ -217,8 +217,8 @@ class BoundaryTransfer(nn.Module):
         device = state.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else state.dtype
         fc1, fc2 = self.mlp[1], self.mlp[3]
-        ws, wqkv, wo, w1, w2, wout = (m.weight.to(dtype).contiguous()
-                                      for m in (self.state, self.qkv, self.attn_out, fc1, fc2, self.out))
+        # the weights as they are: the operator casts them, and returns their gradients unrounded
+        ws, wqkv, wo, w1, w2, wout = (m.weight for m in (self.state, self.qkv, self.attn_out, fc1, fc2, self.out))
         with torch.autocast(device, enabled=False):
             y, _ = _kernels.boundary_transfer(
                 desc.to(dtype).contiguous(), state.to(dtype).contiguous(), ws, self.state.bias,

@@ -137,6 +137,22 @@ def test_gpu_fused_in_bfloat16_is_as_close_to_float32_as_the_pytorch_path():
 
 
 @needs_cuda
+def test_gpu_weight_gradients_under_autocast_are_not_rounded_to_bf16():
+    """Under bf16 autocast the operator casts the float32 weights itself and returns their
+    float32 sums: the gradients are not bf16 values (cast outside, they would be rounded to
+    bf16 on their way back)."""
+    torch.manual_seed(6)
+    bt = boundary.BoundaryTransfer(256, 2).cuda()
+    desc, state = torch.randn(16, 32, 64, device="cuda"), torch.randn(16, 32, 256, device="cuda")
+    with torch.autocast("cuda", torch.bfloat16):
+        y = bt.forward_fused(desc, state)
+    weights = [m.weight for m in (bt.state, bt.qkv, bt.attn_out, bt.mlp[1], bt.mlp[3], bt.out)]
+    for g in torch.autograd.grad(y.float().square().sum(), weights):
+        assert g.dtype == torch.float32
+        assert (g.bfloat16().float() != g).float().mean() > 0.9  # almost no element is a bf16 value
+
+
+@needs_cuda
 def test_gpu_gno_takes_the_fused_path_and_matches_the_pytorch_path(monkeypatch):
     """The GNO's boundary operators run fused by default (eager, and compiled with
     ``fullgraph=True``) and give the PyTorch path's outputs and gradients (float32)."""
