@@ -461,95 +461,93 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
             backward_loss = backward_loss + physics_weight * raw.physics_loss(batch, pred)
         return loss, backward_loss
 
-    captured, loop_stream, default_stream = None, None, None
+    captured, loop_stream = None, None
     if capture:  # the whole loop on one side stream (see gno_ext.training.captured)
-        default_stream, loop_stream = torch.cuda.current_stream(), torch.cuda.Stream()
-        loop_stream.wait_stream(default_stream)
-        torch.cuda.set_stream(loop_stream)
-
-    model.train()
-    t0, window_seen, data_wait = time.perf_counter(), 0, [0.0]  # data_wait[0]: seconds waited for the loader
-    for epoch in range(epoch0, epochs):
-        if done:
-            break
-        dro = epoch >= warmup_epochs
-        sampler.set_epoch(epoch, batch0 if epoch == epoch0 else 0)
-        n_batches = len(sampler)
-        bar = tqdm(total=n_batches, desc=f"epoch {epoch + 1}/{epochs} ({'DRO' if dro else 'MSE'})",
-                   disable=not (main and tr.get("progress", True)), leave=False)
-        batch_index = sampler.start
-        for micro, batch in enumerate(_timed(loader, data_wait)):
-            # the groups from the batch still on the host: on the device their computation would
-            # copy the boundary types back, and wait for all the work queued before
-            groups = binner(batch.theta, batch.bc.kind).to(device, non_blocking=True)
-            batch = batch_to(batch, device)
-            last_micro = (micro + 1) % accum == 0 or micro == n_batches - 1
-            if micro % accum == 0:
-                finite = True
-            replayed = captured is not None
-            if replayed:  # forward, backward, gradients into the flat buffers, clipping: one replay
-                loss, captured_norm = captured.forward_backward(batch, groups, dro)
-            else:
-                with accelerator.no_sync(model) if not last_micro else nullcontext():
-                    loss, backward_loss = objective(batch, groups, dro)
-                    accelerator.backward(backward_loss / accum)
-            # checked once the backward pass is queued (the check waits for the GPU): a non-finite
-            # loss in any micro-batch skips the whole update, whose gradients it has reached
-            loss_value = float(loss)  # the one wait for the device per micro-batch (the gradient norm's aside)
-            finite = guard.ok(loss_value, "loss", step) and finite
-            batch_index += 1
-            seen += len(batch.theta) * world
-            window_seen += len(batch.theta) * world
-            bar.update(1)
-            if not last_micro:
-                continue
-            grad_norm = float("nan")
-            if flat is not None and not replayed:  # also when the update is skipped: it drops the parameters' gradients
-                flat.gather_grads()
-            if finite and clip:
-                if replayed:
-                    grad_norm = float(captured_norm)
-                else:
-                    params = model.parameters() if flat is None else flat.parameters()
-                    grad_norm = float(accelerator.clip_grad_norm_(params, float(clip)))
-                if precision != "fp16":  # fp16: the loss scaler skips steps with inf gradients itself
-                    finite = guard.ok(grad_norm, "gradient norm", step)
-            if finite:
-                captured.optimizer_step() if replayed else optimizer.step()
-                scheduler.step()
-                if ema is not None:
-                    ema.update_parameters(raw)
-                step += 1
-                if capture and captured is None:  # the optimizer's state exists: the next steps are replayed
-                    captured = CapturedSteps(flat, getattr(optimizer, "optimizer", optimizer), objective,
-                                             float(clip) if clip else None, loop_stream)
-            if not replayed:  # (the captured steps overwrite the flat buffers' gradients in full)
-                optimizer.zero_grad(set_to_none=True)
-            bar.set_postfix(loss=f"{loss_value:.3e}")
-            if finite and (step % log_every == 0 or step == total_steps):
-                elapsed = time.perf_counter() - t0
-                log({"train/loss": loss_value, "train/lr": float(scheduler.get_last_lr()[0]), "train/grad_norm": grad_norm,
-                     "train/dro": float(dro), "train/skipped": guard.skipped,
-                     "train/samples_per_s": window_seen / max(elapsed, 1e-9),
-                     "train/data_wait": data_wait[0] / max(elapsed, 1e-9)})
-                t0, window_seen, data_wait[0] = time.perf_counter(), 0, 0.0
-            if finite and ckpt_every and step % ckpt_every == 0:
-                checkpoint_now(epoch, batch_index)
-            if step >= total_steps:
-                done = True
+        loop_stream = torch.cuda.Stream()
+        loop_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(loop_stream) if capture else nullcontext():
+        model.train()
+        t0, window_seen, data_wait = time.perf_counter(), 0, [0.0]  # data_wait[0]: seconds waited for the loader
+        for epoch in range(epoch0, epochs):
+            if done:
                 break
-        bar.close()
-        if valid_ds is not None and (epoch + 1) % int(tr.get("val_every", 1)) == 0:
-            v = _validate(model, valid_ds, scale, device, int(tr["batch_size"]), int(tr.get("val_batches", 4)),
-                          rank, world, accelerator.autocast)
-            log({"valid/nmse_one_step": v})
-            say(f"epoch {epoch + 1}: loss {loss_value:.4e}, one-step validation nMSE {v:.4e}")
-        finished_epoch = batch_index >= len(sampler.global_batches(epoch))
-        checkpoint_now(epoch + 1 if finished_epoch else epoch, 0 if finished_epoch else batch_index)
+            dro = epoch >= warmup_epochs
+            sampler.set_epoch(epoch, batch0 if epoch == epoch0 else 0)
+            n_batches = len(sampler)
+            bar = tqdm(total=n_batches, desc=f"epoch {epoch + 1}/{epochs} ({'DRO' if dro else 'MSE'})",
+                       disable=not (main and tr.get("progress", True)), leave=False)
+            batch_index = sampler.start
+            for micro, batch in enumerate(_timed(loader, data_wait)):
+                # the groups from the batch still on the host: on the device their computation would
+                # copy the boundary types back, and wait for all the work queued before
+                groups = binner(batch.theta, batch.bc.kind).to(device, non_blocking=True)
+                batch = batch_to(batch, device)
+                last_micro = (micro + 1) % accum == 0 or micro == n_batches - 1
+                if micro % accum == 0:
+                    finite = True
+                replayed = captured is not None
+                if replayed:  # forward, backward, gradients into the flat buffers, clipping: one replay
+                    loss, captured_norm = captured.forward_backward(batch, groups, dro)
+                else:
+                    with accelerator.no_sync(model) if not last_micro else nullcontext():
+                        loss, backward_loss = objective(batch, groups, dro)
+                        accelerator.backward(backward_loss / accum)
+                # checked once the backward pass is queued (the check waits for the GPU): a non-finite
+                # loss in any micro-batch skips the whole update, whose gradients it has reached
+                loss_value = float(loss)  # the one wait for the device per micro-batch (the gradient norm's aside)
+                finite = guard.ok(loss_value, "loss", step) and finite
+                batch_index += 1
+                seen += len(batch.theta) * world
+                window_seen += len(batch.theta) * world
+                bar.update(1)
+                if not last_micro:
+                    continue
+                grad_norm = float("nan")
+                if flat is not None and not replayed:  # also when the update is skipped: it drops
+                    flat.gather_grads()                    # the parameters' own gradients
+                if finite and clip:
+                    if replayed:
+                        grad_norm = float(captured_norm)
+                    else:
+                        params = model.parameters() if flat is None else flat.parameters()
+                        grad_norm = float(accelerator.clip_grad_norm_(params, float(clip)))
+                    if precision != "fp16":  # fp16: the loss scaler skips steps with inf gradients itself
+                        finite = guard.ok(grad_norm, "gradient norm", step)
+                if finite:
+                    captured.optimizer_step() if replayed else optimizer.step()
+                    scheduler.step()
+                    if ema is not None:
+                        ema.update_parameters(raw)
+                    step += 1
+                    if capture and captured is None:  # the optimizer's state exists: the next steps are replayed
+                        captured = CapturedSteps(flat, getattr(optimizer, "optimizer", optimizer), objective,
+                                                 float(clip) if clip else None, loop_stream)
+                if not replayed:  # (the captured steps overwrite the flat buffers' gradients in full)
+                    optimizer.zero_grad(set_to_none=True)
+                bar.set_postfix(loss=f"{loss_value:.3e}")
+                if finite and (step % log_every == 0 or step == total_steps):
+                    elapsed = time.perf_counter() - t0
+                    log({"train/loss": loss_value, "train/lr": float(scheduler.get_last_lr()[0]),
+                         "train/grad_norm": grad_norm, "train/dro": float(dro), "train/skipped": guard.skipped,
+                         "train/samples_per_s": window_seen / max(elapsed, 1e-9),
+                         "train/data_wait": data_wait[0] / max(elapsed, 1e-9)})
+                    t0, window_seen, data_wait[0] = time.perf_counter(), 0, 0.0
+                if finite and ckpt_every and step % ckpt_every == 0:
+                    checkpoint_now(epoch, batch_index)
+                if step >= total_steps:
+                    done = True
+                    break
+            bar.close()
+            if valid_ds is not None and (epoch + 1) % int(tr.get("val_every", 1)) == 0:
+                v = _validate(model, valid_ds, scale, device, int(tr["batch_size"]), int(tr.get("val_batches", 4)),
+                              rank, world, accelerator.autocast)
+                log({"valid/nmse_one_step": v})
+                say(f"epoch {epoch + 1}: loss {loss_value:.4e}, one-step validation nMSE {v:.4e}")
+            finished_epoch = batch_index >= len(sampler.global_batches(epoch))
+            checkpoint_now(epoch + 1 if finished_epoch else epoch, 0 if finished_epoch else batch_index)
 
     if capture:
-        default_stream.wait_stream(loop_stream)
-        torch.cuda.set_stream(default_stream)
+        torch.cuda.current_stream().wait_stream(loop_stream)
 
     # ---- final model and evaluation
     final = ema.module if ema is not None else raw
