@@ -1,11 +1,11 @@
 """Parameters kept as views of one flat buffer, so that the optimizer steps a few large tensors.
 
 PyTorch's multi-tensor optimizers (``foreach`` and ``fused``) split their work into launches of
-a bounded number of tensors: the fused AdamW takes at most 36 tensors per launch, each launch
-waits for the one before, and a launch of many small tensors leaves most of a GPU idle. The
-paper-size GNO has 378 parameter tensors: on an H100 its fused AdamW step took 11 launches and
-0.74 ms of GPU time in a profiled training step, where one flat tensor of the same size takes
-about 0.16 ms (docs/benchmarks.md, eighth round).
+a bounded number of tensors; each launch waits for the one before, and a launch of many small
+tensors leaves most of a GPU idle. The paper-size GNO has 378 parameter tensors: on an H100
+(torch 2.11) its fused AdamW step took 11 launches and 0.74 ms of GPU time in a profiled
+training step, where one flat tensor of the same size takes about 0.16 ms (docs/benchmarks.md,
+sixth and eighth rounds).
 
 `FlatParameters` moves the parameters of each optimizer group into one contiguous buffer (one
 per data type and device), leaves every parameter in its module as a view of that buffer, and
