@@ -125,7 +125,8 @@ class FlatParameters:
         CUDA graph capture of the step needs)."""
         ptrs = self._data_ptrs()
         if ptrs != self._ptrs:
-            p = next(p for (_, _, params) in self._buffers for p in params if p.data_ptr() not in self._ptrs)
+            moved = next(i for i, (now, then) in enumerate(zip(ptrs, self._ptrs)) if now != then)
+            p = [p for _, _, params in self._buffers for p in params][moved]
             raise RuntimeError(f"FlatParameters: a parameter (shape {tuple(p.shape)}, {p.dtype}, {p.device}) no "
                                "longer lies in its flat buffer: the model was moved or cast (.to, .cuda, .half, "
                                "load_state_dict(assign=True)) after FlatParameters was built. Build it once the "
