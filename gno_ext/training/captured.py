@@ -80,8 +80,6 @@ def _clone(value: Any) -> Any:
     """``value`` with every tensor cloned (the static inputs of a graph)."""
     if isinstance(value, Tensor):
         return value.clone()
-    if isinstance(value, PDEBatch):
-        return PDEBatch(**{f.name: _clone(getattr(value, f.name)) for f in dataclasses.fields(value)})
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.replace(value, **{f.name: _clone(getattr(value, f.name))
                                              for f in dataclasses.fields(value) if f.init})

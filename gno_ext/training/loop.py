@@ -213,8 +213,7 @@ def _set_lr_type(groups: list[dict[str, Any]], device: torch.device, capture: bo
     scheduler computes, stays a float."""
     for g in groups:
         value = float(g["lr"])
-        g.setdefault("initial_lr", value)
-        g["initial_lr"] = float(g["initial_lr"])
+        g["initial_lr"] = float(g.get("initial_lr", value))
         g["lr"] = torch.tensor(value, device=device) if capture else value
 
 

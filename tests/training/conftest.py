@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import safetensors.torch
+import torch
 
 from gno_ext.adapters.fixtures import write_pdebench_cfd, write_pdebench_tensor, write_trl_dataset
 from tests._recipes import load_recipe
@@ -62,6 +64,12 @@ def env_with_cache(cache: Path) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+QUIET = ["trainer.progress=false", "trainer.tensorboard=false"]  # recipe overrides for quiet test runs
+
+
+def run_weights(run: Path) -> dict[str, torch.Tensor]:
+    """The final model weights of a training run folder."""
+    return safetensors.torch.load_file(str(run / "model" / "model.safetensors"))
 
 
 @pytest.fixture(scope="session")

@@ -3,16 +3,15 @@ training loop with captured steps reaching the weights of the eager loop (GPU)."
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
-import safetensors.torch
 import torch
 
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch
 from gno_ext.training.captured import _clone, _copy_into, check_capture_settings, signature
 
-QUIET = ["trainer.progress=false", "trainer.tensorboard=false"]
+from .conftest import QUIET, run_weights
+
 CUDA = torch.device("cuda")
 
 
@@ -61,10 +60,6 @@ def test_capture_on_the_cpu_is_refused_before_training(train_module, tmp_path):
                            *QUIET])
 
 
-def _weights(run: Path) -> dict[str, torch.Tensor]:
-    return safetensors.torch.load_file(str(run / "model" / "model.safetensors"))
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_gpu_captured_training_reaches_the_weights_of_the_eager_loop(train_module, tmp_path):
     """The smoke recipe (both curriculum phases, gradient clipping, a shorter last batch of an
@@ -78,7 +73,7 @@ def test_gpu_captured_training_reaches_the_weights_of_the_eager_loop(train_modul
     common = ["--recipe", "heat-param", "size=smoke", "trainer.precision=no", "eval.enabled=false", *QUIET]
     train_module.main([*common, f"run_dir={tmp_path / 'eager'}"])
     train_module.main([*common, "trainer.capture=true", f"run_dir={tmp_path / 'captured'}"])
-    a, b = _weights(tmp_path / "eager"), _weights(tmp_path / "captured")
+    a, b = run_weights(tmp_path / "eager"), run_weights(tmp_path / "captured")
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=5e-5, msg=key)
     losses = [[json.loads(line).get("train/loss") for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]

@@ -18,14 +18,7 @@ from gno_ext.training.checkpoint import list_checkpoints
 
 from tests._recipes import load_recipe
 
-from .conftest import PYTHON, TRAIN_PY, env_with_cache
-
-QUIET = ["trainer.progress=false", "trainer.tensorboard=false"]
-
-
-def _weights(run: Path) -> dict[str, torch.Tensor]:
-    return safetensors.torch.load_file(str(run / "model" / "model.safetensors"))
-
+from .conftest import PYTHON, QUIET, TRAIN_PY, env_with_cache, run_weights
 
 def test_heat_param_smoke_end_to_end(train_module, tmp_path):
     result = train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}",
@@ -74,7 +67,7 @@ def test_existing_run_and_resume_checks(train_module, tmp_path):
     assert fresh["step"] == 4
 
 
-def test_kill_and_resume_reaches_the_same_weights(tmp_path, cache):
+def test_kill_and_resume_reaches_the_samerun_weights(tmp_path, cache):
     """A run killed (SIGKILL) mid-training and resumed with resume=auto ends with exactly the
     weights of an uninterrupted run (CPU, deterministic)."""
     common = [PYTHON, str(TRAIN_PY), "--recipe", "heat-param", "size=smoke", "trainer.epochs=12",
@@ -102,7 +95,7 @@ def test_kill_and_resume_reaches_the_same_weights(tmp_path, cache):
                              timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout
-    a, b = _weights(tmp_path / "ref"), _weights(run)
+    a, b = run_weights(tmp_path / "ref"), run_weights(run)
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
@@ -138,7 +131,7 @@ def test_two_processes_train_like_one(tmp_path, cache):
     loss = lambda d: [json.loads(x)["train/loss"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()
                       if "train/loss" in x]
     assert loss("two") == pytest.approx(loss("one"), rel=1e-6)
-    a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
+    a, b = run_weights(tmp_path / "one"), run_weights(tmp_path / "two")
     for key in a:
         # Parameters whose exact gradient is zero (attention key biases: softmax ignores a shift)
         # get float-rounding gradients that differ between the two reductions, and Adam scales
@@ -170,7 +163,7 @@ def test_a_non_finite_micro_batch_skips_the_whole_update(train_module, tmp_path,
                                 "trainer.grad_accum=2", "trainer.max_steps=3", "trainer.clip_grad=null",
                                 "eval.enabled=false", *QUIET])
     assert result["skipped"] == 1 and result["step"] == 3
-    assert all(torch.isfinite(w).all() for w in _weights(Path(result["run_dir"])).values())
+    assert all(torch.isfinite(w).all() for w in run_weights(Path(result["run_dir"])).values())
 
 
 def test_dataloader_workers_give_the_losses_of_the_main_process(train_module, tmp_path):
@@ -209,7 +202,7 @@ def test_gradient_accumulation_matches_the_larger_batch(train_module, tmp_path):
               "model.balance_weight=0", "eval.enabled=false", *QUIET]
     train_module.main([*common, "trainer.batch_size=4", f"run_dir={tmp_path / 'big'}"])
     train_module.main([*common, "trainer.batch_size=2", "trainer.grad_accum=2", f"run_dir={tmp_path / 'accum'}"])
-    a, b = _weights(tmp_path / "big"), _weights(tmp_path / "accum")
+    a, b = run_weights(tmp_path / "big"), run_weights(tmp_path / "accum")
     for key in a:  # see test_two_processes_train_like_one for the absolute tolerance
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=5e-5, msg=key)
 
@@ -221,7 +214,7 @@ def test_flat_parameters_train_like_the_parameters_themselves(train_module, tmp_
               "trainer.clip_grad=0.05", "eval.enabled=false", *QUIET]
     train_module.main([*common, f"run_dir={tmp_path / 'flat'}"])
     train_module.main([*common, "trainer.flat_parameters=false", f"run_dir={tmp_path / 'plain'}"])
-    a, b = _weights(tmp_path / "plain"), _weights(tmp_path / "flat")
+    a, b = run_weights(tmp_path / "plain"), run_weights(tmp_path / "flat")
     # (a flat buffer cut off from its parameters would leave them at their initial values)
     for key in a:  # the clipping norm is summed in another order: rounding only
         torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-6, msg=key)
@@ -234,7 +227,7 @@ def test_ema_weights_are_the_final_model_and_survive_resume(train_module, tmp_pa
     ckpt = latest_checkpoint(tmp_path / "run")
     ema = safetensors.torch.load_file(str(ckpt / "ema.safetensors"))
     raw = safetensors.torch.load_file(str(ckpt / "model.safetensors"))
-    final = _weights(tmp_path / "run")
+    final = run_weights(tmp_path / "run")
     key = next(k for k in raw if k.endswith("weight"))
     assert torch.equal(final[key], ema["module." + key])  # the final model is the EMA
     assert not torch.equal(final[key], raw[key])
