@@ -31,6 +31,9 @@ The optimizer is a fused AdamW. By default (``--optimizer flat``, as in the reci
 it steps flat buffers of which the parameters are views (`gno_ext.training.FlatParameters`);
 ``--optimizer fused`` gives it the parameters themselves.
 
+The attention kernels attend through gno_ext's Triton kernels (`attend_tokens`) on a GPU by
+default; ``--attention sdpa`` takes ``scaled_dot_product_attention`` instead.
+
     python recipes/bench_model.py --device cuda --batch 1 256 --out docs/benchmarks/model_h100.json
     python recipes/bench_model.py --batch 256 --modes graphs --chunk 0 4     # gathered kernels against chunks of 4
     python recipes/bench_model.py --batch 256 --modes graphs --boundary fused unfused   # boundary operator paths
@@ -38,6 +41,7 @@ it steps flat buffers of which the parameters are views (`gno_ext.training.FlatP
     python recipes/bench_model.py --batch 256 --profile 40                   # kernels of one compiled step
     python recipes/bench_model.py --batch 256 --modes graphs --compile-options combo_kernels=True
     python recipes/bench_model.py --batch 256 --modes whole-graph --optimizer flat fused   # optimizer layouts
+    python recipes/bench_model.py --batch 256 --modes whole-graph --attention fused sdpa   # attention paths
     python recipes/bench_model.py --batch 256 --modes graphs whole-graph --compile-options combo_kernels=True
 """
 
@@ -54,6 +58,7 @@ import torch
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
+from gno_ext.layers import AttentionKernel, AttentionKernelBank
 from gno_ext.models import GNO
 from gno_ext.schema import BoundarySpec
 from gno_ext.training import FlatParameters, capture_step, compile_model
@@ -103,8 +108,9 @@ def timed(fn, repeats: int, device: str, warmup: int = 3, warmup_s: float = 2.0)
 
 def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: str,
           chunk: int | None, boundary: str = "fused", capturable: bool = False,
-          optimizer: str = "flat") -> tuple[GNO, dict, torch.optim.Optimizer, FlatParameters | None]:
-    """The model (normalisation fitted, mixture chunk and boundary path set), its inputs, a
+          optimizer: str = "flat", attention: str = "fused"
+          ) -> tuple[GNO, dict, torch.optim.Optimizer, FlatParameters | None]:
+    """The model (normalisation fitted, mixture chunk, boundary and attention paths set), its inputs, a
     fused AdamW (``capturable`` for a step captured in a CUDA graph) and, for ``optimizer="flat"``
     (what the recipes' trainer does), the `FlatParameters` it steps; ``"fused"``: the AdamW
     steps the parameters themselves."""
@@ -116,6 +122,9 @@ def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: 
             block.mixture.chunk = chunk
         if block.boundary is not None:
             block.boundary.fused = boundary == "fused"
+    for module in model.modules():
+        if isinstance(module, (AttentionKernel, AttentionKernelBank)):
+            module.fused_attention = attention == "fused"
     x = make_inputs(batch, shape, channels, device)
     x["target"] = x["u"] + 0.01
     cuda = device == "cuda"
@@ -157,12 +166,12 @@ def count_flops(model: torch.nn.Module, x: dict, device: str) -> int:
 
 def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int,
           chunk: int | None = None, options: dict | None = None, boundary: str = "fused",
-          optimizer: str = "flat") -> dict:
+          optimizer: str = "flat", attention: str = "fused") -> dict:
     whole = mode == "whole-graph"
     if whole and device != "cuda":
         raise SystemExit("--modes whole-graph needs a CUDA device")
     model, x, opt, flat = setup(name, batch, shape, channels, device, chunk, boundary, capturable=whole,
-                                optimizer=optimizer)
+                                optimizer=optimizer, attention=attention)
     # a fresh compilation cache for every configuration: otherwise, after dynamo's recompilation
     # limit (8 by default), a later model of the same class silently runs eagerly
     torch._dynamo.reset()
@@ -192,17 +201,18 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
             "peak_gib": memory, "kernels_used": kernels_used,
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "chunk": chunk,
             "boundary": boundary if model.boundary_transfer else None, "compile_options": options or {},
-            "optimizer": optimizer}
+            "optimizer": optimizer, "attention": attention}
 
 
 def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device: str, top: int,
             chunk: int | None = None, options: dict | None = None, boundary: str = "fused",
-            optimizer: str = "flat") -> None:
+            optimizer: str = "flat", attention: str = "fused") -> None:
     """Print the GPU kernels of one compiled training step (inductor, no CUDA graphs, so that
     every kernel is seen), grouped by name and sorted by total time."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    model, x, opt, flat = setup(name, batch, shape, channels, device, chunk, boundary, optimizer=optimizer)
+    model, x, opt, flat = setup(name, batch, shape, channels, device, chunk, boundary, optimizer=optimizer,
+                                attention=attention)
     torch._dynamo.reset()
     net = compile_model(model, True, options)
     for _ in range(3):
@@ -218,7 +228,7 @@ def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device
         by_name.setdefault(e.name, []).append(e.time_range.elapsed_us())
     short = sum(e.time_range.elapsed_us() < 5 for e in events)
     path = boundary if model.boundary_transfer else "none"
-    print(f"\n{name}, batch {batch}, boundary {path}: {len(events)} kernels ({short} under 5 us), "
+    print(f"\n{name}, batch {batch}, boundary {path}, attention {attention}: {len(events)} kernels ({short} under 5 us), "
           f"{total / 1e3:.2f} ms of GPU time in one step")
     by_category: dict[str, list[float]] = {}
     for kname, times in by_name.items():
@@ -273,6 +283,9 @@ def main() -> None:
                         help="flat: the fused AdamW steps one flat buffer of which the parameters are views "
                              "(gno_ext.training.FlatParameters, what the trainer does); fused: it steps the "
                              "parameters themselves")
+    parser.add_argument("--attention", nargs="+", default=["fused"], choices=["fused", "sdpa"],
+                        help="the attention kernels' attention as gno_ext's Triton kernels (attend_tokens, the "
+                             "default on a GPU with Triton) or scaled_dot_product_attention")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--modes", nargs="+", choices=["eager", "compiled", "graphs", "whole-graph"],
                         help="default: eager compiled graphs, and whole-graph on a CUDA device")
@@ -287,10 +300,10 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     options = parse_options(args.compile_options)
     if args.profile:
-        for batch, model, path, optimizer in itertools.product(args.batch, args.models, args.boundary,
-                                                               args.optimizer):
+        for batch, model, path, optimizer, attention in itertools.product(
+                args.batch, args.models, args.boundary, args.optimizer, args.attention):
             profile(model, batch, tuple(args.shape), args.channels, args.device, args.profile,
-                    args.chunk[0] or None, options, path, optimizer)
+                    args.chunk[0] or None, options, path, optimizer, attention)
         return
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     meta = {"device": name, "torch": torch.__version__, "shape": args.shape, "channels": args.channels,
@@ -304,13 +317,15 @@ def main() -> None:
             for model in args.models:
                 chunks = args.chunk if MODELS[model].get("n_kernels", 4) > 1 else [0]
                 paths = args.boundary if MODELS[model].get("boundary_transfer", True) else ["fused"]
-                for chunk, path, optimizer in itertools.product(chunks, paths, args.optimizer):
+                for chunk, path, optimizer, attention in itertools.product(chunks, paths, args.optimizer,
+                                                                           args.attention):
                     r = bench(model, batch, mode, tuple(args.shape), args.channels, args.device, args.repeats,
-                              chunk or None, options, path, optimizer)
+                              chunk or None, options, path, optimizer, attention)
                     rows.append(r)
                     print(f"{model:15s} {batch:5d} {mode:>8s} {r['forward_ms']:8.3f} {r['step_ms']:8.3f} "
                           f"{r['train_tflops']:8.1f} {r['step_gflop']:8.1f} {r['peak_gib']:6.2f}  {r['kernels_used']}"
-                          f"  chunk {chunk or 'auto'}, boundary {r['boundary']}, optimizer {optimizer}", flush=True)
+                          f"  chunk {chunk or 'auto'}, boundary {r['boundary']}, optimizer {optimizer}, "
+                          f"attention {attention}", flush=True)
                 if args.out:
                     args.out.parent.mkdir(parents=True, exist_ok=True)
                     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -151,6 +151,7 @@ def _boundary_forward_kernel(desc_ptr, state_ptr, ws_ptr, bs_ptr, g1_ptr, be1_pt
                              B, M, D, eps1, eps2, scale,
                              W: tl.constexpr, HID: tl.constexpr, MP: tl.constexpr, G: tl.constexpr, BD: tl.constexpr,
                              PRECISION: tl.constexpr):
+    eps1, eps2, scale = eps1.to(tl.float32), eps2.to(tl.float32), scale.to(tl.float32)  # float32 (see FLOAT_ARGS)
     S: tl.constexpr = 9 * W + 2 * HID  # saved columns: x n1 q k v a x1 n2 x2 (W each), hpre h (HID each)
     r, row, valid = _rows(B, M, MP, G)
     vm = valid[:, None]
@@ -209,6 +210,7 @@ def _boundary_backward_kernel(dy_ptr, saved_ptr, ws_ptr, g1_ptr, wqkv_ptr, wo_pt
                               dstate_ptr, grads_ptr, sums_ptr, B, M, D, eps1, eps2, scale,
                               W: tl.constexpr, HID: tl.constexpr, MP: tl.constexpr, G: tl.constexpr, BD: tl.constexpr,
                               PRECISION: tl.constexpr):
+    eps1, eps2, scale = eps1.to(tl.float32), eps2.to(tl.float32), scale.to(tl.float32)  # float32 (see FLOAT_ARGS)
     S: tl.constexpr = 9 * W + 2 * HID
     GW: tl.constexpr = 6 * W + HID  # gradient columns: dx, dq dk dv, dx1, dhpre, dx2
     r, row, valid = _rows(B, M, MP, G)

@@ -108,6 +108,13 @@ def _grouped_wgrad_kernel(x_ptr, dy_ptr, order_ptr, run_kernel_ptr, run_start_pt
                 tl.atomic_add(dbias_ptr + k * sbk + nn, acc_bias, mask=nn < DOUT, sem="relaxed")
 
 
+# FLOAT_ARGS: a Python float argument of a kernel is typed float32 when Triton's JIT launches
+# it (eager mode), but float64 in the launchers that inductor generates for `torch.compile`
+# (seen with torch 2.11): every value multiplied by it then became float64, and the attention
+# kernels ran 5 times slower compiled than eager (docs/benchmarks.md, ninth round). Kernels
+# therefore cast their float arguments to float32 on entry.
+
+
 def _precision() -> str:
     """How `tl.dot` multiplies float32 operands: as torch's float32 products do (TF32 only
     where ``torch.backends.cuda.matmul.allow_tf32`` permits it). Other types are unaffected."""

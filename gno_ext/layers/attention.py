@@ -19,10 +19,21 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gno_ext.layers import _gathered
-from gno_ext.layers._util import kernel_ranks, one_hot, segment_of
+from gno_ext.layers._util import kernel_ranks, one_hot, segment_of, triton_module
 
-__all__ = ["AttentionKernel", "AttentionKernelBank", "SDPA_BACKENDS", "attend", "chunk_plan", "default_chunk",
-           "mixed_attention"]
+__all__ = ["AttentionKernel", "AttentionKernelBank", "SDPA_BACKENDS", "attend", "attend_tokens", "chunk_plan",
+           "default_chunk", "mixed_attention", "tokens_fusable"]
+
+_kernels = None  # gno_ext.layers._attention_kernels, once loaded
+
+
+def load_kernels():
+    """Import the fused attention operators (`gno_ext.layers._attention_kernels`) and return
+    the module, or None without Triton."""
+    global _kernels
+    if _kernels is None:
+        _kernels = triton_module("_attention_kernels")
+    return _kernels
 
 # cuDNN attention builds an execution plan per input shape; the per-kernel sub-batches of a
 # gated mixture change shape every step, so its plan building (tens of ms per call) would
@@ -39,6 +50,55 @@ def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return F.scaled_dot_product_attention(q, k, v)
 
 
+def tokens_fusable(q: Tensor, kv: Tensor) -> bool:
+    """Whether `attend_tokens` runs its Triton kernels on these inputs: CUDA tensors of one
+    floating type (half, bfloat16 or float32), the kernels loaded (Triton installed), and all
+    keys of a sample in one tile (`gno_ext.layers._attention_kernels.supported`: up to 128 keys
+    at head width 64, 256 at 32, ...)."""
+    return (_kernels is not None and q.is_cuda and kv.is_cuda and q.dtype == kv.dtype
+            and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and _kernels.supported(kv.shape[1], q.shape[-1]))
+
+
+def attend_tokens(q: Tensor, kv: Tensor, fused: bool = True) -> Tensor:
+    """Multi-head attention in the token-major layout in which the projections write.
+
+    ``softmax(q k^T / sqrt(d)) v`` for every sample and head, with the keys ``kv[:, :, 0]`` and
+    values ``kv[:, :, 1]``. Where `tokens_fusable` holds and ``fused`` is true, it runs as
+    two Triton kernels (`gno_ext.layers._attention_kernels`; forward, and backward without
+    atomics) that read and write these layouts directly, so no permuted copies are made in
+    either pass; otherwise as `attend` (`scaled_dot_product_attention`) on permuted views.
+    Under autocast the inputs are cast to the autocast type, as for
+    `scaled_dot_product_attention`.
+
+    Parameters
+    ----------
+    q : Tensor, shape (B, N, H, d)
+        Queries.
+    kv : Tensor, shape (B, M, 2, H, d)
+        Keys and values, as one projection ``(B, M, 2 H d)`` viewed.
+    fused : bool
+        Use the Triton kernels where they can run (default True).
+
+    Returns
+    -------
+    Tensor, shape (B, N, H, d)
+    """
+    if q.dim() != 4 or kv.dim() != 5 or kv.shape[2] != 2 or kv.shape[0] != q.shape[0] or kv.shape[3:] != q.shape[2:]:
+        raise ValueError(f"attend_tokens: expected q (B, N, H, d) and kv (B, M, 2, H, d), got {tuple(q.shape)} and "
+                         f"{tuple(kv.shape)}")
+    if fused and q.is_cuda and _kernels is not None:
+        device = q.device.type
+        if torch.is_autocast_enabled(device):  # what autocast does for scaled_dot_product_attention
+            dtype = torch.get_autocast_dtype(device)
+            q, kv = q.to(dtype), kv.to(dtype)
+        if tokens_fusable(q, kv):
+            with torch.autocast(device, enabled=False):
+                return _kernels.token_attention(q.contiguous(), kv.contiguous())[0]
+    k, v = kv.unbind(2)
+    return attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+
 class AttentionKernel(nn.Module):
     """Multi-head attention with queries from ``x`` and keys/values from ``x`` and a context.
 
@@ -50,7 +110,15 @@ class AttentionKernel(nn.Module):
         Number of heads (``dim`` must be divisible by it).
     bias : bool
         Bias in the projections.
+
+    Attributes
+    ----------
+    fused_attention : bool
+        Attend through `attend_tokens`' Triton kernels where they can run (default True; set
+        False for `scaled_dot_product_attention`).
     """
+
+    fused_attention: bool = True
 
     def __init__(self, dim: int, heads: int = 8, bias: bool = True) -> None:
         super().__init__()
@@ -77,10 +145,9 @@ class AttentionKernel(nn.Module):
         """
         b, n, d = x.shape
         source = x if context is None else torch.cat([x, context], 1)
-        q = self.q(x).view(b, n, self.heads, -1).transpose(1, 2)
-        k, v = self.kv(source).view(b, source.shape[1], 2, self.heads, -1).permute(2, 0, 3, 1, 4)
-        y = attend(q, k, v)
-        return self.out(y.transpose(1, 2).reshape(b, n, d))
+        q = self.q(x).view(b, n, self.heads, -1)
+        kv = self.kv(source).view(b, source.shape[1], 2, self.heads, -1)
+        return self.out(attend_tokens(q, kv, self.fused_attention).reshape(b, n, d))
 
 
 PROJECTIONS = ("q", "kv", "out")
@@ -217,12 +284,13 @@ def mixed_attention(kernels: Sequence[AttentionKernel], index: Tensor, x: Tensor
         layers = [getattr(k, name) for k in kernels]
         stacks[name] = (torch.stack([lin.weight.transpose(0, 1) for lin in layers]),
                         None if layers[0].bias is None else torch.stack([lin.bias for lin in layers]))
-    return _mixed(stacks, kernels[0].heads, index, x, context, chunk)
+    return _mixed(stacks, kernels[0].heads, index, x, context, chunk, kernels[0].fused_attention)
 
 
 def _mixed(stacks: dict[str, tuple[Tensor, Tensor | None]], heads: int, index: Tensor, x: Tensor,
-           context: Tensor | None, chunk: int | None) -> Tensor:
-    """`mixed_attention` on stacked weights: ``stacks[name] = (weight (K, in, out), bias (K, out))``."""
+           context: Tensor | None, chunk: int | None, fused: bool = True) -> Tensor:
+    """`mixed_attention` on stacked weights: ``stacks[name] = (weight (K, in, out), bias (K, out))``;
+    ``fused``: the attention itself through `attend_tokens`' Triton kernels where they run."""
     b, n, d = x.shape
     source = x if context is None else torch.cat([x, context], 1)
     n_kernels = stacks["q"][0].shape[0]
@@ -235,9 +303,9 @@ def _mixed(stacks: dict[str, tuple[Tensor, Tensor | None]], heads: int, index: T
 
             def project(t, weight, bias):
                 return _gathered.gathered_linear(t, index, weight, bias, plan)
-        q = project(x, *stacks["q"]).view(b, n, heads, -1).transpose(1, 2)
-        k, v = project(source, *stacks["kv"]).view(b, source.shape[1], 2, heads, -1).permute(2, 0, 3, 1, 4)
-        return project(attend(q, k, v).transpose(1, 2).reshape(b, n, d), *stacks["out"])
+        q = project(x, *stacks["q"]).view(b, n, heads, -1)
+        kv = project(source, *stacks["kv"]).view(b, source.shape[1], 2, heads, -1)
+        return project(attend_tokens(q, kv, fused).reshape(b, n, d), *stacks["out"])
     chunk = chunk or default_chunk(b, n_kernels)
     if chunk == 1:
         slot, select = None, one_hot(index, n_kernels, x.dtype)
@@ -249,11 +317,9 @@ def _mixed(stacks: dict[str, tuple[Tensor, Tensor | None]], heads: int, index: T
         x = _MoveRows.apply(x, sample_of, slot)
         source = x if context is None else _MoveRows.apply(source, sample_of, slot)
     rows, chosen = x.shape[0], _select(stacks, select)
-    q = _apply(x, chunk, *chosen["q"]).view(rows, n, heads, -1).transpose(1, 2)
-    kv = _apply(source, chunk, *chosen["kv"])
-    k, v = kv.view(rows, source.shape[1], 2, heads, -1).permute(2, 0, 3, 1, 4)
-    y = attend(q, k, v)
-    y = _apply(y.transpose(1, 2).reshape(rows, n, d), chunk, *chosen["out"])
+    q = _apply(x, chunk, *chosen["q"]).view(rows, n, heads, -1)
+    kv = _apply(source, chunk, *chosen["kv"]).view(rows, source.shape[1], 2, heads, -1)
+    y = _apply(attend_tokens(q, kv, fused).reshape(rows, n, d), chunk, *chosen["out"])
     return y if slot is None else _MoveRows.apply(y, slot, sample_of)
 
 
@@ -274,12 +340,19 @@ class AttentionKernelBank(nn.Module):
     dim, heads, bias : int, int, bool
         As for `AttentionKernel`.
 
+    Attributes
+    ----------
+    fused_attention : bool
+        As for `AttentionKernel` (default True).
+
     Examples
     --------
     >>> bank = AttentionKernelBank(4, dim=32, heads=4)
     >>> bank(torch.randn(6, 10, 32), torch.tensor([0, 3, 3, 1, 0, 2]), context=torch.randn(6, 2, 32)).shape
     torch.Size([6, 10, 32])
     """
+
+    fused_attention: bool = True
 
     def __init__(self, n_kernels: int, dim: int, heads: int = 8, bias: bool = True) -> None:
         super().__init__()
@@ -300,6 +373,7 @@ class AttentionKernelBank(nn.Module):
     def kernel(self, k: int) -> AttentionKernel:
         """A standalone `AttentionKernel` with a copy of kernel ``k``'s weights."""
         out = AttentionKernel(self.dim, self.heads, self.q_bias is not None).to(self.q_weight)
+        out.fused_attention = self.fused_attention
         with torch.no_grad():
             for name in PROJECTIONS:
                 getattr(out, name).weight.copy_(getattr(self, f"{name}_weight")[k].t())
@@ -319,7 +393,7 @@ class AttentionKernelBank(nn.Module):
             Samples per weight group of the chunked products (see `mixed_attention`).
         """
         stacks = {name: (getattr(self, f"{name}_weight"), getattr(self, f"{name}_bias")) for name in PROJECTIONS}
-        return _mixed(stacks, self.heads, index, x, context, chunk)
+        return _mixed(stacks, self.heads, index, x, context, chunk, self.fused_attention)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
         if f"{prefix}0.q.weight" in state_dict:  # the layout of K separate AttentionKernels
@@ -331,3 +405,7 @@ class AttentionKernelBank(nn.Module):
                         state_dict[f"{prefix}{name}_{part}"] = torch.stack(
                             [t.t() for t in parts] if part == "weight" else parts)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+if torch.cuda.is_available():  # the operators must exist before torch.compile traces a model
+    load_kernels()

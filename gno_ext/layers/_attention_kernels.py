@@ -1,0 +1,200 @@
+r"""Triton kernels of `gno_ext.layers.attention.attend_tokens`: multi-head attention over
+short sequences, in the token-major layout of the projections (imported only where they can
+run: a CUDA device, or Triton's interpreter in the tests).
+
+The GNO attends over few keys per sample (64 spatial tokens and 33 context tokens at the
+paper size) with narrow heads (32). At these sizes the library kernels behind
+`torch.nn.functional.scaled_dot_product_attention` are far from the memory traffic they need
+(the memory-efficient kernel's backward pass took 0.86 ms of a 6.4 ms training step on an
+H100), and they work in the ``(B, H, N, d)`` layout, so the projections' outputs are permuted
+and their gradients copied back. Here every key of a sample fits in one tile:
+
+* **forward** (`_token_attention_forward`): a program per (sample, head, tile of ``BQ`` queries)
+  computes ``S = q k^T / sqrt(d)`` over all ``M`` keys in registers, its softmax (no running
+  maximum: one tile holds every key) and ``o = P v``, and writes ``o`` and the row's
+  log-sum-exp (float32) for the backward pass;
+* **backward** (`_token_attention_backward`): a program per (sample, head) loops over the query tiles,
+  recomputes ``P`` from the log-sum-exp, writes ``dq = dS k / sqrt(d)`` for each tile and
+  accumulates ``dk = dS^T q / sqrt(d)`` and ``dv = P^T do`` in registers, written once at the
+  end, with ``dS = P (dP - \mathrm{rowsum}(do\, o))`` and ``dP = do\, v^T``. No atomics: the
+  result is reproducible.
+
+Queries are read from ``q`` (B, N, H, d) and keys and values from one ``kv`` (B, M, 2, H, d), the
+layouts in which the projections write them; ``o`` and the gradients are written in the same
+layouts. The products run in the inputs' type with float32 accumulation; the softmax is in
+float32, and ``P`` is rounded to the inputs' type for the products with ``v`` and ``do`` (as
+flash attention does).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
+
+from gno_ext.layers._gathered_kernels import _launch, _precision
+
+__all__ = ["CONFIG", "supported", "token_attention", "token_attention_backward"]
+
+# Launch configuration of each pass (chosen by a sweep on an H100, docs/benchmarks.md): BQ
+# queries per tile (an upper bound, reduced to the query count), warps per program.
+CONFIG = {"forward": {"BQ": 64, "num_warps": 4}, "backward": {"BQ": 64, "num_warps": 4}}
+MAX_TILE = 8192  # keys (padded to a power of two) x head width (padded) that one tile may hold
+LOG2E = 1.4426950408889634
+
+
+def _pow2(n: int) -> int:
+    """The smallest power of two >= ``n``, at least 16 (`tl.dot`'s minimum)."""
+    return max(16, triton.next_power_of_2(int(n)))
+
+
+def supported(keys: int, head_dim: int) -> bool:
+    """Whether the kernels take ``keys`` keys per sample at head width ``head_dim``: all keys
+    of a sample in one tile (``pow2(keys) * pow2(head_dim) <= MAX_TILE``)."""
+    return _pow2(keys) * _pow2(head_dim) <= MAX_TILE
+
+
+@triton.jit
+def _scores(q, k, keys, M, scale2, PRECISION: tl.constexpr):
+    """``q k^T`` scaled to base-2 logits, the padded keys at minus infinity."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale2
+    return tl.where(keys[None, :] < M, s, float("-inf"))
+
+
+@triton.jit
+def _token_attention_forward(q_ptr, kv_ptr, o_ptr, lse_ptr, N, M, H, DH, scale2,
+                    sqb, sqn, sqh, skb, skm, sks, skh, sob, son, soh,
+                    BQ: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+    scale2 = scale2.to(tl.float32)  # float32 (see FLOAT_ARGS)
+    bh = tl.program_id(0)
+    b, h = (bh // H).to(tl.int64), bh % H
+    rows = tl.program_id(1) * BQ + tl.arange(0, BQ)
+    keys = tl.arange(0, BM)
+    dd = tl.arange(0, BD)
+    row_mask = (rows[:, None] < N) & (dd[None, :] < DH)
+    q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqn + dd[None, :], mask=row_mask, other=0.0)
+    k_ptrs = kv_ptr + b * skb + h * skh + keys[:, None] * skm + dd[None, :]
+    key_mask = (keys[:, None] < M) & (dd[None, :] < DH)
+    k = tl.load(k_ptrs, mask=key_mask, other=0.0)
+    v = tl.load(k_ptrs + sks, mask=key_mask, other=0.0)
+    s = _scores(q, k, keys, M, scale2, PRECISION)
+    top = tl.max(s, 1)
+    p = tl.exp2(s - top[:, None])
+    total = tl.sum(p, 1)
+    o = tl.dot(p.to(v.dtype), v, input_precision=PRECISION) / total[:, None]
+    tl.store(o_ptr + b * sob + h * soh + rows[:, None] * son + dd[None, :], o.to(o_ptr.dtype.element_ty),
+             mask=row_mask)
+    tl.store(lse_ptr + bh * N + rows, top + tl.log2(total), mask=rows < N)
+
+
+@triton.jit
+def _token_attention_backward(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dkv_ptr, N, M, H, DH, scale2, scale,
+                     sqb, sqn, sqh, skb, skm, sks, skh, sob, son, soh, sdob, sdon, sdoh,
+                     BQ: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+    # dq has q's strides and dkv has kv's (both made contiguous by the caller)
+    scale2, scale = scale2.to(tl.float32), scale.to(tl.float32)  # float32 (see FLOAT_ARGS)
+    bh = tl.program_id(0)
+    b, h = (bh // H).to(tl.int64), bh % H
+    keys = tl.arange(0, BM)
+    dd = tl.arange(0, BD)
+    k_offsets = b * skb + h * skh + keys[:, None] * skm + dd[None, :]
+    key_mask = (keys[:, None] < M) & (dd[None, :] < DH)
+    k = tl.load(kv_ptr + k_offsets, mask=key_mask, other=0.0)
+    v = tl.load(kv_ptr + k_offsets + sks, mask=key_mask, other=0.0)
+    dk = tl.zeros((BM, BD), dtype=tl.float32)
+    dv = tl.zeros((BM, BD), dtype=tl.float32)
+    for q0 in range(0, N, BQ):
+        rows = q0 + tl.arange(0, BQ)
+        row_mask = (rows[:, None] < N) & (dd[None, :] < DH)
+        q_offsets = b * sqb + h * sqh + rows[:, None] * sqn + dd[None, :]
+        q = tl.load(q_ptr + q_offsets, mask=row_mask, other=0.0)
+        o = tl.load(o_ptr + b * sob + h * soh + rows[:, None] * son + dd[None, :], mask=row_mask, other=0.0)
+        do = tl.load(do_ptr + b * sdob + h * sdoh + rows[:, None] * sdon + dd[None, :], mask=row_mask, other=0.0)
+        lse = tl.load(lse_ptr + bh * N + rows, mask=rows < N, other=0.0)
+        delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+        p = tl.exp2(_scores(q, k, keys, M, scale2, PRECISION) - lse[:, None])
+        p = tl.where(rows[:, None] < N, p, 0.0)
+        dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv, input_precision=PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = (p * (dp - delta[:, None])).to(q.dtype)
+        dq = tl.dot(ds, k, input_precision=PRECISION) * scale
+        tl.store(dq_ptr + q_offsets, dq.to(dq_ptr.dtype.element_ty), mask=row_mask)
+        dk = tl.dot(tl.trans(ds), q, dk, input_precision=PRECISION)
+    tl.store(dkv_ptr + k_offsets, (dk * scale).to(dkv_ptr.dtype.element_ty), mask=key_mask)
+    tl.store(dkv_ptr + k_offsets + sks, dv.to(dkv_ptr.dtype.element_ty), mask=key_mask)
+
+
+def _strides(q: Tensor, kv: Tensor) -> list[int]:
+    return [*q.stride()[:3], kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3)]
+
+
+def _tiles(n: int, m: int, dh: int, bq: int) -> tuple[int, int, int]:
+    return min(bq, _pow2(n)), _pow2(m), _pow2(dh)
+
+
+@torch.library.triton_op("gno_ext::token_attention", mutates_args={})
+def token_attention(q: Tensor, kv: Tensor) -> tuple[Tensor, Tensor]:
+    """``softmax(q k^T / sqrt(d)) v`` per sample and head for ``q`` (B, N, H, d) and ``kv``
+    (B, M, 2, H, d) (keys ``kv[:, :, 0]``, values ``kv[:, :, 1]``), both contiguous and of one
+    type. Returns the output (B, N, H, d) and the base-2 log-sum-exp of each query's scores
+    (B, H, N), float32, which the backward pass reads."""
+    b, n, h, dh = q.shape
+    m = kv.shape[1]
+    o = torch.empty_like(q)
+    lse = q.new_empty(b, h, n, dtype=torch.float32)
+    c = CONFIG["forward"]
+    bq, bm, bd = _tiles(n, m, dh, c["BQ"])
+    _launch(_token_attention_forward)[(b * h, triton.cdiv(n, bq))](
+        q, kv, o, lse, n, m, h, dh, LOG2E / math.sqrt(dh), *_strides(q, kv), *o.stride()[:3],
+        BQ=bq, BM=bm, BD=bd, PRECISION=_precision(), num_warps=c["num_warps"])
+    return o, lse
+
+
+@torch.library.triton_op("gno_ext::token_attention_backward", mutates_args={})
+def token_attention_backward(q: Tensor, kv: Tensor, o: Tensor, lse: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
+    """The gradients ``(dq, dkv)`` of `token_attention` for the output gradient ``grad``
+    (contiguous, in ``o``'s layout)."""
+    b, n, h, dh = q.shape
+    m = kv.shape[1]
+    dq, dkv = torch.empty_like(q), torch.empty_like(kv)
+    c = CONFIG["backward"]
+    bq, bm, bd = _tiles(n, m, dh, c["BQ"])
+    _launch(_token_attention_backward)[(b * h,)](
+        q, kv, o, grad, lse, dq, dkv, n, m, h, dh, LOG2E / math.sqrt(dh), 1 / math.sqrt(dh), *_strides(q, kv),
+        *o.stride()[:3], *grad.stride()[:3], BQ=bq, BM=bm, BD=bd, PRECISION=_precision(),
+        num_warps=c["num_warps"])
+    return dq, dkv
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, kv = inputs
+    o, lse = output
+    ctx.save_for_backward(q, kv, o, lse)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad: Tensor, _lse_grad: Tensor | None):
+    q, kv, o, lse = ctx.saved_tensors
+    return token_attention_backward(q, kv, o, lse, grad.contiguous())
+
+
+token_attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+# The FLOPs that torch.utils.flop_counter counts for scaled_dot_product_attention on the same
+# shapes (two products forward; five backward, the scores recomputed), so that counts and
+# TFLOP/s figures compare with the SDPA path.
+@register_flop_formula(torch.ops.gno_ext.token_attention)
+def _forward_flops(q_shape, kv_shape, *args, out_shape=None, **kwargs) -> int:
+    b, n, h, dh = q_shape
+    return 4 * b * h * n * kv_shape[1] * dh
+
+
+@register_flop_formula(torch.ops.gno_ext.token_attention_backward)
+def _backward_flops(q_shape, kv_shape, *args, out_shape=None, **kwargs) -> int:
+    b, n, h, dh = q_shape
+    return 10 * b * h * n * kv_shape[1] * dh

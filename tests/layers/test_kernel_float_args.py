@@ -1,0 +1,62 @@
+"""The Triton kernels compute in float32 whatever type their float arguments arrive in.
+
+Triton's JIT types a Python float argument as float32, but the launchers that inductor
+generates for `torch.compile` type it float64, and every value multiplied by it became
+float64: the attention kernels ran 5 times slower compiled than eager on an H100. Here each
+kernel with float arguments is compiled ahead of time for an H100 (sm_90, no GPU needed) with
+those arguments typed float64, and its PTX must hold no float64 arithmetic.
+"""
+
+import re
+from importlib.util import find_spec
+
+import pytest
+
+pytestmark = pytest.mark.skipif(find_spec("triton") is None, reason="Triton is not installed")
+
+# kernel module, kernel, its float arguments, constexprs (paper-size values)
+BOUNDARY = {"W": 64, "HID": 128, "MP": 32, "G": 1, "BD": 256, "PRECISION": "ieee"}
+ATTENTION = {"BQ": 64, "BM": 128, "BD": 32, "PRECISION": "ieee"}
+KERNELS = [
+    ("_attention_kernels", "_token_attention_forward", ("scale2",), ATTENTION),
+    ("_attention_kernels", "_token_attention_backward", ("scale2", "scale"), ATTENTION),
+    ("_boundary_kernels", "_boundary_forward_kernel", ("eps1", "eps2", "scale"), BOUNDARY),
+    ("_boundary_kernels", "_boundary_backward_kernel", ("eps1", "eps2", "scale"), BOUNDARY),
+]
+FLOAT64_ARITHMETIC = re.compile(r"\b(?:add|sub|mul|fma|div|rsqrt|sqrt|ex2|lg2|max|min)(?:\.[a-z]+)*\.f64\b")
+
+
+def sm90_ptx(fn, floats: tuple[str, ...], constexprs: dict) -> str:
+    """PTX of ``fn`` for sm_90: pointers bf16 (float32 where the name says a float32 buffer),
+    16-byte aligned; ``floats`` typed float64 (as inductor types them); other arguments int32."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = "*fp32" if name.split("_")[0] in ("lse", "sums", "grads") else "*bf16"
+        else:
+            signature[name] = "fp64" if name in floats else "i32"
+    missing = set(floats) - set(signature)
+    assert not missing, f"{fn.__name__} has no arguments {missing}"
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name.endswith("_ptr")}
+    try:
+        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned),
+                                  target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    except (RuntimeError, FileNotFoundError) as error:  # no CUDA back end or assembler in this Triton
+        pytest.skip(f"Triton cannot compile for sm_90 here: {error!r:.200}")
+    return compiled.asm["ptx"]
+
+
+@pytest.mark.parametrize("module,kernel,floats,constexprs", KERNELS, ids=[k[1] for k in KERNELS])
+def test_float_arguments_do_not_make_the_kernels_compute_in_float64(module, kernel, floats, constexprs):
+    import importlib
+
+    fn = getattr(importlib.import_module(f"gno_ext.layers.{module}"), kernel)
+    ptx = sm90_ptx(fn, floats, constexprs)
+    found = sorted(set(FLOAT64_ARITHMETIC.findall(ptx)))
+    assert not found, f"{kernel}: float64 arithmetic in the PTX: {found}"

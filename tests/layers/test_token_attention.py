@@ -1,0 +1,192 @@
+"""Attention in the projections' token-major layout (`gno_ext.layers.attention.attend_tokens`):
+the PyTorch path on any machine, the Triton kernels in Triton's interpreter on the CPU (when
+Triton is installed), and on a GPU (when there is one)."""
+
+from importlib.util import find_spec
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gno_ext.layers import attention
+from gno_ext.layers.attention import AttentionKernel, AttentionKernelBank, attend_tokens, tokens_fusable
+from tests.layers._interpreter import run_interpreted
+
+needs_triton = pytest.mark.skipif(find_spec("triton") is None, reason="Triton is not installed")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or attention.load_kernels() is None,
+                                reason="needs a CUDA device and Triton")
+
+
+def reference(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """The attention written out: softmax of the scaled scores over the keys, times the values."""
+    k, v = kv.unbind(2)
+    scores = torch.einsum("bnhd,bmhd->bhnm", q, k) / q.shape[-1] ** 0.5
+    return torch.einsum("bhnm,bmhd->bnhd", scores.softmax(-1), v)
+
+
+def test_attend_tokens_on_the_cpu_is_the_attention_formula():
+    torch.manual_seed(0)
+    q = torch.randn(3, 7, 2, 8, dtype=torch.float64, requires_grad=True)
+    kv = torch.randn(3, 11, 2, 2, 8, dtype=torch.float64, requires_grad=True)
+    assert not tokens_fusable(q, kv)
+    y = attend_tokens(q, kv)
+    ref = reference(q, kv)
+    assert y.shape == (3, 7, 2, 8) and torch.allclose(y, ref)
+    probe = torch.randn_like(ref)
+    for g, r in zip(torch.autograd.grad((y * probe).sum(), (q, kv)), torch.autograd.grad((ref * probe).sum(), (q, kv))):
+        assert torch.allclose(g, r)
+
+
+@pytest.mark.parametrize("q_shape,kv_shape", [((3, 7, 2, 8), (3, 11, 2, 8)), ((3, 7, 2, 8), (3, 11, 3, 2, 8)),
+                                              ((3, 7, 2, 8), (4, 11, 2, 2, 8)), ((3, 7, 2, 8), (3, 11, 2, 4, 8))])
+def test_attend_tokens_names_bad_shapes(q_shape, kv_shape):
+    with pytest.raises(ValueError, match=r"q \(B, N, H, d\) and kv \(B, M, 2, H, d\)"):
+        attend_tokens(torch.randn(q_shape), torch.randn(kv_shape))
+
+
+def test_kernels_take_one_tile_of_keys():
+    kernels = pytest.importorskip("gno_ext.layers._attention_kernels", exc_type=ImportError)
+    assert kernels.supported(97, 32) and kernels.supported(256, 32) and kernels.supported(128, 64)
+    assert not kernels.supported(257, 32) and not kernels.supported(129, 64)
+
+
+def test_flop_formulas_are_those_of_scaled_dot_product_attention():
+    """The kernels count what `torch.utils.flop_counter` counts for
+    `scaled_dot_product_attention` on the same shapes, so TFLOP/s figures of both paths compare."""
+    kernels = pytest.importorskip("gno_ext.layers._attention_kernels", exc_type=ImportError)
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    b, n, m, h, d = 5, 64, 97, 8, 32
+    head_major = (b, h, n, d), (b, h, m, d), (b, h, m, d)
+    assert kernels._forward_flops((b, n, h, d), (b, m, 2, h, d)) == sdpa_flop_count(*head_major)
+    assert kernels._backward_flops((b, n, h, d), (b, m, 2, h, d)) == sdpa_backward_flop_count((b, h, n, d), *head_major)
+
+
+def test_attention_kernel_switches_between_paths_alike():
+    """`fused_attention` only picks the path: on the CPU both settings give the same result, and
+    a bank's standalone kernel keeps the setting."""
+    torch.manual_seed(1)
+    bank = AttentionKernelBank(3, 32, 4)
+    x, ctx, index = torch.randn(5, 6, 32), torch.randn(5, 2, 32), torch.tensor([0, 2, 2, 1, 0])
+    y = bank(x, index, ctx)
+    bank.fused_attention = False
+    assert torch.equal(bank(x, index, ctx), y)
+    assert bank.kernel(1).fused_attention is False and AttentionKernel(32, 4).fused_attention is True
+
+
+INTERPRETED = """
+import os
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+from gno_ext.layers import attention
+
+assert os.environ["TRITON_INTERPRET"] == "1"
+assert attention.load_kernels() is not None
+torch.manual_seed(0)
+
+
+def reference(q, kv):
+    k, v = kv.unbind(2)
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+
+# (batch, queries, keys, heads, head width): sizes under one tile (padded keys, queries and
+# head width), several query tiles (70 and 130 > 64), keys up to the tile (200 of 256), a
+# head width of 64
+for b, n, m, h, d in [(3, 5, 7, 2, 8), (2, 70, 97, 3, 32), (2, 64, 200, 1, 16), (1, 130, 40, 2, 64)]:
+    q = torch.randn(b, n, h, d, requires_grad=True)
+    kv = torch.randn(b, m, 2, h, d, requires_grad=True)
+    probe = torch.randn(b, n, h, d)
+    assert not attention.tokens_fusable(q, kv)  # CPU tensors: the callers take SDPA
+    with FlopCounterMode(display=False) as counter:
+        o, lse = attention._kernels.token_attention(q, kv)
+        got = torch.autograd.grad((o * probe).sum(), (q, kv))
+    assert counter.get_total_flops() == 14 * b * h * n * m * d, counter.get_total_flops()
+    ref = reference(q, kv)
+    want = torch.autograd.grad((ref * probe).sum(), (q, kv))
+    assert torch.allclose(o, ref, atol=1e-5), (o - ref).abs().max()
+    k = kv[:, :, 0].detach()
+    scores = torch.einsum("bnhd,bmhd->bhnm", q.detach(), k) / d ** 0.5
+    assert torch.allclose(lse, torch.logsumexp(scores, -1) / torch.log(torch.tensor(2.0)), atol=1e-5)
+    for g, r in zip(got, want):
+        assert g.shape == r.shape and torch.allclose(g, r, atol=1e-5), (g - r).abs().max()
+    # float16 operands (Triton 3.9's interpreter computes bf16 products wrongly; bf16 runs on
+    # the GPU tests)
+    o16, _ = attention._kernels.token_attention(q.half(), kv.half())
+    got16 = torch.autograd.grad((o16.float() * probe).sum(), (q, kv))
+    assert o16.dtype == torch.float16
+    for a, r in zip((o16,) + got16, (ref,) + want):
+        assert ((a.float() - r).norm() / r.norm()) < 3e-3, ((a.float() - r).norm() / r.norm())
+print("interpreted attention agrees")
+"""
+
+
+@needs_triton
+def test_kernels_match_the_reference_in_tritons_interpreter():
+    """Output, log-sum-exp and the gradients of queries, keys and values of the Triton kernels
+    (Triton's CPU interpreter, a process of its own) equal `scaled_dot_product_attention` in
+    float32 and to half precision in float16; FLOPs are counted for both passes."""
+    run_interpreted(INTERPRETED, "interpreted attention agrees")
+
+
+def _paths(fn, q, kv, probe):
+    """Output and gradients of ``fn(q, kv)`` for the loss ``sum(out * probe)``."""
+    q, kv = q.detach().requires_grad_(), kv.detach().requires_grad_()
+    y = fn(q, kv)
+    return [y.detach().float(), *torch.autograd.grad((y.float() * probe).sum(), (q, kv))]
+
+
+@needs_cuda
+def test_gpu_kernels_equal_sdpa_eager_and_compiled():
+    """Float32 (TF32 off): the kernels equal `scaled_dot_product_attention`, eager and compiled
+    with ``fullgraph=True``, at the GNO's sizes (64 queries, 97 keys, head width 32) and at a
+    size with several query tiles."""
+    torch.manual_seed(2)
+    assert not torch.backends.cuda.matmul.allow_tf32
+    for b, n, m, h, d in [(16, 64, 97, 8, 32), (4, 150, 120, 2, 64)]:
+        q, kv = torch.randn(b, n, h, d, device="cuda"), torch.randn(b, m, 2, h, d, device="cuda")
+        assert tokens_fusable(q, kv)
+        probe = torch.randn(b, n, h, d, device="cuda")
+        want = _paths(lambda a, c: attend_tokens(a, c, fused=False), q, kv, probe)
+        for fn in (attend_tokens, torch.compile(attend_tokens, fullgraph=True)):
+            for got, ref in zip(_paths(fn, q, kv, probe), want):
+                assert torch.allclose(got, ref, atol=2e-5, rtol=1e-4), (got - ref).abs().max()
+
+
+@needs_cuda
+def test_gpu_kernels_under_bf16_autocast():
+    """Under bf16 autocast the kernels run in bf16 (as `scaled_dot_product_attention` does there)
+    and their error against float32 is no larger than SDPA's own bf16 error (within 20 %)."""
+    torch.manual_seed(3)
+    b, n, m, h, d = 64, 64, 97, 8, 32
+    q, kv = torch.randn(b, n, h, d, device="cuda"), torch.randn(b, m, 2, h, d, device="cuda")
+    probe = torch.randn(b, n, h, d, device="cuda")
+    exact = _paths(lambda a, c: attend_tokens(a, c, fused=False), q.double(), kv.double(), probe.double())
+    errors = {}
+    for fused in (True, False):
+        with torch.autocast("cuda", torch.bfloat16):
+            got = _paths(lambda a, c: attend_tokens(a, c, fused=fused), q, kv, probe)
+        assert got[0].dtype == torch.float32 and got[1].dtype == torch.float32  # (of the float32 leaves)
+        errors[fused] = [((g.double() - r).norm() / r.norm()).item() for g, r in zip(got, exact)]
+    assert all(e < 1e-2 for e in errors[True]), errors
+    assert all(f <= 1.2 * s + 1e-4 for f, s in zip(errors[True], errors[False])), errors
+
+
+@needs_cuda
+def test_gpu_bank_fused_attention_equals_sdpa():
+    """A kernel bank with the fused attention equals itself with SDPA (float32), gradients of
+    the input and of every parameter included."""
+    torch.manual_seed(4)
+    bank = AttentionKernelBank(4, 64, 4).cuda()
+    x, ctx = torch.randn(24, 64, 64, device="cuda", requires_grad=True), torch.randn(24, 33, 64, device="cuda")
+    index = torch.randint(0, 4, (24,), device="cuda")
+    results = []
+    for fused in (True, False):
+        bank.fused_attention = fused
+        x.grad = None
+        bank.zero_grad()
+        bank(x, index, ctx).square().sum().backward()
+        results.append([x.grad.clone()] + [p.grad.clone() for p in bank.parameters()])
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), (a - b).abs().max()
