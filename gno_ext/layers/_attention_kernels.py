@@ -59,17 +59,16 @@ def supported(keys: int, head_dim: int) -> bool:
 
 
 @triton.jit
-def _scores(q, k, keys, M, scale2, PRECISION: tl.constexpr):
+def _scores(q, k, keys, M, SCALE2: tl.constexpr, PRECISION: tl.constexpr):
     """``q k^T`` scaled to base-2 logits, the padded keys at minus infinity."""
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale2
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * SCALE2
     return tl.where(keys[None, :] < M, s, float("-inf"))
 
 
 @triton.jit
-def _token_attention_forward(q_ptr, kv_ptr, o_ptr, lse_ptr, N, M, H, DH, scale2,
-                    sqb, sqn, sqh, skb, skm, sks, skh, sob, son, soh,
-                    BQ: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
-    scale2 = scale2.to(tl.float32)  # float32 (see FLOAT_ARGS)
+def _token_attention_forward(q_ptr, kv_ptr, o_ptr, lse_ptr, N, M, H, DH,
+                             sqb, sqn, sqh, skb, skm, sks, skh, sob, son, soh, SCALE2: tl.constexpr,
+                             BQ: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
     bh = tl.program_id(0)
     b, h = (bh // H).to(tl.int64), bh % H
     rows = tl.program_id(1) * BQ + tl.arange(0, BQ)
@@ -81,7 +80,7 @@ def _token_attention_forward(q_ptr, kv_ptr, o_ptr, lse_ptr, N, M, H, DH, scale2,
     key_mask = (keys[:, None] < M) & (dd[None, :] < DH)
     k = tl.load(k_ptrs, mask=key_mask, other=0.0)
     v = tl.load(k_ptrs + sks, mask=key_mask, other=0.0)
-    s = _scores(q, k, keys, M, scale2, PRECISION)
+    s = _scores(q, k, keys, M, SCALE2, PRECISION)
     top = tl.max(s, 1)
     p = tl.exp2(s - top[:, None])
     total = tl.sum(p, 1)
@@ -92,11 +91,11 @@ def _token_attention_forward(q_ptr, kv_ptr, o_ptr, lse_ptr, N, M, H, DH, scale2,
 
 
 @triton.jit
-def _token_attention_backward(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dkv_ptr, N, M, H, DH, scale2, scale,
-                     sqb, sqn, sqh, skb, skm, sks, skh, sob, son, soh, sdob, sdon, sdoh,
-                     BQ: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+def _token_attention_backward(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dkv_ptr, N, M, H, DH,
+                              sqb, sqn, sqh, skb, skm, sks, skh, sob, son, soh, sdob, sdon, sdoh,
+                              SCALE2: tl.constexpr, SCALE: tl.constexpr,
+                              BQ: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
     # dq has q's strides and dkv has kv's (both made contiguous by the caller)
-    scale2, scale = scale2.to(tl.float32), scale.to(tl.float32)  # float32 (see FLOAT_ARGS)
     bh = tl.program_id(0)
     b, h = (bh // H).to(tl.int64), bh % H
     keys = tl.arange(0, BM)
@@ -116,15 +115,15 @@ def _token_attention_backward(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dkv
         do = tl.load(do_ptr + b * sdob + h * sdoh + rows[:, None] * sdon + dd[None, :], mask=row_mask, other=0.0)
         lse = tl.load(lse_ptr + bh * N + rows, mask=rows < N, other=0.0)
         delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
-        p = tl.exp2(_scores(q, k, keys, M, scale2, PRECISION) - lse[:, None])
+        p = tl.exp2(_scores(q, k, keys, M, SCALE2, PRECISION) - lse[:, None])
         p = tl.where(rows[:, None] < N, p, 0.0)
         dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv, input_precision=PRECISION)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = (p * (dp - delta[:, None])).to(q.dtype)
-        dq = tl.dot(ds, k, input_precision=PRECISION) * scale
+        dq = tl.dot(ds, k, input_precision=PRECISION) * SCALE
         tl.store(dq_ptr + q_offsets, dq.to(dq_ptr.dtype.element_ty), mask=row_mask)
         dk = tl.dot(tl.trans(ds), q, dk, input_precision=PRECISION)
-    tl.store(dkv_ptr + k_offsets, (dk * scale).to(dkv_ptr.dtype.element_ty), mask=key_mask)
+    tl.store(dkv_ptr + k_offsets, (dk * SCALE).to(dkv_ptr.dtype.element_ty), mask=key_mask)
     tl.store(dkv_ptr + k_offsets + sks, dv.to(dkv_ptr.dtype.element_ty), mask=key_mask)
 
 
@@ -149,8 +148,7 @@ def token_attention(q: Tensor, kv: Tensor) -> tuple[Tensor, Tensor]:
     c = CONFIG["forward"]
     bq, bm, bd = _tiles(n, m, dh, c["BQ"])
     _launch(_token_attention_forward)[(b * h, triton.cdiv(n, bq))](
-        q, kv, o, lse, n, m, h, dh, LOG2E / math.sqrt(dh), *_strides(q, kv), *o.stride()[:3],
-        BQ=bq, BM=bm, BD=bd, PRECISION=_precision(), num_warps=c["num_warps"])
+        q, kv, o, lse, n, m, h, dh, *_strides(q, kv), *o.stride()[:3], SCALE2=LOG2E / math.sqrt(dh), BQ=bq, BM=bm, BD=bd, PRECISION=_precision(), num_warps=c["num_warps"])
     return o, lse
 
 
@@ -164,8 +162,8 @@ def token_attention_backward(q: Tensor, kv: Tensor, o: Tensor, lse: Tensor, grad
     c = CONFIG["backward"]
     bq, bm, bd = _tiles(n, m, dh, c["BQ"])
     _launch(_token_attention_backward)[(b * h,)](
-        q, kv, o, grad, lse, dq, dkv, n, m, h, dh, LOG2E / math.sqrt(dh), 1 / math.sqrt(dh), *_strides(q, kv),
-        *o.stride()[:3], *grad.stride()[:3], BQ=bq, BM=bm, BD=bd, PRECISION=_precision(),
+        q, kv, o, grad, lse, dq, dkv, n, m, h, dh, *_strides(q, kv), *o.stride()[:3], *grad.stride()[:3],
+        SCALE2=LOG2E / math.sqrt(dh), SCALE=1 / math.sqrt(dh), BQ=bq, BM=bm, BD=bd, PRECISION=_precision(),
         num_warps=c["num_warps"])
     return dq, dkv
 

@@ -148,10 +148,9 @@ def _rows(B, M, MP: tl.constexpr, G: tl.constexpr):
 def _boundary_forward_kernel(desc_ptr, state_ptr, ws_ptr, bs_ptr, g1_ptr, be1_ptr, wqkv_ptr, bqkv_ptr,
                              wo_ptr, bo_ptr,
                              g2_ptr, be2_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, wout_ptr, bout_ptr, y_ptr, saved_ptr,
-                             B, M, D, eps1, eps2, scale,
+                             B, M, D, EPS1: tl.constexpr, EPS2: tl.constexpr, SCALE: tl.constexpr,
                              W: tl.constexpr, HID: tl.constexpr, MP: tl.constexpr, G: tl.constexpr, BD: tl.constexpr,
                              PRECISION: tl.constexpr):
-    eps1, eps2, scale = eps1.to(tl.float32), eps2.to(tl.float32), scale.to(tl.float32)  # float32 (see FLOAT_ARGS)
     S: tl.constexpr = 9 * W + 2 * HID  # saved columns: x n1 q k v a x1 n2 x2 (W each), hpre h (HID each)
     r, row, valid = _rows(B, M, MP, G)
     vm = valid[:, None]
@@ -171,7 +170,7 @@ def _boundary_forward_kernel(desc_ptr, state_ptr, ws_ptr, bs_ptr, g1_ptr, be1_pt
     x = (x + tl.load(bs_ptr + cw).to(tl.float32)[None, :]).to(dt)
     tl.store(sv + cw[None, :], x, mask=vm)
     # attention over the sample's boundary tokens
-    n1 = _layer_norm(x.to(tl.float32), g1_ptr, be1_ptr, cw, W, eps1)
+    n1 = _layer_norm(x.to(tl.float32), g1_ptr, be1_ptr, cw, W, EPS1)
     n1 = n1.to(dt)
     tl.store(sv + W + cw[None, :], n1, mask=vm)
     q = _linear(n1, wqkv_ptr, bqkv_ptr, 0, W, W, PRECISION).to(dt)
@@ -180,13 +179,13 @@ def _boundary_forward_kernel(desc_ptr, state_ptr, ws_ptr, bs_ptr, g1_ptr, be1_pt
     tl.store(sv + 2 * W + cw[None, :], q, mask=vm)
     tl.store(sv + 3 * W + cw[None, :], k, mask=vm)
     tl.store(sv + 4 * W + cw[None, :], v, mask=vm)
-    p = _probabilities(q, k, r, M, MP, scale, PRECISION)
+    p = _probabilities(q, k, r, M, MP, SCALE, PRECISION)
     a = tl.dot(p.to(dt), v, input_precision=PRECISION).to(dt)
     tl.store(sv + 5 * W + cw[None, :], a, mask=vm)
     x1 = (x.to(tl.float32) + _linear(a, wo_ptr, bo_ptr, 0, W, W, PRECISION)).to(dt)
     tl.store(sv + 6 * W + cw[None, :], x1, mask=vm)
     # MLP
-    n2 = _layer_norm(x1.to(tl.float32), g2_ptr, be2_ptr, cw, W, eps2)
+    n2 = _layer_norm(x1.to(tl.float32), g2_ptr, be2_ptr, cw, W, EPS2)
     n2 = n2.to(dt)
     tl.store(sv + 7 * W + cw[None, :], n2, mask=vm)
     hpre = _linear(n2, w1_ptr, b1_ptr, 0, W, HID, PRECISION).to(dt)
@@ -207,10 +206,10 @@ def _boundary_forward_kernel(desc_ptr, state_ptr, ws_ptr, bs_ptr, g1_ptr, be1_pt
 
 @triton.jit
 def _boundary_backward_kernel(dy_ptr, saved_ptr, ws_ptr, g1_ptr, wqkv_ptr, wo_ptr, g2_ptr, w1_ptr, w2_ptr, wout_ptr,
-                              dstate_ptr, grads_ptr, sums_ptr, B, M, D, eps1, eps2, scale,
+                              dstate_ptr, grads_ptr, sums_ptr, B, M, D, EPS1: tl.constexpr, EPS2: tl.constexpr,
+                              SCALE: tl.constexpr,
                               W: tl.constexpr, HID: tl.constexpr, MP: tl.constexpr, G: tl.constexpr, BD: tl.constexpr,
                               PRECISION: tl.constexpr):
-    eps1, eps2, scale = eps1.to(tl.float32), eps2.to(tl.float32), scale.to(tl.float32)  # float32 (see FLOAT_ARGS)
     S: tl.constexpr = 9 * W + 2 * HID
     GW: tl.constexpr = 6 * W + HID  # gradient columns: dx, dq dk dv, dx1, dhpre, dx2
     r, row, valid = _rows(B, M, MP, G)
@@ -241,7 +240,7 @@ def _boundary_backward_kernel(dy_ptr, saved_ptr, ws_ptr, g1_ptr, wqkv_ptr, wo_pt
     tl.store(ps + 9 * W + ch, tl.sum(dhpre, 0))
     dn2 = _linear_input_grad(dhpre, w1_ptr, 0, W, HID, PRECISION)
     x1 = tl.load(sv + 6 * W + cw[None, :], mask=vm, other=0.0).to(tl.float32)
-    dx1, dg2, db2 = _layer_norm_backward(dn2, x1, g2_ptr, cw, W, eps2)
+    dx1, dg2, db2 = _layer_norm_backward(dn2, x1, g2_ptr, cw, W, EPS2)
     dx1 += dx2
     tl.store(ps + 7 * W + cw, dg2)
     tl.store(ps + 8 * W + cw, db2)
@@ -252,10 +251,10 @@ def _boundary_backward_kernel(dy_ptr, saved_ptr, ws_ptr, g1_ptr, wqkv_ptr, wo_pt
     q = tl.load(sv + 2 * W + cw[None, :], mask=vm, other=0.0)
     k = tl.load(sv + 3 * W + cw[None, :], mask=vm, other=0.0)
     v = tl.load(sv + 4 * W + cw[None, :], mask=vm, other=0.0)
-    p = _probabilities(q, k, r, M, MP, scale, PRECISION)
+    p = _probabilities(q, k, r, M, MP, SCALE, PRECISION)
     dv = tl.dot(tl.trans(p.to(dt)), da, input_precision=PRECISION)
     dp = tl.dot(da, tl.trans(v), input_precision=PRECISION)
-    ds = (p * (dp - tl.sum(dp * p, 1)[:, None]) * scale).to(dt)
+    ds = (p * (dp - tl.sum(dp * p, 1)[:, None]) * SCALE).to(dt)
     dq = tl.dot(ds, k, input_precision=PRECISION)
     dk = tl.dot(tl.trans(ds), q, input_precision=PRECISION)
     tl.store(gv + W + cw[None, :], dq.to(dt), mask=vm)
@@ -268,7 +267,7 @@ def _boundary_backward_kernel(dy_ptr, saved_ptr, ws_ptr, g1_ptr, wqkv_ptr, wo_pt
            + _linear_input_grad(dk, wqkv_ptr, W, W, W, PRECISION)
            + _linear_input_grad(dv, wqkv_ptr, 2 * W, W, W, PRECISION))
     x = tl.load(sv + cw[None, :], mask=vm, other=0.0).to(tl.float32)
-    dx, dg1, db1 = _layer_norm_backward(dn1, x, g1_ptr, cw, W, eps1)
+    dx, dg1, db1 = _layer_norm_backward(dn1, x, g1_ptr, cw, W, EPS1)
     dx += dx1
     tl.store(ps + W + cw, dg1)
     tl.store(ps + 2 * W + cw, db1)
@@ -359,7 +358,7 @@ def boundary_transfer(desc: Tensor, state: Tensor, ws: Tensor, bs: Tensor, g1: T
     saved = state.new_empty(b, m, 9 * width + 2 * hidden)
     _launch(_boundary_forward_kernel)[grid](
         desc, state, ws, bs, g1, be1, wqkv, bqkv, wo, bo, g2, be2, w1, b1, w2, b2, wout, bout, y, saved,
-        b, m, d, eps1, eps2, width ** -0.5, W=width, HID=hidden, MP=mp, G=g, BD=bd, PRECISION=_precision(),
+        b, m, d, EPS1=eps1, EPS2=eps2, SCALE=width ** -0.5, W=width, HID=hidden, MP=mp, G=g, BD=bd, PRECISION=_precision(),
         num_warps=_warps(g * mp), num_stages=1)
     return y, saved
 
@@ -380,8 +379,8 @@ def boundary_transfer_backward(dy: Tensor, saved: Tensor, ws: Tensor, g1: Tensor
     grads = dy.new_empty(b, m, 6 * width + hidden)
     sums = dy.new_empty(grid[0], 10 * width + hidden + d, dtype=torch.float32)
     _launch(_boundary_backward_kernel)[grid](
-        dy, saved, ws, g1, wqkv, wo, g2, w1, w2, wout, dstate, grads, sums, b, m, d, eps1, eps2, width ** -0.5,
-        W=width, HID=hidden, MP=mp, G=g, BD=bd, PRECISION=_precision(), num_warps=_warps(g * mp), num_stages=1)
+        dy, saved, ws, g1, wqkv, wo, g2, w1, w2, wout, dstate, grads, sums, b, m, d, EPS1=eps1, EPS2=eps2,
+        SCALE=width ** -0.5,        W=width, HID=hidden, MP=mp, G=g, BD=bd, PRECISION=_precision(), num_warps=_warps(g * mp), num_stages=1)
     return dstate, grads, sums
 
 

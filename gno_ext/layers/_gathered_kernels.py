@@ -108,11 +108,12 @@ def _grouped_wgrad_kernel(x_ptr, dy_ptr, order_ptr, run_kernel_ptr, run_start_pt
                 tl.atomic_add(dbias_ptr + k * sbk + nn, acc_bias, mask=nn < DOUT, sem="relaxed")
 
 
-# FLOAT_ARGS: a Python float argument of a kernel is typed float32 when Triton's JIT launches
-# it (eager mode), but float64 in the launchers that inductor generates for `torch.compile`
-# (seen with torch 2.11): every value multiplied by it then became float64, and the attention
-# kernels ran 5 times slower compiled than eager (docs/benchmarks.md, ninth round). Kernels
-# therefore cast their float arguments to float32 on entry.
+# Float settings of the kernels (scales, norm epsilons) are compile-time constants, not
+# arguments: Triton's JIT types a Python float argument float32 (eager mode), but the launchers
+# that inductor generates for `torch.compile` type it float64 (torch 2.11), and every value
+# multiplied by it became float64. The attention kernels ran 5 times slower compiled than eager
+# (docs/benchmarks.md, ninth round); the boundary kernels computed their norms and softmax in
+# float64 under `torch.compile`.
 
 
 def _precision() -> str:
