@@ -6,7 +6,6 @@ from importlib.util import find_spec
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from gno_ext.layers import attention
 from gno_ext.layers.attention import AttentionKernel, AttentionKernelBank, attend_tokens, tokens_fusable
