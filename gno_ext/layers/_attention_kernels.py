@@ -148,7 +148,8 @@ def token_attention(q: Tensor, kv: Tensor) -> tuple[Tensor, Tensor]:
     c = CONFIG["forward"]
     bq, bm, bd = _tiles(n, m, dh, c["BQ"])
     _launch(_token_attention_forward)[(b * h, triton.cdiv(n, bq))](
-        q, kv, o, lse, n, m, h, dh, *_strides(q, kv), *o.stride()[:3], SCALE2=LOG2E / math.sqrt(dh), BQ=bq, BM=bm, BD=bd, PRECISION=_precision(), num_warps=c["num_warps"])
+        q, kv, o, lse, n, m, h, dh, *_strides(q, kv), *o.stride()[:3], SCALE2=LOG2E / math.sqrt(dh),
+        BQ=bq, BM=bm, BD=bd, PRECISION=_precision(), num_warps=c["num_warps"])
     return o, lse
 
 

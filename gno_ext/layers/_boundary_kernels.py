@@ -358,8 +358,8 @@ def boundary_transfer(desc: Tensor, state: Tensor, ws: Tensor, bs: Tensor, g1: T
     saved = state.new_empty(b, m, 9 * width + 2 * hidden)
     _launch(_boundary_forward_kernel)[grid](
         desc, state, ws, bs, g1, be1, wqkv, bqkv, wo, bo, g2, be2, w1, b1, w2, b2, wout, bout, y, saved,
-        b, m, d, EPS1=eps1, EPS2=eps2, SCALE=width ** -0.5, W=width, HID=hidden, MP=mp, G=g, BD=bd, PRECISION=_precision(),
-        num_warps=_warps(g * mp), num_stages=1)
+        b, m, d, EPS1=eps1, EPS2=eps2, SCALE=width ** -0.5, W=width, HID=hidden, MP=mp, G=g, BD=bd,
+        PRECISION=_precision(), num_warps=_warps(g * mp), num_stages=1)
     return y, saved
 
 
@@ -380,7 +380,8 @@ def boundary_transfer_backward(dy: Tensor, saved: Tensor, ws: Tensor, g1: Tensor
     sums = dy.new_empty(grid[0], 10 * width + hidden + d, dtype=torch.float32)
     _launch(_boundary_backward_kernel)[grid](
         dy, saved, ws, g1, wqkv, wo, g2, w1, w2, wout, dstate, grads, sums, b, m, d, EPS1=eps1, EPS2=eps2,
-        SCALE=width ** -0.5,        W=width, HID=hidden, MP=mp, G=g, BD=bd, PRECISION=_precision(), num_warps=_warps(g * mp), num_stages=1)
+        SCALE=width ** -0.5, W=width, HID=hidden, MP=mp, G=g, BD=bd, PRECISION=_precision(),
+        num_warps=_warps(g * mp), num_stages=1)
     return dstate, grads, sums
 
 
