@@ -114,6 +114,8 @@ def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: 
     fused AdamW (``capturable`` for a step captured in a CUDA graph) and, for ``optimizer="flat"``
     (what the recipes' trainer does), the `FlatParameters` it steps; ``"fused"``: the AdamW
     steps the parameters themselves."""
+    if attention not in ("fused", "sdpa"):
+        raise ValueError(f"attention: expected fused or sdpa, got {attention!r}")
     torch.manual_seed(0)
     model = GNO(in_channels=channels, **MODELS[name]).to(device)
     model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].to(device))
