@@ -67,6 +67,13 @@ def test_parameters_are_views_in_group_order():
     flat.gather_grads()
     assert torch.equal(decay.grad, torch.cat([torch.ones(32), torch.full((16,), 2.0)]))
     assert torch.equal(no_decay.grad, torch.cat([torch.full((8,), 3.0), torch.zeros(18)]))
+    # a second step: a gradient missing now is zero again, not the last step's; a
+    # non-contiguous gradient lands in the parameter's own order
+    model[3].weight.grad = torch.arange(16.0).view(8, 2).t()
+    model[3].bias.grad = torch.full_like(model[3].bias, 4.0)
+    flat.gather_grads()
+    assert torch.equal(decay.grad, torch.cat([torch.zeros(32), torch.arange(16.0).view(8, 2).t().reshape(-1)]))
+    assert torch.equal(no_decay.grad, torch.cat([torch.zeros(24), torch.full((2,), 4.0)]))
 
 
 def test_the_gradient_buffers_stay_the_same_tensors():
