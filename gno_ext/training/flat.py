@@ -10,9 +10,9 @@ sixth and eighth rounds).
 `FlatParameters` moves the parameters of each optimizer group into one contiguous buffer (one
 per data type and device), leaves every parameter in its module as a view of that buffer, and
 gives the optimizer the buffers instead. Before each optimizer step, `gather_grads` copies the
-parameters' gradients into the buffers' gradients (one multi-tensor copy, `torch._foreach_copy_`,
-into views of the buffer's gradient) and drops the parameters' own; the optimizer's in-place update of a buffer is then the update of every
-parameter in it.
+parameters' gradients into the buffers' gradients (one multi-tensor copy,
+`torch._foreach_copy_`, into views of each buffer's gradient) and drops the parameters' own;
+the optimizer's in-place update of a buffer is then the update of every parameter in it.
 
 The modules keep their own `torch.nn.Parameter` objects, so hooks, state dicts, DDP and
 `torch.compile` see the same parameters as before. Build it once the model is on its device and
