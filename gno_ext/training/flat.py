@@ -92,22 +92,21 @@ class FlatParameters:
         self._ptrs = self._data_ptrs()
 
     def _flatten(self, params: list[nn.Parameter]) -> nn.Parameter:
-        """One buffer holding ``params`` one after the other; each parameter becomes a view."""
+        """One buffer holding ``params`` one after the other; each parameter becomes a view, and
+        so does its place in the buffer's gradient."""
         buffer = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
-        offset = 0
+        grad = torch.zeros_like(buffer)
+        views, offset = [], 0
         with torch.no_grad():
             for p in params:
                 n = p.numel()
                 buffer[offset:offset + n].copy_(p.reshape(-1))
                 p.data = buffer[offset:offset + n].view_as(p)
+                views.append(grad[offset:offset + n].view_as(p))
                 offset += n
         flat = nn.Parameter(buffer)
-        flat.grad = torch.zeros_like(buffer)
-        views, offset = [], 0
-        for p in params:
-            views.append(flat.grad[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
-        self._buffers.append((flat, flat.grad, params, views))
+        flat.grad = grad
+        self._buffers.append((flat, grad, params, views))
         return flat
 
     def _data_ptrs(self) -> list[int]:
