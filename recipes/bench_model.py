@@ -116,6 +116,8 @@ def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: 
     steps the parameters themselves."""
     if attention not in ("fused", "sdpa"):
         raise ValueError(f"attention: expected fused or sdpa, got {attention!r}")
+    if optimizer not in ("flat", "fused"):
+        raise ValueError(f"optimizer: expected flat or fused, got {optimizer!r}")
     torch.manual_seed(0)
     model = GNO(in_channels=channels, **MODELS[name]).to(device)
     model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].to(device))
@@ -130,8 +132,6 @@ def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: 
     x = make_inputs(batch, shape, channels, device)
     x["target"] = x["u"] + 0.01
     cuda = device == "cuda"
-    if optimizer not in ("flat", "fused"):
-        raise ValueError(f"optimizer: expected flat or fused, got {optimizer!r}")
     flat = FlatParameters(model.parameters()) if optimizer == "flat" else None
     params = model.parameters() if flat is None else flat.param_groups
     return model, x, torch.optim.AdamW(params, lr=1e-4, fused=cuda, capturable=cuda and capturable), flat
