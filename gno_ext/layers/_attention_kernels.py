@@ -13,11 +13,20 @@ and their gradients copied back. Here every key of a sample fits in one tile:
   computes ``S = q k^T / sqrt(d)`` over all ``M`` keys in registers, its softmax (no running
   maximum: one tile holds every key) and ``o = P v``, and writes ``o`` and the row's
   log-sum-exp (float32) for the backward pass;
-* **backward** (`_token_attention_backward`): a program per (sample, head) loops over the query tiles,
-  recomputes ``P`` from the log-sum-exp, writes ``dq = dS k / sqrt(d)`` for each tile and
-  accumulates ``dk = dS^T q / sqrt(d)`` and ``dv = P^T do`` in registers, written once at the
-  end, with ``dS = P (dP - \mathrm{rowsum}(do\, o))`` and ``dP = do\, v^T``. No atomics: the
-  result is reproducible.
+* **backward**, with ``dS = P (dP - \mathrm{rowsum}(do\, o))``, ``dP = do\, v^T`` and ``P``
+  recomputed from the log-sum-exp, a program per (sample, head) in one of two ways:
+
+  - up to `KEY_TILED_QUERIES` queries (`_token_attention_backward_keys`, the GNO's case): one
+    tile holds every query, and the program loops over tiles of ``BK`` keys, writing each
+    tile's ``dk = dS^T q / sqrt(d)`` and ``dv = P^T do`` and accumulating
+    ``dq = dS k / sqrt(d)`` in registers. A step holds ``BK`` keys' scores instead of all
+    keys', and the tiles are software-pipelined (the next keys load while the current ones are
+    used): at the GNO's sizes (64 queries, 65 or 97 keys) 28 % faster on an H100 than the
+    query-tiled kernel (docs/benchmarks.md, eleventh round);
+  - more queries (`_token_attention_backward`): the program loops over the query tiles,
+    writing ``dq`` for each and accumulating ``dk`` and ``dv`` for all keys in registers.
+
+  No atomics: the result is reproducible.
 
 Queries are read from ``q`` (B, N, H, d) and keys and values from one ``kv`` (B, M, 2, H, d), the
 layouts in which the projections write them; ``o`` and the gradients are written in the same
@@ -38,11 +47,15 @@ from torch.utils.flop_counter import register_flop_formula
 
 from gno_ext.layers._gathered_kernels import _launch, _precision
 
-__all__ = ["CONFIG", "supported", "token_attention", "token_attention_backward"]
+__all__ = ["CONFIG", "KEY_TILED_QUERIES", "key_tiled", "supported", "token_attention", "token_attention_backward"]
 
-# Launch configuration of each pass (chosen by a sweep on an H100, docs/benchmarks.md): BQ
-# queries per tile (an upper bound, reduced to the query count), warps per program.
-CONFIG = {"forward": {"BQ": 64, "num_warps": 4}, "backward": {"BQ": 64, "num_warps": 4}}
+# Launch configuration of each pass (chosen by sweeps on an H100, docs/benchmarks.md): BQ
+# queries per tile (an upper bound, reduced to the query count), BK keys per tile, warps per
+# program, pipelining stages. "backward_keys": the key-tiled backward pass (up to
+# KEY_TILED_QUERIES queries); "backward": the query-tiled one (more queries).
+CONFIG = {"forward": {"BQ": 64, "num_warps": 4}, "backward": {"BQ": 64, "num_warps": 4},
+          "backward_keys": {"BK": 64, "num_warps": 4, "num_stages": 3}}
+KEY_TILED_QUERIES = 64  # queries (padded to a power of two) up to which the backward pass tiles the keys
 MAX_TILE = 8192  # keys (padded to a power of two) x head width (padded) that one tile may hold
 LOG2E = 1.4426950408889634
 
@@ -50,6 +63,12 @@ LOG2E = 1.4426950408889634
 def _pow2(n: int) -> int:
     """The smallest power of two >= ``n``, at least 16 (`tl.dot`'s minimum)."""
     return max(16, triton.next_power_of_2(int(n)))
+
+
+def key_tiled(queries: int) -> bool:
+    """Whether the backward pass for ``queries`` queries per sample is the key-tiled kernel
+    (`_token_attention_backward_keys`): one tile holds every query."""
+    return _pow2(queries) <= KEY_TILED_QUERIES
 
 
 def supported(keys: int, head_dim: int) -> bool:
@@ -127,6 +146,42 @@ def _token_attention_backward(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dkv
     tl.store(dkv_ptr + k_offsets + sks, dv.to(dkv_ptr.dtype.element_ty), mask=key_mask)
 
 
+@triton.jit
+def _token_attention_backward_keys(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dkv_ptr, N, M, H, DH,
+                                   sqb, sqn, sqh, skb, skm, sks, skh, sob, son, soh, sdob, sdon, sdoh,
+                                   SCALE2: tl.constexpr, SCALE: tl.constexpr,
+                                   BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+    # one tile of BQ >= N queries; dq has q's strides and dkv has kv's (both made contiguous by the caller)
+    bh = tl.program_id(0)
+    b, h = (bh // H).to(tl.int64), bh % H
+    rows = tl.arange(0, BQ)
+    dd = tl.arange(0, BD)
+    row_mask = (rows[:, None] < N) & (dd[None, :] < DH)
+    q_offsets = b * sqb + h * sqh + rows[:, None] * sqn + dd[None, :]
+    q = tl.load(q_ptr + q_offsets, mask=row_mask, other=0.0)
+    o = tl.load(o_ptr + b * sob + h * soh + rows[:, None] * son + dd[None, :], mask=row_mask, other=0.0)
+    do = tl.load(do_ptr + b * sdob + h * sdoh + rows[:, None] * sdon + dd[None, :], mask=row_mask, other=0.0)
+    lse = tl.load(lse_ptr + bh * N + rows, mask=rows < N, other=0.0)
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+    dq = tl.zeros((BQ, BD), dtype=tl.float32)
+    for k0 in range(0, M, BK):
+        keys = k0 + tl.arange(0, BK)
+        k_offsets = b * skb + h * skh + keys[:, None] * skm + dd[None, :]
+        key_mask = (keys[:, None] < M) & (dd[None, :] < DH)
+        k = tl.load(kv_ptr + k_offsets, mask=key_mask, other=0.0)
+        v = tl.load(kv_ptr + k_offsets + sks, mask=key_mask, other=0.0)
+        p = tl.exp2(_scores(q, k, keys, M, SCALE2, PRECISION) - lse[:, None])
+        p = tl.where(rows[:, None] < N, p, 0.0)
+        dv = tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = (p * (dp - delta[:, None])).to(q.dtype)
+        dq = tl.dot(ds, k, dq, input_precision=PRECISION)
+        dk = tl.dot(tl.trans(ds), q, input_precision=PRECISION)
+        tl.store(dkv_ptr + k_offsets, (dk * SCALE).to(dkv_ptr.dtype.element_ty), mask=key_mask)
+        tl.store(dkv_ptr + k_offsets + sks, dv.to(dkv_ptr.dtype.element_ty), mask=key_mask)
+    tl.store(dq_ptr + q_offsets, (dq * SCALE).to(dq_ptr.dtype.element_ty), mask=row_mask)
+
+
 def _strides(q: Tensor, kv: Tensor) -> list[int]:
     return [*q.stride()[:3], kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3)]
 
@@ -160,12 +215,18 @@ def token_attention_backward(q: Tensor, kv: Tensor, o: Tensor, lse: Tensor, grad
     b, n, h, dh = q.shape
     m = kv.shape[1]
     dq, dkv = torch.empty_like(q), torch.empty_like(kv)
-    c = CONFIG["backward"]
-    bq, bm, bd = _tiles(n, m, dh, c["BQ"])
-    _launch(_token_attention_backward)[(b * h,)](
-        q, kv, o, grad, lse, dq, dkv, n, m, h, dh, *_strides(q, kv), *o.stride()[:3], *grad.stride()[:3],
-        SCALE2=LOG2E / math.sqrt(dh), SCALE=1 / math.sqrt(dh), BQ=bq, BM=bm, BD=bd, PRECISION=_precision(),
-        num_warps=c["num_warps"])
+    args = (q, kv, o, grad, lse, dq, dkv, n, m, h, dh, *_strides(q, kv), *o.stride()[:3], *grad.stride()[:3])
+    scales = {"SCALE2": LOG2E / math.sqrt(dh), "SCALE": 1 / math.sqrt(dh), "PRECISION": _precision()}
+    if key_tiled(n):
+        c = CONFIG["backward_keys"]
+        _launch(_token_attention_backward_keys)[(b * h,)](
+            *args, **scales, BQ=_pow2(n), BK=c["BK"], BD=_pow2(dh), num_warps=c["num_warps"],
+            num_stages=c["num_stages"])
+    else:
+        c = CONFIG["backward"]
+        bq, bm, bd = _tiles(n, m, dh, c["BQ"])
+        _launch(_token_attention_backward)[(b * h,)](*args, **scales, BQ=bq, BM=bm, BD=bd,
+                                                     num_warps=c["num_warps"])
     return dq, dkv
 
 

@@ -22,6 +22,8 @@ ATTENTION = {"BQ": 64, "BM": 128, "BD": 32, "PRECISION": "ieee"}
 KERNELS = [
     ("_attention_kernels", "_token_attention_forward", ("SCALE2",), ATTENTION),
     ("_attention_kernels", "_token_attention_backward", ("SCALE2", "SCALE"), ATTENTION),
+    ("_attention_kernels", "_token_attention_backward_keys", ("SCALE2", "SCALE"),
+     {"BQ": 64, "BK": 64, "BD": 32, "PRECISION": "ieee"}),
     ("_boundary_kernels", "_boundary_forward_kernel", ("EPS1", "EPS2", "SCALE"), BOUNDARY),
     ("_boundary_kernels", "_boundary_backward_kernel", ("EPS1", "EPS2", "SCALE"), BOUNDARY),
 ]

@@ -49,6 +49,14 @@ def test_kernels_take_one_tile_of_keys():
     assert not kernels.supported(257, 32) and not kernels.supported(129, 64)
 
 
+def test_backward_tiles_keys_up_to_one_tile_of_queries():
+    """The backward pass loops over key tiles where one tile holds every query (the GNO's 64),
+    and over query tiles beyond."""
+    kernels = pytest.importorskip("gno_ext.layers._attention_kernels", exc_type=ImportError)
+    assert kernels.key_tiled(5) and kernels.key_tiled(64)
+    assert not kernels.key_tiled(65) and not kernels.key_tiled(150)
+
+
 def test_flop_formulas_are_those_of_scaled_dot_product_attention():
     """The kernels count what `torch.utils.flop_counter` counts for
     `scaled_dot_product_attention` on the same shapes, so TFLOP/s figures of both paths compare."""
@@ -92,8 +100,11 @@ def reference(q, kv):
 
 # (batch, queries, keys, heads, head width): sizes under one tile (padded keys, queries and
 # head width), several query tiles (70 and 130 > 64), keys up to the tile (200 of 256), a
-# head width of 64
-for b, n, m, h, d in [(3, 5, 7, 2, 8), (2, 70, 97, 3, 32), (2, 64, 200, 1, 16), (1, 130, 40, 2, 64)]:
+# head width of 64. The backward pass: key tiles for 5 and 64 queries (200 keys: four tiles,
+# the last partly empty), query tiles for 70 and 130.
+sizes = [(3, 5, 7, 2, 8), (2, 70, 97, 3, 32), (2, 64, 200, 1, 16), (1, 130, 40, 2, 64)]
+assert [attention._kernels.key_tiled(n) for _, n, *_ in sizes] == [True, False, True, False]
+for b, n, m, h, d in sizes:
     q = torch.randn(b, n, h, d, requires_grad=True)
     kv = torch.randn(b, m, 2, h, d, requires_grad=True)
     probe = torch.randn(b, n, h, d)
@@ -139,11 +150,12 @@ def _paths(fn, q, kv, probe):
 @needs_cuda
 def test_gpu_kernels_equal_sdpa_eager_and_compiled():
     """Float32 (TF32 off): the kernels equal `scaled_dot_product_attention`, eager and compiled
-    with ``fullgraph=True``, at the GNO's sizes (64 queries, 97 keys, head width 32) and at a
-    size with several query tiles."""
+    with ``fullgraph=True``, at the GNO's sizes (64 queries, 97 keys, head width 32; the
+    stand-in's 65 keys), whose backward pass tiles the keys, and at a size with several query
+    tiles."""
     torch.manual_seed(2)
     assert not torch.backends.cuda.matmul.allow_tf32
-    for b, n, m, h, d in [(16, 64, 97, 8, 32), (4, 150, 120, 2, 64)]:
+    for b, n, m, h, d in [(16, 64, 97, 8, 32), (16, 64, 65, 8, 32), (4, 150, 120, 2, 64)]:
         q, kv = torch.randn(b, n, h, d, device="cuda"), torch.randn(b, m, 2, h, d, device="cuda")
         assert tokens_fusable(q, kv)
         probe = torch.randn(b, n, h, d, device="cuda")
