@@ -88,6 +88,17 @@ def _scores(q, k, keys, M, SCALE2: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _score_grads(q, k, v, do, lse, delta, rows, keys, N, M, SCALE2: tl.constexpr, PRECISION: tl.constexpr):
+    """For one tile of queries and one of keys: the probabilities ``P`` recomputed from the
+    log-sum-exp (zero in padded rows and keys) and ``dS = P (do v^T - delta)``, in the
+    operand type."""
+    p = tl.exp2(_scores(q, k, keys, M, SCALE2, PRECISION) - lse[:, None])
+    p = tl.where(rows[:, None] < N, p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+    return p.to(do.dtype), (p * (dp - delta[:, None])).to(q.dtype)
+
+
+@triton.jit
 def _token_attention_forward(q_ptr, kv_ptr, o_ptr, lse_ptr, N, M, H, DH,
                              sqb, sqn, sqh, skb, skm, sks, skh, sob, son, soh, SCALE2: tl.constexpr,
                              BQ: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
@@ -137,11 +148,8 @@ def _token_attention_backward(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dkv
         do = tl.load(do_ptr + b * sdob + h * sdoh + rows[:, None] * sdon + dd[None, :], mask=row_mask, other=0.0)
         lse = tl.load(lse_ptr + bh * N + rows, mask=rows < N, other=0.0)
         delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
-        p = tl.exp2(_scores(q, k, keys, M, SCALE2, PRECISION) - lse[:, None])
-        p = tl.where(rows[:, None] < N, p, 0.0)
-        dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv, input_precision=PRECISION)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = (p * (dp - delta[:, None])).to(q.dtype)
+        p, ds = _score_grads(q, k, v, do, lse, delta, rows, keys, N, M, SCALE2, PRECISION)
+        dv = tl.dot(tl.trans(p), do, dv, input_precision=PRECISION)
         dq = tl.dot(ds, k, input_precision=PRECISION) * SCALE
         tl.store(dq_ptr + q_offsets, dq.to(dq_ptr.dtype.element_ty), mask=row_mask)
         dk = tl.dot(tl.trans(ds), q, dk, input_precision=PRECISION)
@@ -173,11 +181,8 @@ def _token_attention_backward_keys(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr
         key_mask = (keys[:, None] < M) & (dd[None, :] < DH)
         k = tl.load(kv_ptr + k_offsets, mask=key_mask, other=0.0)
         v = tl.load(kv_ptr + k_offsets + sks, mask=key_mask, other=0.0)
-        p = tl.exp2(_scores(q, k, keys, M, SCALE2, PRECISION) - lse[:, None])
-        p = tl.where(rows[:, None] < N, p, 0.0)
-        dv = tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = (p * (dp - delta[:, None])).to(q.dtype)
+        p, ds = _score_grads(q, k, v, do, lse, delta, rows, keys, N, M, SCALE2, PRECISION)
+        dv = tl.dot(tl.trans(p), do, input_precision=PRECISION)
         dq = tl.dot(ds, k, dq, input_precision=PRECISION)
         dk = tl.dot(tl.trans(ds), q, input_precision=PRECISION)
         tl.store(dkv_ptr + k_offsets, (dk * SCALE).to(dkv_ptr.dtype.element_ty), mask=key_mask)
