@@ -15,9 +15,9 @@ Layers (``--layers``) and their paths (``--paths``, default: all of the layer's)
 On a GPU, ``--calls`` calls are captured in one CUDA graph and the graph's replays are timed
 (so launch overheads are left out, as in a model compiled with CUDA graphs); on a CPU the calls
 are timed one by one. Either way with `bench_model.timed`: warm-up runs (at least 2 s on a GPU),
-then the median of ``--repeats`` synchronised runs. Inductor's FX graph cache is off while a
-compiled row is timed: it does not see the kernels' launch settings, so a cached graph could
-run another row's kernel.
+then the median of ``--repeats`` synchronised runs. Inductor's FX graph cache (and with it
+AOTAutograd's cache) is off while a compiled row is timed: the caches do not see the kernels'
+launch settings, so a cached graph could run another row's kernel.
 
     python recipes/bench_layers.py                          # both layers at the paper size, batch 256
     python recipes/bench_layers.py --layers attention --keys 65 97 --modes eager

@@ -53,9 +53,10 @@ __all__ = ["CONFIG", "KEY_TILED_QUERIES", "key_tiled", "supported", "token_atten
 # queries per tile (an upper bound, reduced to the query count), BK keys per tile, warps per
 # program, pipelining stages. "backward_keys": the key-tiled backward pass (up to
 # KEY_TILED_QUERIES queries); "backward": the query-tiled one (more queries). These settings are
-# read when a model is compiled; inductor's FX graph cache does not see them, so after a change
-# a compiled model needs a fresh cache (TORCHINDUCTOR_FX_GRAPH_CACHE=0, or another
-# TORCHINDUCTOR_CACHE_DIR) or it may run the kernel chosen before.
+# read when a model is compiled. torch.compile's caches (AOTAutograd's, keyed on the traced
+# graph and the kernels' source code, and inductor's FX graph cache) do not see them, so after
+# a change a compiled model needs a fresh cache (TORCHINDUCTOR_FX_GRAPH_CACHE=0, which turns
+# both off, or another TORCHINDUCTOR_CACHE_DIR) or it may run the kernel chosen before.
 CONFIG = {"forward": {"BQ": 64, "num_warps": 4}, "backward": {"BQ": 64, "num_warps": 4},
           "backward_keys": {"BK": 64, "num_warps": 4, "num_stages": 3}}
 KEY_TILED_QUERIES = 64  # queries (padded to a power of two) up to which the backward pass tiles the keys
