@@ -21,7 +21,7 @@ and their gradients copied back. Here every key of a sample fits in one tile:
     tile's ``dk = dS^T q / sqrt(d)`` and ``dv = P^T do`` and accumulating
     ``dq = dS k / sqrt(d)`` in registers. A step holds ``BK`` keys' scores instead of all
     keys', and the tiles are software-pipelined (the next keys load while the current ones are
-    used): at the GNO's sizes (64 queries, 65 or 97 keys) 28 % faster on an H100 than the
+    used): at the GNO's sizes (64 queries, 65 or 97 keys) 26 to 28 % faster on an H100 than the
     query-tiled kernel (docs/benchmarks.md, eleventh round);
   - more queries (`_token_attention_backward`): the program loops over the query tiles,
     writing ``dq`` for each and accumulating ``dk`` and ``dv`` for all keys in registers.
