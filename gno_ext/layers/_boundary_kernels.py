@@ -49,7 +49,9 @@ __all__ = ["ROWS", "boundary_transfer", "boundary_transfer_backward", "boundary_
 
 # Rows per program: G = ROWS // MP samples of MP (padded) boundary tokens each. Measured on an
 # H100 at the paper size (32 tokens, width 64, bf16; docs/benchmarks.md): 32 rows with 4 warps
-# keep every value in registers; 64 rows spill (forward 34 to 37 against 25 us).
+# keep every value in registers; 64 rows spill (forward 34 to 37 against 25 us). This and the
+# WGRAD_* settings are read when a model is compiled: after a change, start from a fresh
+# compile cache (see `_attention_kernels.CONFIG`).
 ROWS = 32
 MAX_TOKENS = 128  # boundary tokens per sample the kernels take (the attention tile is MP x MP)
 

@@ -14,7 +14,8 @@ __all__ = ["FORWARD", "WGRAD", "gathered_mm", "grouped_wgrad"]
 # Launch configurations, chosen by sweeps on an H100 (docs/benchmarks.md). FORWARD: the
 # product and the input gradient (BM: rows of one kernel's samples per tile; BN, BK: upper
 # bounds, reduced to the problem's size); WGRAD: the weight gradient (tile sizes are upper
-# bounds; its runs of samples: `gno_ext.layers._gathered.RUN`).
+# bounds; its runs of samples: `gno_ext.layers._gathered.RUN`). Read when a model is compiled:
+# after a change, start from a fresh compile cache (see `_attention_kernels.CONFIG`).
 FORWARD = {"BM": 128, "BN": 128, "BK": 64, "num_warps": 8, "num_stages": 3}
 WGRAD = {"BD": 128, "BN": 128, "BT": 64, "num_warps": 4, "num_stages": 3}
 
