@@ -89,6 +89,39 @@ def _scores(q, k, keys, M, SCALE2: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _offsets(b, h, idx, dd, n, DH, sb, sn, sh):
+    """Offsets and mask of the tile (tokens ``idx``, head width ``dd``) of sample ``b`` and
+    head ``h`` in a layout with strides ``sb`` (sample), ``sn`` (token) and ``sh`` (head)."""
+    return b * sb + h * sh + idx[:, None] * sn + dd[None, :], (idx[:, None] < n) & (dd[None, :] < DH)
+
+
+@triton.jit
+def _key_tile(kv_ptr, b, h, keys, dd, M, DH, skb, skm, sks, skh):
+    """Keys and values of the tile ``keys`` from ``kv`` (B, M, 2, H, d), with the keys' offsets
+    and mask (the values lie ``sks`` further)."""
+    offsets, mask = _offsets(b, h, keys, dd, M, DH, skb, skm, skh)
+    k = tl.load(kv_ptr + offsets, mask=mask, other=0.0)
+    v = tl.load(kv_ptr + offsets + sks, mask=mask, other=0.0)
+    return k, v, offsets, mask
+
+
+@triton.jit
+def _query_tile(q_ptr, o_ptr, do_ptr, lse_ptr, bh, b, h, rows, dd, N, DH,
+                sqb, sqn, sqh, sob, son, soh, sdob, sdon, sdoh):
+    """What the backward pass reads for the tile of queries ``rows``: ``q``, ``do``, the
+    log-sum-exp and ``delta = rowsum(do o)``, with the offsets and mask of ``q`` (and ``dq``)."""
+    q_offsets, row_mask = _offsets(b, h, rows, dd, N, DH, sqb, sqn, sqh)
+    q = tl.load(q_ptr + q_offsets, mask=row_mask, other=0.0)
+    o_offsets, _ = _offsets(b, h, rows, dd, N, DH, sob, son, soh)
+    o = tl.load(o_ptr + o_offsets, mask=row_mask, other=0.0)
+    do_offsets, _ = _offsets(b, h, rows, dd, N, DH, sdob, sdon, sdoh)
+    do = tl.load(do_ptr + do_offsets, mask=row_mask, other=0.0)
+    lse = tl.load(lse_ptr + bh * N + rows, mask=rows < N, other=0.0)
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+    return q, do, lse, delta, q_offsets, row_mask
+
+
+@triton.jit
 def _score_grads(q, k, v, do, lse, delta, rows, keys, N, M, SCALE2: tl.constexpr, PRECISION: tl.constexpr):
     """For one tile of queries and one of keys: the probabilities ``P`` recomputed from the
     log-sum-exp (zero in padded rows and keys) and ``dS = P (do v^T - delta)``, in the
@@ -108,19 +141,16 @@ def _token_attention_forward(q_ptr, kv_ptr, o_ptr, lse_ptr, N, M, H, DH,
     rows = tl.program_id(1) * BQ + tl.arange(0, BQ)
     keys = tl.arange(0, BM)
     dd = tl.arange(0, BD)
-    row_mask = (rows[:, None] < N) & (dd[None, :] < DH)
-    q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqn + dd[None, :], mask=row_mask, other=0.0)
-    k_ptrs = kv_ptr + b * skb + h * skh + keys[:, None] * skm + dd[None, :]
-    key_mask = (keys[:, None] < M) & (dd[None, :] < DH)
-    k = tl.load(k_ptrs, mask=key_mask, other=0.0)
-    v = tl.load(k_ptrs + sks, mask=key_mask, other=0.0)
+    q_offsets, row_mask = _offsets(b, h, rows, dd, N, DH, sqb, sqn, sqh)
+    q = tl.load(q_ptr + q_offsets, mask=row_mask, other=0.0)
+    k, v, _, _ = _key_tile(kv_ptr, b, h, keys, dd, M, DH, skb, skm, sks, skh)
     s = _scores(q, k, keys, M, SCALE2, PRECISION)
     top = tl.max(s, 1)
     p = tl.exp2(s - top[:, None])
     total = tl.sum(p, 1)
     o = tl.dot(p.to(v.dtype), v, input_precision=PRECISION) / total[:, None]
-    tl.store(o_ptr + b * sob + h * soh + rows[:, None] * son + dd[None, :], o.to(o_ptr.dtype.element_ty),
-             mask=row_mask)
+    o_offsets, _ = _offsets(b, h, rows, dd, N, DH, sob, son, soh)
+    tl.store(o_ptr + o_offsets, o.to(o_ptr.dtype.element_ty), mask=row_mask)
     tl.store(lse_ptr + bh * N + rows, top + tl.log2(total), mask=rows < N)
 
 
@@ -134,21 +164,13 @@ def _token_attention_backward(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dkv
     b, h = (bh // H).to(tl.int64), bh % H
     keys = tl.arange(0, BM)
     dd = tl.arange(0, BD)
-    k_offsets = b * skb + h * skh + keys[:, None] * skm + dd[None, :]
-    key_mask = (keys[:, None] < M) & (dd[None, :] < DH)
-    k = tl.load(kv_ptr + k_offsets, mask=key_mask, other=0.0)
-    v = tl.load(kv_ptr + k_offsets + sks, mask=key_mask, other=0.0)
+    k, v, k_offsets, key_mask = _key_tile(kv_ptr, b, h, keys, dd, M, DH, skb, skm, sks, skh)
     dk = tl.zeros((BM, BD), dtype=tl.float32)
     dv = tl.zeros((BM, BD), dtype=tl.float32)
     for q0 in range(0, N, BQ):
         rows = q0 + tl.arange(0, BQ)
-        row_mask = (rows[:, None] < N) & (dd[None, :] < DH)
-        q_offsets = b * sqb + h * sqh + rows[:, None] * sqn + dd[None, :]
-        q = tl.load(q_ptr + q_offsets, mask=row_mask, other=0.0)
-        o = tl.load(o_ptr + b * sob + h * soh + rows[:, None] * son + dd[None, :], mask=row_mask, other=0.0)
-        do = tl.load(do_ptr + b * sdob + h * sdoh + rows[:, None] * sdon + dd[None, :], mask=row_mask, other=0.0)
-        lse = tl.load(lse_ptr + bh * N + rows, mask=rows < N, other=0.0)
-        delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+        q, do, lse, delta, q_offsets, row_mask = _query_tile(q_ptr, o_ptr, do_ptr, lse_ptr, bh, b, h, rows, dd, N, DH,
+                                                             sqb, sqn, sqh, sob, son, soh, sdob, sdon, sdoh)
         p, ds = _score_grads(q, k, v, do, lse, delta, rows, keys, N, M, SCALE2, PRECISION)
         dv = tl.dot(tl.trans(p), do, dv, input_precision=PRECISION)
         dq = tl.dot(ds, k, input_precision=PRECISION) * SCALE
@@ -168,20 +190,12 @@ def _token_attention_backward_keys(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr
     b, h = (bh // H).to(tl.int64), bh % H
     rows = tl.arange(0, BQ)
     dd = tl.arange(0, BD)
-    row_mask = (rows[:, None] < N) & (dd[None, :] < DH)
-    q_offsets = b * sqb + h * sqh + rows[:, None] * sqn + dd[None, :]
-    q = tl.load(q_ptr + q_offsets, mask=row_mask, other=0.0)
-    o = tl.load(o_ptr + b * sob + h * soh + rows[:, None] * son + dd[None, :], mask=row_mask, other=0.0)
-    do = tl.load(do_ptr + b * sdob + h * sdoh + rows[:, None] * sdon + dd[None, :], mask=row_mask, other=0.0)
-    lse = tl.load(lse_ptr + bh * N + rows, mask=rows < N, other=0.0)
-    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+    q, do, lse, delta, q_offsets, row_mask = _query_tile(q_ptr, o_ptr, do_ptr, lse_ptr, bh, b, h, rows, dd, N, DH,
+                                                         sqb, sqn, sqh, sob, son, soh, sdob, sdon, sdoh)
     dq = tl.zeros((BQ, BD), dtype=tl.float32)
     for k0 in range(0, M, BK):
         keys = k0 + tl.arange(0, BK)
-        k_offsets = b * skb + h * skh + keys[:, None] * skm + dd[None, :]
-        key_mask = (keys[:, None] < M) & (dd[None, :] < DH)
-        k = tl.load(kv_ptr + k_offsets, mask=key_mask, other=0.0)
-        v = tl.load(kv_ptr + k_offsets + sks, mask=key_mask, other=0.0)
+        k, v, k_offsets, key_mask = _key_tile(kv_ptr, b, h, keys, dd, M, DH, skb, skm, sks, skh)
         p, ds = _score_grads(q, k, v, do, lse, delta, rows, keys, N, M, SCALE2, PRECISION)
         dv = tl.dot(tl.trans(p), do, input_precision=PRECISION)
         dq = tl.dot(ds, k, dq, input_precision=PRECISION)
