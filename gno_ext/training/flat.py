@@ -136,9 +136,9 @@ class FlatParameters:
                                "load_state_dict(assign=True)) after FlatParameters was built. Build it once the "
                                "model is on its device and in its final type.")
         for flat, grad, params, views in self._buffers:
-            # one multi-tensor copy into the gradient's views, in chunks of equal size. For the
-            # paper-size GNO's 378 gradients on an H100 it took 120 us against 237 us for a
-            # `torch.cat` into the buffer (docs/benchmarks.md, tenth round).
+            # one multi-tensor copy into the gradient's views. For the paper-size GNO's 378
+            # gradients on an H100 it took 120 us against 237 us for a `torch.cat` into the
+            # buffer (docs/benchmarks.md, tenth round).
             present = [(view, p.grad) for p, view in zip(params, views) if p.grad is not None]
             if present:
                 torch._foreach_copy_([view for view, _ in present], [g for _, g in present])
