@@ -96,29 +96,29 @@ def _offsets(b, h, idx, dd, n, DH, sb, sn, sh):
 
 
 @triton.jit
-def _key_tile(kv_ptr, b, h, keys, dd, M, DH, skb, skm, sks, skh):
-    """Keys and values of the tile ``keys`` from ``kv`` (B, M, 2, H, d), with the keys' offsets
-    and mask (the values lie ``sks`` further)."""
-    offsets, mask = _offsets(b, h, keys, dd, M, DH, skb, skm, skh)
-    k = tl.load(kv_ptr + offsets, mask=mask, other=0.0)
-    v = tl.load(kv_ptr + offsets + sks, mask=mask, other=0.0)
-    return k, v, offsets, mask
+def _key_tile(kv_ptr, offsets, mask, sks):
+    """Keys and values of a tile of ``kv`` (B, M, 2, H, d) at the keys' ``offsets`` and
+    ``mask`` (`_offsets`; the values lie ``sks`` further).
+
+    The helpers that take pointers return loaded values only, never offsets: torch's analysis
+    of which arguments a kernel writes counts every pointer given to a helper as written when
+    the helper's result becomes part of a store's address, and the compiled model then copies
+    those inputs before each launch (tests/layers/test_kernel_mutation_analysis.py)."""
+    return tl.load(kv_ptr + offsets, mask=mask, other=0.0), tl.load(kv_ptr + offsets + sks, mask=mask, other=0.0)
 
 
 @triton.jit
-def _query_tile(q_ptr, o_ptr, do_ptr, lse_ptr, bh, b, h, rows, dd, N, DH,
-                sqb, sqn, sqh, sob, son, soh, sdob, sdon, sdoh):
-    """What the backward pass reads for the tile of queries ``rows``: ``q``, ``do``, the
-    log-sum-exp and ``delta = rowsum(do o)``, with the offsets and mask of ``q`` (and ``dq``)."""
-    q_offsets, row_mask = _offsets(b, h, rows, dd, N, DH, sqb, sqn, sqh)
+def _query_tile(q_ptr, o_ptr, do_ptr, lse_ptr, q_offsets, row_mask, bh, b, h, rows, dd, N, DH,
+                sob, son, soh, sdob, sdon, sdoh):
+    """What the backward pass reads for the tile of queries ``rows`` (``q_offsets`` and
+    ``row_mask`` from `_offsets`): ``q``, ``do``, the log-sum-exp and ``delta = rowsum(do o)``."""
     q = tl.load(q_ptr + q_offsets, mask=row_mask, other=0.0)
     o_offsets, _ = _offsets(b, h, rows, dd, N, DH, sob, son, soh)
     o = tl.load(o_ptr + o_offsets, mask=row_mask, other=0.0)
     do_offsets, _ = _offsets(b, h, rows, dd, N, DH, sdob, sdon, sdoh)
     do = tl.load(do_ptr + do_offsets, mask=row_mask, other=0.0)
     lse = tl.load(lse_ptr + bh * N + rows, mask=rows < N, other=0.0)
-    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
-    return q, do, lse, delta, q_offsets, row_mask
+    return q, do, lse, tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
 
 
 @triton.jit
@@ -143,7 +143,8 @@ def _token_attention_forward(q_ptr, kv_ptr, o_ptr, lse_ptr, N, M, H, DH,
     dd = tl.arange(0, BD)
     q_offsets, row_mask = _offsets(b, h, rows, dd, N, DH, sqb, sqn, sqh)
     q = tl.load(q_ptr + q_offsets, mask=row_mask, other=0.0)
-    k, v, _, _ = _key_tile(kv_ptr, b, h, keys, dd, M, DH, skb, skm, sks, skh)
+    k_offsets, key_mask = _offsets(b, h, keys, dd, M, DH, skb, skm, skh)
+    k, v = _key_tile(kv_ptr, k_offsets, key_mask, sks)
     s = _scores(q, k, keys, M, SCALE2, PRECISION)
     top = tl.max(s, 1)
     p = tl.exp2(s - top[:, None])
@@ -164,13 +165,15 @@ def _token_attention_backward(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dkv
     b, h = (bh // H).to(tl.int64), bh % H
     keys = tl.arange(0, BM)
     dd = tl.arange(0, BD)
-    k, v, k_offsets, key_mask = _key_tile(kv_ptr, b, h, keys, dd, M, DH, skb, skm, sks, skh)
+    k_offsets, key_mask = _offsets(b, h, keys, dd, M, DH, skb, skm, skh)
+    k, v = _key_tile(kv_ptr, k_offsets, key_mask, sks)
     dk = tl.zeros((BM, BD), dtype=tl.float32)
     dv = tl.zeros((BM, BD), dtype=tl.float32)
     for q0 in range(0, N, BQ):
         rows = q0 + tl.arange(0, BQ)
-        q, do, lse, delta, q_offsets, row_mask = _query_tile(q_ptr, o_ptr, do_ptr, lse_ptr, bh, b, h, rows, dd, N, DH,
-                                                             sqb, sqn, sqh, sob, son, soh, sdob, sdon, sdoh)
+        q_offsets, row_mask = _offsets(b, h, rows, dd, N, DH, sqb, sqn, sqh)
+        q, do, lse, delta = _query_tile(q_ptr, o_ptr, do_ptr, lse_ptr, q_offsets, row_mask, bh, b, h, rows, dd, N, DH,
+                                        sob, son, soh, sdob, sdon, sdoh)
         p, ds = _score_grads(q, k, v, do, lse, delta, rows, keys, N, M, SCALE2, PRECISION)
         dv = tl.dot(tl.trans(p), do, dv, input_precision=PRECISION)
         dq = tl.dot(ds, k, input_precision=PRECISION) * SCALE
@@ -190,12 +193,14 @@ def _token_attention_backward_keys(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr
     b, h = (bh // H).to(tl.int64), bh % H
     rows = tl.arange(0, BQ)
     dd = tl.arange(0, BD)
-    q, do, lse, delta, q_offsets, row_mask = _query_tile(q_ptr, o_ptr, do_ptr, lse_ptr, bh, b, h, rows, dd, N, DH,
-                                                         sqb, sqn, sqh, sob, son, soh, sdob, sdon, sdoh)
+    q_offsets, row_mask = _offsets(b, h, rows, dd, N, DH, sqb, sqn, sqh)
+    q, do, lse, delta = _query_tile(q_ptr, o_ptr, do_ptr, lse_ptr, q_offsets, row_mask, bh, b, h, rows, dd, N, DH,
+                                    sob, son, soh, sdob, sdon, sdoh)
     dq = tl.zeros((BQ, BD), dtype=tl.float32)
     for k0 in range(0, M, BK):
         keys = k0 + tl.arange(0, BK)
-        k, v, k_offsets, key_mask = _key_tile(kv_ptr, b, h, keys, dd, M, DH, skb, skm, sks, skh)
+        k_offsets, key_mask = _offsets(b, h, keys, dd, M, DH, skb, skm, skh)
+        k, v = _key_tile(kv_ptr, k_offsets, key_mask, sks)
         p, ds = _score_grads(q, k, v, do, lse, delta, rows, keys, N, M, SCALE2, PRECISION)
         dv = tl.dot(tl.trans(p), do, input_precision=PRECISION)
         dq = tl.dot(ds, k, dq, input_precision=PRECISION)

@@ -21,24 +21,26 @@ WGRAD = {"BD": 128, "BN": 128, "BT": 64, "num_warps": 4, "num_stages": 3}
 
 
 @triton.jit
-def _group_rows(pid, plan_ptr, T, K, KP: tl.constexpr, BM: tl.constexpr):
-    """Program ``pid``'s tile of rows: ``BM`` consecutive rows of one kernel's samples (listed
-    by kernel in ``order``; ``plan`` holds ``counts`` and then ``order``, see
-    `gno_ext.layers._gathered.run_plan`), ``T`` rows per sample. Each kernel ``k``'s ``counts[k]``
-    samples make ``counts[k] * T`` rows, cut into ``cdiv(counts[k] * T, BM)`` tiles, the
-    kernels' tiles one after the other. Returns the kernel (``K`` or more for a program past
-    the last tile, which has nothing to do), each row's sample, token and whether it exists."""
+def _group_rows(pid, counts, T, K, KP: tl.constexpr, BM: tl.constexpr):
+    """Program ``pid``'s tile of rows: ``BM`` consecutive rows of one kernel's samples, given
+    each kernel's sample count ``counts`` (``KP`` entries, zero past ``K``). Each kernel ``k``'s
+    ``counts[k]`` samples make ``counts[k] * T`` rows (``T`` per sample), cut into
+    ``cdiv(counts[k] * T, BM)`` tiles, the kernels' tiles one after the other. Returns the
+    kernel (``K`` or more for a program past the last tile, which has nothing to do), the
+    position of its first sample in the samples listed by kernel, the tile's rows counted from
+    there, and whether each row exists.
+
+    It takes no pointer: torch's analysis of which arguments a kernel writes
+    (tests/layers/test_kernel_mutation_analysis.py) counts every pointer given to a helper as
+    written when the helper's result becomes part of a store's address."""
     kk = tl.arange(0, KP)
-    counts = tl.load(plan_ptr + kk, mask=kk < K, other=0)
     tiles = (counts * T + BM - 1) // BM
     tile_end = tl.cumsum(tiles, 0)
     k = tl.sum((tile_end <= pid).to(tl.int32), 0)
     first_tile = tl.sum(tl.where(kk == k, tile_end - tiles, 0), 0)
     first_sample = tl.sum(tl.where(kk < k, counts, 0), 0)
     rows = (pid - first_tile) * BM + tl.arange(0, BM)
-    live = rows < tl.sum(tl.where(kk == k, counts, 0), 0) * T
-    sample = tl.load(plan_ptr + K + first_sample + rows // T, mask=live, other=0).to(tl.int64)
-    return k, sample, rows % T, live
+    return k, first_sample, rows, rows < tl.sum(tl.where(kk == k, counts, 0), 0) * T
 
 
 @triton.jit
@@ -46,8 +48,13 @@ def _gathered_mm_kernel(x_ptr, w_ptr, bias_ptr, plan_ptr, y_ptr, T, DIN, DOUT, K
                         sxb, sxt, sxd, swk, swi, swo, sbk, syb, syt, syd,
                         HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                         KP: tl.constexpr, PRECISION: tl.constexpr):
-    # program (row tile of one kernel's samples, `_group_rows`) x (column tile n)
-    k, sample, token, live = _group_rows(tl.program_id(0), plan_ptr, T, K, KP, BM)
+    # program (row tile of one kernel's samples, `_group_rows`) x (column tile n); ``plan``
+    # holds each kernel's sample count and then the samples listed by kernel (`run_plan`)
+    kk = tl.arange(0, KP)
+    counts = tl.load(plan_ptr + kk, mask=kk < K, other=0)
+    k, first_sample, rows, live = _group_rows(tl.program_id(0), counts, T, K, KP, BM)
+    sample = tl.load(plan_ptr + K + first_sample + rows // T, mask=live, other=0).to(tl.int64)
+    token = rows % T
     if k < K:
         kernel = k.to(tl.int64)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)

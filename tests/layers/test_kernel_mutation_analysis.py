@@ -1,0 +1,121 @@
+"""Under `torch.compile`, each Triton kernel writes only its outputs, as torch sees it.
+
+For a user-defined Triton kernel, torch works out which pointer arguments the kernel writes by
+walking its Triton IR backwards from every store (`torch._higher_order_ops.triton_kernel_wrap`).
+A store's address that passes through a `@triton.jit` helper taking pointers (an offset returned
+by a helper that also loads) makes every pointer given to that helper count as written. The
+compiled model then copies those inputs before each launch: after such a refactoring of the
+attention kernels, their compiled forward plus backward pass was slower than the eager one and
+its results were wrong on an H100 (the GPU test in ``test_token_attention.py``).
+
+Here every operator is called on CPU tensors with its launches recorded instead of run, and
+torch's analysis (for an H100 target, no GPU needed) must find exactly the kernel's outputs
+written. An analysis that fails counts every tensor as written, so it fails this test too.
+"""
+
+import importlib
+import logging
+from importlib.util import find_spec
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(find_spec("triton") is None, reason="Triton is not installed")
+
+# kernel -> the pointer arguments it writes
+OUTPUTS = {
+    "_token_attention_forward": {"o_ptr", "lse_ptr"},
+    "_token_attention_backward": {"dq_ptr", "dkv_ptr"},
+    "_token_attention_backward_keys": {"dq_ptr", "dkv_ptr"},
+    "_gathered_mm_kernel": {"y_ptr"},
+    "_grouped_wgrad_kernel": {"dw_ptr", "dbias_ptr"},
+    "_boundary_forward_kernel": {"y_ptr", "saved_ptr"},
+    "_boundary_backward_kernel": {"dstate_ptr", "grads_ptr", "sums_ptr"},
+    "_boundary_wgrad_kernel": {"out_ptr"},
+}
+MODULES = ("_gathered_kernels", "_attention_kernels", "_boundary_kernels")
+
+
+class _Recorder:
+    """Stands in for `_launch(kernel)[grid](...)`: records the launch instead of running it."""
+
+    def __init__(self, launches: list, kernel):
+        self.launches, self.kernel = launches, kernel
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((self.kernel, args, kwargs))
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    recorded = []
+    for name in MODULES:
+        module = importlib.import_module(f"gno_ext.layers.{name}")
+        monkeypatch.setattr(module, "_launch", lambda kernel: _Recorder(recorded, kernel))
+    return recorded
+
+
+@pytest.fixture
+def target(monkeypatch):
+    """An H100 as Triton's target where there is no GPU (the analysis compiles to Triton IR)."""
+    import triton
+
+    if torch.cuda.is_available():
+        return
+    from triton.backends.compiler import GPUTarget
+
+    class _Driver:
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    if not hasattr(triton.runtime.driver, "_active"):
+        pytest.skip(f"Triton {triton.__version__}: no driver setting that this test knows")
+    monkeypatch.setattr(triton.runtime.driver, "_active", _Driver())
+
+
+def written(kernel, kwargs: dict) -> set[str]:
+    """The arguments of ``kernel`` that torch's analysis finds written."""
+    from torch._higher_order_ops import triton_kernel_wrap as wrap
+
+    if hasattr(wrap, "identify_accessed_tensors"):  # torch >= 2.12
+        return {dep.name for dep in wrap.identify_accessed_tensors(kernel, kwargs, {}).read_writes.writes}
+    if hasattr(wrap, "identify_mutated_tensors"):
+        return set(wrap.identify_mutated_tensors(kernel, kwargs, {}))
+    pytest.skip(f"torch {torch.__version__} has no Triton mutation analysis that this test knows")
+
+
+def run_operators() -> None:
+    """Forward and backward passes of every operator on small CPU tensors (the kernels are not
+    run: the outputs are left as allocated)."""
+    from gno_ext.layers import _gathered, boundary
+
+    ops = torch.ops.gno_ext
+    for n in (64, 150):  # the key-tiled backward kernel (<= 64 queries) and the query-tiled one
+        q = torch.randn(2, n, 4, 32, requires_grad=True)
+        kv = torch.randn(2, 97, 2, 4, 32, requires_grad=True)
+        out, _ = ops.token_attention(q, kv)
+        out.sum().backward()
+    x, weight, bias = torch.randn(8, 97, 64, requires_grad=True), torch.randn(4, 64, 128), torch.randn(4, 128)
+    weight.requires_grad_(), bias.requires_grad_()
+    index = torch.tensor([0, 1, 1, 3, 0, 0, 2, 1])
+    ops.gathered_mm(x, index, weight, bias, _gathered.run_plan(index, 4, 2), 2).sum().backward()
+    kernels = boundary.load_kernels()
+    assert kernels is not None
+    bt = boundary.BoundaryTransfer(256, 2)
+    desc, state = torch.randn(3, 32, 64, requires_grad=True), torch.randn(3, 32, 256, requires_grad=True)
+    bt.forward_fused(desc, state).sum().backward()
+
+
+def test_each_kernel_writes_only_its_outputs(launches, target, caplog):
+    run_operators()
+    seen = {}
+    for kernel, args, kwargs in launches:
+        named = dict(zip(kernel.arg_names, args))
+        named.update((k, v) for k, v in kwargs.items() if k in kernel.arg_names)
+        with caplog.at_level(logging.WARNING):
+            seen.setdefault(kernel.fn.__name__, []).append(written(kernel, named))
+    assert set(seen) == set(OUTPUTS), f"kernels launched: {sorted(seen)}"
+    for name, found in seen.items():
+        for writes in found:
+            assert writes == OUTPUTS[name], (f"{name}: torch finds {sorted(writes)} written, expected "
+                                             f"{sorted(OUTPUTS[name])}; log: {caplog.text[-2000:]}")
