@@ -3,10 +3,12 @@
     python recipes/evaluate.py runs/heat-param/gno-small-seed0
     python recipes/evaluate.py runs/ns-param/gno-paper-seed0 --checkpoint runs/ns-param/gno-paper-seed0/checkpoints/step_00040000
     python recipes/evaluate.py RUN --steps 20 --split valid --max-trajectories 100
+    python recipes/evaluate.py RUN --precision no   # float32 rollouts on a GPU
 
 Reads the run's ``config.yaml`` (data, groups) and a model folder (the run's final ``model/`` by
 default, or any checkpoint), rolls out every test trajectory and writes ``report.json``,
-``report.md`` and the figures (per-step error, error versus parameter, rollouts).
+``report.md`` and the figures (per-step error, error versus parameter, rollouts). On a GPU the
+rollouts run in the run's ``trainer.precision`` (as at the end of training), elsewhere in float32.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--split", help="split to evaluate (default: test)")
     parser.add_argument("--max-trajectories", type=int, help="evaluate at most this many trajectories")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--precision", choices=["auto", "bf16", "fp16", "no"],
+                        help="mixed precision of the rollouts, no: float32 (default: on a GPU the run's "
+                             "trainer.precision, as at the end of training; float32 elsewhere)")
     args = parser.parse_args(argv)
     from gno_ext.training import evaluate_saved
 
     overrides = {k: v for k, v in (("steps", args.steps), ("split", args.split),
                                    ("max_trajectories", args.max_trajectories)) if v is not None}
-    report = evaluate_saved(args.run, args.checkpoint, args.out, overrides, args.device)
+    report = evaluate_saved(args.run, args.checkpoint, args.out, overrides, args.device, args.precision)
     n = report["nmse"]
     print(f"{report['trajectories']} trajectories, {report['steps']} steps: nMSE {n['mean']:.4e} +- {n['std']:.4e}, "
           f"worst group {n['worst_group']['label']} {n['worst_group']['nmse_mean']:.4e}; relative L2 "

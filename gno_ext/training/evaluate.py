@@ -157,6 +157,9 @@ def _figures(result: Mapping[str, Any], out: Path, log_theta: bool, parameter: s
     return files
 
 
+PRECISION_NAMES = {"no": "float32", "bf16": "bf16 autocast", "fp16": "fp16 autocast"}
+
+
 def write_report(result: Mapping[str, Any], binner: GroupBinner, out_dir: str | Path,
                  info: Mapping[str, Any] | None = None, log_theta: bool = False,
                  parameter: str = "theta[0]", figures: bool = True) -> dict[str, Any]:
@@ -168,7 +171,8 @@ def write_report(result: Mapping[str, Any], binner: GroupBinner, out_dir: str | 
     (out / "report.json").write_text(json.dumps(summary, indent=1))
     n, r = summary["nmse"], summary["rel_l2"]
     lines = [f"# Evaluation: {summary.get('recipe', '')} {summary.get('model', '')}".rstrip(), "",
-             f"{summary['trajectories']} test trajectories, autoregressive rollout of {summary['steps']} steps.", "",
+             f"{summary['trajectories']} test trajectories, autoregressive rollout of {summary['steps']} steps"
+             + (f" ({PRECISION_NAMES.get(summary['precision'], summary['precision'])})." if "precision" in summary else "."), "",
              "| metric | mean | std |", "|---|---|---|",
              f"| nMSE | {n['mean']:.4e} | {n['std']:.4e} |", f"| relative L2 | {r['mean']:.4e} | {r['std']:.4e} |", "",
              f"Worst group: {n['worst_group']['label']} (nMSE {n['worst_group']['nmse_mean']:.4e}, "

@@ -588,7 +588,8 @@ def training_groups(cfg: Mapping[str, Any], train_ds: Dataset) -> tuple[Any, Any
 
 
 def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, out_dir: str | Path | None = None,
-                   overrides: Mapping[str, Any] | None = None, device: str | None = None) -> dict[str, Any]:
+                   overrides: Mapping[str, Any] | None = None, device: str | None = None,
+                   precision: str | None = None) -> dict[str, Any]:
     """Evaluate a finished or running run from its folder (what ``recipes/evaluate.py`` does).
 
     Parameters
@@ -603,6 +604,11 @@ def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, ou
         Changes to the ``eval`` section (``steps``, ``split``, ``max_trajectories``, ...).
     device : str, optional
         Default: cuda when available.
+    precision : {"auto", "bf16", "fp16", "no"}, optional
+        Mixed precision of the rollouts (``"no"``: float32). Default: on a GPU, the run's
+        ``trainer.precision``, resolved as training resolves it (`choose_precision`); float32
+        elsewhere. So the report reproduces the one that training wrote at its end on the same
+        kind of device.
     """
     from gno_ext.models.registry import from_checkpoint
 
@@ -617,15 +623,24 @@ def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, ou
             raise FileNotFoundError(f"{run_dir}: no final model and no checkpoint to evaluate")
     checkpoint = Path(checkpoint)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device_type = torch.device(device).type
+    if precision is None:
+        precision = cfg.get("trainer", {}).get("precision", "auto") if device_type == "cuda" else "no"
+    try:
+        precision = choose_precision(precision, device_type)
+    except ValueError as error:
+        raise ValueError(f"evaluation on {device}, precision {precision!r}: {error}") from None
     model = from_checkpoint(checkpoint, device=device)
     train_ds = open_split(cfg["data"], "train", int(cfg["data"].get("n_steps_input", 1)), 1, metadata_only=True)
     out = Path(out_dir) if out_dir else (run_dir / "eval" if checkpoint == run_dir / "model" else checkpoint / "eval")
-    return evaluate_run(cfg, model, training_groups(cfg, train_ds)[3], out, device)
+    return evaluate_run(cfg, model, training_groups(cfg, train_ds)[3], out, device, precision)
 
 
 def evaluate_run(cfg: Mapping[str, Any], model: nn.Module, binner: GroupBinner, out_dir: Path,
                  device: torch.device | str = "cpu", precision: str = "no") -> dict[str, Any]:
-    """Roll out ``model`` on the test split of ``cfg``'s data and write the report into ``out_dir``."""
+    """Roll out ``model`` on the test split of ``cfg``'s data and write the report into ``out_dir``
+    (``precision``: ``"bf16"`` or ``"fp16"`` for autocast, ``"no"`` for float32; the report
+    records it)."""
     ev, data_cfg = cfg.get("eval", {}), cfg["data"]
     t_in = int(data_cfg.get("n_steps_input", 1))
     steps = int(ev.get("steps", 10))
@@ -641,7 +656,8 @@ def evaluate_run(cfg: Mapping[str, Any], model: nn.Module, binner: GroupBinner, 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     result = evaluate_rollouts(model, ds, indices, steps, binner, device, int(ev.get("batch_size", 16)), dtype,
                                keep_examples=int(ev.get("figures", 3)))
-    info = {"recipe": cfg["recipe"]["name"], "model": cfg["model"]["name"], "size": cfg.get("size"), "split": split}
+    info = {"recipe": cfg["recipe"]["name"], "model": cfg["model"]["name"], "size": cfg.get("size"), "split": split,
+            "precision": precision}
     log_theta = bool(binner.log and binner.log[0])
     return write_report(result, binner, out_dir, info, log_theta=log_theta,
                         parameter=str(cfg["recipe"].get("parameter", "theta[0]")), figures=int(ev.get("figures", 3)) > 0)

@@ -5,8 +5,9 @@ walking its Triton IR backwards from every store (`torch._higher_order_ops.trito
 A store's address that passes through a `@triton.jit` helper taking pointers (an offset returned
 by a helper that also loads) makes every pointer given to that helper count as written. The
 compiled model then copies those inputs before each launch: after such a refactoring of the
-attention kernels, their compiled forward plus backward pass was slower than the eager one and
-its results were wrong on an H100 (the GPU test in ``test_token_attention.py``).
+attention kernels, their compiled forward plus backward pass was slower than the eager one on
+an H100, and the GPU test that compares them with SDPA eager and compiled
+(``test_token_attention.py``) failed.
 
 Here every operator is called on CPU tensors with its launches recorded instead of run, and
 torch's analysis (for an H100 target, no GPU needed) must find exactly the kernel's outputs

@@ -52,6 +52,13 @@ def test_heat_param_smoke_end_to_end(train_module, tmp_path):
     evaluate = load_recipe("evaluate")
     again = evaluate.main([str(run), "--out", str(tmp_path / "again")])
     assert again["nmse"]["mean"] == pytest.approx(report["nmse"]["mean"], rel=1e-6)
+    # ... in the precision that training used at its end (on a GPU: bf16 autocast), which the report names
+    assert again["precision"] == report["precision"]
+    if not torch.cuda.is_available():
+        assert report["precision"] == "no" and "(float32)" in (run / "eval" / "report.md").read_text()
+    with pytest.raises(ValueError, match="evaluation on cpu, precision 'bf16': .*mixed precision is for GPUs"):
+        evaluate.main([str(run), "--device", "cpu", "--precision", "bf16", "--out", str(tmp_path / "bad")])
+    assert not (tmp_path / "bad").exists()
 
 
 def test_existing_run_and_resume_checks(train_module, tmp_path):
@@ -198,8 +205,9 @@ def test_gradient_accumulation_matches_the_larger_batch(train_module, tmp_path):
     """Two micro-batches of 2 with grad_accum=2 take the step one batch of 4 takes (MSE phase:
     the mean of equal-size micro-batch means is the batch mean)."""
     # the gates' load-balance term is per micro-batch (as it is per process): off here
+    # float32 also on a GPU (trainer.precision=auto would take bf16 there, whose rounding the tolerance is not for)
     common = ["--recipe", "heat-param", "size=smoke", "trainer.max_steps=3", "trainer.curriculum.warmup_epochs=5",
-              "model.balance_weight=0", "eval.enabled=false", *QUIET]
+              "model.balance_weight=0", "eval.enabled=false", "trainer.precision=no", *QUIET]
     train_module.main([*common, "trainer.batch_size=4", f"run_dir={tmp_path / 'big'}"])
     train_module.main([*common, "trainer.batch_size=2", "trainer.grad_accum=2", f"run_dir={tmp_path / 'accum'}"])
     a, b = run_weights(tmp_path / "big"), run_weights(tmp_path / "accum")
