@@ -7,7 +7,8 @@ by a helper that also loads) makes every pointer given to that helper count as w
 compiled model then copies those inputs before each launch: after such a refactoring of the
 attention kernels, their compiled forward plus backward pass was slower than the eager one on
 an H100, and the GPU test that compares them with SDPA eager and compiled
-(``test_token_attention.py``) failed.
+(``test_token_attention.py``) failed to compile: its inputs, leaves that require gradients,
+counted as written in place.
 
 Here every operator is called on CPU tensors with its launches recorded instead of run, and
 torch's analysis (for an H100 target, no GPU needed) must find exactly the kernel's outputs
