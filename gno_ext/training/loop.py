@@ -279,6 +279,17 @@ def _validate(model: nn.Module, ds: Dataset, scale: torch.Tensor, device: torch.
     return float(total[0] / total[1].clamp_min(1))
 
 
+def _fresh_accelerate_state() -> None:
+    """Forget the accelerate state that an earlier `train` call left in this process, so that a
+    later call may run in another precision or on another device (accelerate refuses to change
+    them once set: on a GPU, a bf16 run followed by ``trainer.precision=no`` in one notebook
+    failed). Only in a single process: a distributed job keeps its process group."""
+    from accelerate.state import AcceleratorState, PartialState
+
+    if PartialState._shared_state and PartialState().num_processes == 1:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """Run one recipe (training, evaluation, report) from its resolved configuration.
 
@@ -298,6 +309,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"trainer.device: expected auto or cpu, got {device_req!r} (GPUs are chosen by the launcher)")
     # Accelerate sets up several CPU processes (gloo) only when told cpu=True
     use_cpu = device_req == "cpu" or not torch.cuda.is_available()
+    _fresh_accelerate_state()
     # the other processes wait while the main one generates data or evaluates: a long timeout
     timeout = datetime.timedelta(minutes=float(tr.get("dist_timeout_minutes", 120)))
     state = PartialState(cpu=use_cpu, timeout=timeout)

@@ -61,6 +61,19 @@ def test_heat_param_smoke_end_to_end(train_module, tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+def test_a_later_run_in_the_same_process_may_change_precision(train_module, tmp_path):
+    """accelerate keeps its state per process and refuses a new precision once set; a second
+    `train` call (a notebook, or these tests on a GPU: bf16, then a float32 run) starts afresh."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # (from the earlier tests)
+    Accelerator(cpu=True, mixed_precision="bf16")  # what an earlier run left behind
+    result = train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}",
+                                "trainer.max_steps=1", "eval.enabled=false", *QUIET])
+    assert result["step"] == 1
+
+
 def test_existing_run_and_resume_checks(train_module, tmp_path):
     args = ["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}", "trainer.epochs=1", *QUIET]
     train_module.main(args)
@@ -123,7 +136,7 @@ def test_two_processes_train_like_one(tmp_path, cache):
     env = env_with_cache(cache)
     # the gates' load-balance term is per process, as usual for mixture-of-experts aux losses: off here
     common = ["--recipe", "heat-joint", "size=smoke", "trainer.max_steps=3", "eval.enabled=false",
-              "model.balance_weight=0", *QUIET]
+              "model.balance_weight=0", "trainer.device=cpu", *QUIET]  # CPU processes also where there is a GPU
     one = subprocess.run([PYTHON, str(TRAIN_PY), *common, "trainer.batch_size=4", f"run_dir={tmp_path / 'one'}"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert one.returncode == 0, one.stderr[-2000:]
@@ -252,7 +265,7 @@ def test_ddp_with_kernels_a_batch_does_not_select(tmp_path, cache):
     env = env_with_cache(cache)
     common = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29544", str(TRAIN_PY),
               "--recipe", "heat-joint", "size=smoke", "model=gated_fno", "trainer.max_steps=4", "trainer.batch_size=2",
-              "eval.enabled=false", *QUIET]
+              "eval.enabled=false", "trainer.device=cpu", *QUIET]  # gloo, also where there is one GPU
     ok = subprocess.run([*common, f"run_dir={tmp_path / 'auto'}"], env=env, capture_output=True, text=True, timeout=600)
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert json.loads((latest_checkpoint(tmp_path / "auto") / "trainer_state.json").read_text())["step"] == 4
