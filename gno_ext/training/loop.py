@@ -293,6 +293,9 @@ def _fresh_accelerate_state() -> None:
 def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """Run one recipe (training, evaluation, report) from its resolved configuration.
 
+    In a single process (a notebook, say) it may be called again with another precision or
+    device: each call starts from a fresh accelerate state.
+
     Returns
     -------
     dict
