@@ -76,8 +76,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
 
 if __name__ == "__main__":
+    # Under torchrun or `accelerate launch` with several processes, `record` writes a failing
+    # process's traceback to the error file that the launcher reads, so the launcher's summary
+    # names the root cause (rank, exception, traceback) instead of an exit code only.
+    from torch.distributed.elastic.multiprocessing.errors import record
+
     try:
-        main()
+        record(main)()
     except (FileNotFoundError, FileExistsError, ValueError, KeyError) as err:
         # configuration and data errors: one clear line, no traceback (set GNO_EXT_DEBUG=1 for it)
         import os

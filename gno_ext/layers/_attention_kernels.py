@@ -133,6 +133,16 @@ def _score_grads(q, k, v, do, lse, delta, rows, keys, N, M, SCALE2: tl.constexpr
 
 
 @triton.jit
+def _store_key_grads(dkv_ptr, offsets, mask, sks, dk, dv, SCALE: tl.constexpr):
+    """Writes a tile's key gradients ``dk * SCALE`` and value gradients ``dv`` into ``dkv``
+    (B, M, 2, H, d) at the keys' ``offsets`` and ``mask`` (`_offsets`; the values lie ``sks``
+    further). A helper may take the pointer it stores through: torch's write analysis follows
+    it to the kernel's argument."""
+    tl.store(dkv_ptr + offsets, (dk * SCALE).to(dkv_ptr.dtype.element_ty), mask=mask)
+    tl.store(dkv_ptr + offsets + sks, dv.to(dkv_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _token_attention_forward(q_ptr, kv_ptr, o_ptr, lse_ptr, N, M, H, DH,
                              sqb, sqn, sqh, skb, skm, sks, skh, sob, son, soh, SCALE2: tl.constexpr,
                              BQ: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
@@ -179,8 +189,7 @@ def _token_attention_backward(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dkv
         dq = tl.dot(ds, k, input_precision=PRECISION) * SCALE
         tl.store(dq_ptr + q_offsets, dq.to(dq_ptr.dtype.element_ty), mask=row_mask)
         dk = tl.dot(tl.trans(ds), q, dk, input_precision=PRECISION)
-    tl.store(dkv_ptr + k_offsets, (dk * SCALE).to(dkv_ptr.dtype.element_ty), mask=key_mask)
-    tl.store(dkv_ptr + k_offsets + sks, dv.to(dkv_ptr.dtype.element_ty), mask=key_mask)
+    _store_key_grads(dkv_ptr, k_offsets, key_mask, sks, dk, dv, SCALE)
 
 
 @triton.jit
@@ -205,8 +214,7 @@ def _token_attention_backward_keys(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr
         dv = tl.dot(tl.trans(p), do, input_precision=PRECISION)
         dq = tl.dot(ds, k, dq, input_precision=PRECISION)
         dk = tl.dot(tl.trans(ds), q, input_precision=PRECISION)
-        tl.store(dkv_ptr + k_offsets, (dk * SCALE).to(dkv_ptr.dtype.element_ty), mask=key_mask)
-        tl.store(dkv_ptr + k_offsets + sks, dv.to(dkv_ptr.dtype.element_ty), mask=key_mask)
+        _store_key_grads(dkv_ptr, k_offsets, key_mask, sks, dk, dv, SCALE)
     tl.store(dq_ptr + q_offsets, (dq * SCALE).to(dq_ptr.dtype.element_ty), mask=row_mask)
 
 

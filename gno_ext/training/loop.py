@@ -290,6 +290,22 @@ def _fresh_accelerate_state() -> None:
         AcceleratorState._reset_state(reset_partial_state=True)
 
 
+def _wait_for_everyone(state) -> None:
+    """All processes meet here (``state``: accelerate's `PartialState` or `Accelerator`).
+
+    Accelerate's own ``wait_for_everyone`` passes each process's local index to the barrier as
+    a device id, also for CPU processes (gloo), and torch then places the barrier's tensor on
+    that GPU wherever CUDA is present: CPU processes on a machine with fewer GPUs than
+    processes failed with "invalid device ordinal" (accelerate 1.15, torch 2.11). CPU processes
+    therefore meet in a barrier without a device, which gloo holds on the CPU."""
+    from accelerate.utils import DistributedType
+
+    if state.distributed_type == DistributedType.MULTI_CPU:
+        torch.distributed.barrier()
+    else:
+        state.wait_for_everyone()
+
+
 def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """Run one recipe (training, evaluation, report) from its resolved configuration.
 
@@ -331,10 +347,10 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
         if not cfg.get("overwrite", False):
             raise FileExistsError(f"{run_dir} already holds a run. Continue it with resume=auto, start afresh with "
                                   f"overwrite=true, or choose another folder with run_dir=...")
-        state.wait_for_everyone()
+        _wait_for_everyone(state)
         if state.is_main_process:
             shutil.rmtree(run_dir)
-    state.wait_for_everyone()
+    _wait_for_everyone(state)
     if checkpoint is not None:
         saved = yaml.safe_load((checkpoint / "config.yaml").read_text())
         _check_resume_config(saved, cfg, checkpoint)
@@ -348,9 +364,9 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     say = state.print
 
     # ---- data
-    with state.main_process_first():
-        if main:
-            prepare_data(data_cfg, progress=bool(tr.get("progress", True)))
+    if main:  # the others wait until the data exist
+        prepare_data(data_cfg, progress=bool(tr.get("progress", True)))
+    _wait_for_everyone(state)
     t_in = int(data_cfg.get("n_steps_input", 1))
     train_ds = open_split(data_cfg, "train", t_in, 1)
     spec, values, kinds, binner = training_groups(cfg, train_ds)
@@ -454,7 +470,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
             save_training_checkpoint(run_dir, step, raw, optimizer, scheduler,
                                      {"epoch": epoch, "batch": batch, "skipped": guard.skipped, "samples": seen},
                                      cfg, ema=ema, keep=int(tr.get("keep_checkpoints", 3)))
-        accelerator.wait_for_everyone()
+        _wait_for_everyone(accelerator)
 
     def log(values: dict[str, float]) -> None:
         if tr.get("tensorboard", True):
@@ -567,7 +583,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     final = ema.module if ema is not None else raw
     if main:
         save_checkpoint(final, run_dir / "model", extra={"step": step, "ema": ema is not None})
-    accelerator.wait_for_everyone()
+    _wait_for_everyone(accelerator)
     report = None
     if cfg.get("eval", {}).get("enabled", True) and main:
         report = evaluate_run(cfg, final, binner, run_dir / "eval", device, precision)
@@ -575,7 +591,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
             f"{report['nmse']['mean']:.4e} +- {report['nmse']['std']:.4e}, worst group {report['nmse']['worst_group']['label']} "
             f"{report['nmse']['worst_group']['nmse_mean']:.4e}; relative L2 {report['rel_l2']['mean']:.4e}. "
             f"Report: {run_dir / 'eval' / 'report.md'}")
-    accelerator.wait_for_everyone()
+    _wait_for_everyone(accelerator)
     accelerator.end_training()
     return {"run_dir": str(run_dir), "step": step, "skipped": guard.skipped, "report": report}
 

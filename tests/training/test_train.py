@@ -159,6 +159,45 @@ def test_two_processes_train_like_one(tmp_path, cache):
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=5e-5, msg=key)
 
 
+def test_cpu_processes_meet_in_a_barrier_without_a_device(monkeypatch):
+    """Accelerate's barrier names a GPU (the local process index) also for CPU processes, which
+    fails where CUDA is present with fewer GPUs than processes: CPU (gloo) processes meet in a
+    barrier without device ids, all others through accelerate."""
+    from accelerate.utils import DistributedType
+
+    from gno_ext.training.loop import _wait_for_everyone
+
+    calls = []
+    monkeypatch.setattr(torch.distributed, "barrier", lambda *args, **kwargs: calls.append(("torch", args, kwargs)))
+
+    class State:
+        def __init__(self, kind):
+            self.distributed_type = kind
+
+        def wait_for_everyone(self):
+            calls.append(("accelerate",))
+
+    _wait_for_everyone(State(DistributedType.MULTI_CPU))
+    assert calls == [("torch", (), {})]
+    calls.clear()
+    _wait_for_everyone(State(DistributedType.MULTI_GPU))
+    assert calls == [("accelerate",)]
+
+
+def test_a_failing_process_names_its_root_cause_to_torchrun(tmp_path, cache):
+    """recipes/train.py records a failing process's exception for the launcher, so torchrun's
+    summary shows the traceback of the root cause, not only an exit code."""
+    missing = tmp_path / "missing.npz"
+    out = subprocess.run([PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", "29557",
+                          str(TRAIN_PY), "--recipe", "custom", "size=smoke", f"data.root={missing}",
+                          "trainer.device=cpu", f"output_root={tmp_path}", *QUIET],
+                         env=env_with_cache(cache), capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    summary = out.stderr[out.stderr.index("Root Cause"):]
+    assert "error_file: <N/A>" not in summary
+    assert "Traceback" in summary and f"FileNotFoundError: {missing}: no such file" in summary
+
+
 def test_non_finite_training_stops_with_a_clear_error(train_module, tmp_path):
     with pytest.raises(NonFiniteLossError, match="consecutive updates with a non-finite"):
         train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}", "optimizer.lr=1e30",
