@@ -1,6 +1,6 @@
 """Reusable GNO building blocks.
 
-`GatedSpectralConv` (and `condition_on`) need the optional ``neuraloperator`` package and are
+`GatedSpectralConv`, `FullPrecisionSpectralConv` (and `condition_on`) need the optional ``neuraloperator`` package and are
 imported on first use.
 """
 
@@ -26,6 +26,7 @@ __all__ = [
     "AttentionKernel",
     "AttentionKernelBank",
     "BoundaryTransfer",
+    "FullPrecisionSpectralConv",
     "GatedKernelMixture",
     "GatedSpectralConv",
     "ParameterGate",
@@ -46,7 +47,7 @@ __all__ = [
     "token_shape",
 ]
 
-_LAZY = {"GatedSpectralConv", "condition_on"}
+_LAZY = {"FullPrecisionSpectralConv", "GatedSpectralConv", "condition_on"}
 
 
 def __getattr__(name: str):

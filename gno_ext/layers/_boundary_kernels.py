@@ -53,7 +53,13 @@ __all__ = ["ROWS", "boundary_transfer", "boundary_transfer_backward", "boundary_
 # WGRAD_* settings are read when a model is compiled: after a change, start from a fresh
 # compile cache (see `_attention_kernels.CONFIG`).
 ROWS = 32
-MAX_TOKENS = 128  # boundary tokens per sample the kernels take (the attention tile is MP x MP)
+# Boundary tokens per sample the kernels take: programs of 32 rows (one sample of 17 to 32
+# tokens, or several of fewer), 4 warps. Larger programs (64 or 128 rows, 8 warps) compiled
+# wrong on an H100 (Triton 3.6) in bf16 for some widths: at 64 tokens, inner width 16 gave a
+# wrong forward pass (relative error 0.13) and width 32 wrong or NaN gradients, also with 4
+# warps, while float32 was right; 100 tokens at width 64 did not finish within 90 s. Those
+# sizes take the PyTorch path (docs/benchmarks.md, thirteenth round).
+MAX_TOKENS = 32
 
 
 def _warps(rows: int) -> int:

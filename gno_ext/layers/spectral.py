@@ -19,6 +19,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from neuralop.layers.base_spectral_conv import BaseSpectralConv
 from neuralop.layers.spectral_convolution import SpectralConv
 from torch import Tensor, nn
@@ -26,7 +27,25 @@ from torch import Tensor, nn
 from gno_ext.layers.gate import ParameterGate
 from gno_ext.layers.mixture import dispatch
 
-__all__ = ["GatedSpectralConv", "condition_on"]
+__all__ = ["FullPrecisionSpectralConv", "GatedSpectralConv", "condition_on"]
+
+
+class FullPrecisionSpectralConv(SpectralConv):
+    """neuraloperator's ``SpectralConv`` that runs under autocast: with its default
+    ``fno_block_precision="full"`` it takes a bf16 or float16 input in float32.
+
+    Under autocast the layers before a spectral convolution hand it bf16 (or float16)
+    activations, and cuFFT has no bf16 transform (``RuntimeError: Unsupported dtype
+    BFloat16``) and float16 ones only for power-of-two sizes. The transforms and the spectral
+    product then run in float32 (complex64), as ``"full"`` means; the output is float32, and the
+    layers after it return to the autocast type. ``"half"`` and ``"mixed"`` keep neuraloperator's
+    own handling. The FNO-based models of this package build their convolutions from it.
+    """
+
+    def forward(self, x: Tensor, output_shape: Any = None) -> Tensor:
+        if self.fno_block_precision == "full" and x.dtype in (torch.bfloat16, torch.float16):
+            x = x.float()
+        return super().forward(x, output_shape=output_shape)
 
 
 class GatedSpectralConv(BaseSpectralConv):
@@ -52,7 +71,7 @@ class GatedSpectralConv(BaseSpectralConv):
     def __init__(self, in_channels: int, out_channels: int, n_modes: Any, n_kernels: int = 4,
                  n_params: int = 1, gate_hidden: int = 32, **spectral_kwargs: Any) -> None:
         super().__init__(device=spectral_kwargs.get("device"))
-        self.kernels = nn.ModuleList(SpectralConv(in_channels, out_channels, n_modes, **spectral_kwargs)
+        self.kernels = nn.ModuleList(FullPrecisionSpectralConv(in_channels, out_channels, n_modes, **spectral_kwargs)
                                      for _ in range(n_kernels))
         self.gate = ParameterGate(n_params, n_kernels, gate_hidden)
         self.theta: Tensor | None = None

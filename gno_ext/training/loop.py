@@ -290,6 +290,13 @@ def _fresh_accelerate_state() -> None:
         AcceleratorState._reset_state(reset_partial_state=True)
 
 
+def _fused_adamw(groups: list[dict[str, Any]], device: torch.device) -> bool:
+    """Whether AdamW runs fused (one kernel for all parameters): on GPUs, where every parameter
+    is real. Fused AdamW refuses complex parameters, such as the spectral weights of
+    neuraloperator's FNO; those models take the multi-tensor (foreach) AdamW instead."""
+    return device.type == "cuda" and all(p.is_floating_point() for g in groups for p in g["params"])
+
+
 def _wait_for_everyone(state) -> None:
     """All processes meet here (``state``: accelerate's `PartialState` or `Accelerator`).
 
@@ -418,7 +425,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
         groups = flat.param_groups
     optimizer = torch.optim.AdamW(groups, lr=float(opt_cfg["lr"]),
                                   betas=tuple(opt_cfg.get("betas", (0.9, 0.999))),
-                                  fused=device.type == "cuda",  # one kernel for all parameters on GPUs
+                                  fused=_fused_adamw(groups, device),
                                   capturable=capture)
     _set_lr_type(optimizer.param_groups, device, capture)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(opt_cfg, total_steps))

@@ -9,6 +9,7 @@ from neuralop.layers.fno_block import FNOBlocks  # noqa: E402
 from neuralop.layers.spectral_convolution import SpectralConv  # noqa: E402
 
 from gno_ext.layers import (  # noqa: E402
+    FullPrecisionSpectralConv,
     GatedKernelMixture,
     GatedSpectralConv,
     ParameterGate,
@@ -42,3 +43,40 @@ def test_gated_spectral_conv_is_a_conv_module_for_fno_blocks():
     # resolution change: the same weights on a finer grid
     with condition_on(blocks, theta):
         assert blocks(torch.randn(5, 8, 48, 48), 0).shape == (5, 8, 48, 48)
+
+
+def _fft_input_types(monkeypatch, module, x, **kwargs) -> set:
+    """The types that reach ``torch.fft.rfftn`` when ``module(x)`` runs under bf16 autocast."""
+    seen, rfftn = set(), torch.fft.rfftn
+
+    def spy(t, *args, **kw):
+        seen.add(t.dtype)
+        return rfftn(t.float() if t.dtype == torch.bfloat16 else t, *args, **kw)
+
+    monkeypatch.setattr(torch.fft, "rfftn", spy)
+    with torch.autocast("cpu", torch.bfloat16):
+        module(x, **kwargs)
+    return seen
+
+
+def test_spectral_transforms_run_in_float32_under_autocast(monkeypatch):
+    """cuFFT has no bf16 transform: under autocast, where the layer before hands a spectral
+    convolution bf16 activations, `FullPrecisionSpectralConv` transforms in float32 (a plain
+    SpectralConv passes bf16 on), and so do the FNO-based models."""
+    from gno_ext.models import get_model
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 16, 16, dtype=torch.bfloat16)
+    assert _fft_input_types(monkeypatch, SpectralConv(3, 3, (4, 4)), x) == {torch.bfloat16}
+    conv = FullPrecisionSpectralConv(3, 3, (4, 4))
+    assert _fft_input_types(monkeypatch, conv, x) == {torch.float32}
+    with torch.autocast("cpu", torch.bfloat16):
+        assert torch.equal(conv(x), conv(x.float()))  # the same function, in float32
+    u, theta = torch.randn(2, 1, 1, 16, 16), torch.rand(2, 1)
+    for name in ("fno", "gated_fno", "cape_fno", "pino"):
+        kwargs = {"n_modes": 4, "hidden_channels": 8, "n_layers": 1} if name != "gated_fno" else {
+            "n_modes": [4, 4], "in_channels": 1, "out_channels": 1, "hidden_channels": 8, "n_layers": 1}
+        model = get_model(name, **kwargs)
+        convs = [m for m in model.modules() if isinstance(m, SpectralConv)]
+        assert convs and all(isinstance(m, FullPrecisionSpectralConv) for m in convs), name
+        assert _fft_input_types(monkeypatch, model, u, theta=theta) == {torch.float32}, name

@@ -159,6 +159,17 @@ def test_two_processes_train_like_one(tmp_path, cache):
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=5e-5, msg=key)
 
 
+def test_fused_adamw_only_for_real_parameters_on_gpus():
+    """Fused AdamW refuses complex parameters (neuraloperator's spectral weights): FNO-based
+    models take the foreach AdamW on GPUs; CPUs never take the fused one."""
+    from gno_ext.training.loop import _fused_adamw
+
+    real, spectral = [torch.nn.Parameter(torch.zeros(2))], [torch.nn.Parameter(torch.zeros(2, dtype=torch.cfloat))]
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert _fused_adamw([{"params": real}], cuda) and not _fused_adamw([{"params": real}], cpu)
+    assert not _fused_adamw([{"params": real}, {"params": spectral}], cuda)
+
+
 def test_cpu_processes_meet_in_a_barrier_without_a_device(monkeypatch):
     """Accelerate's barrier names a GPU (the local process index) also for CPU processes, which
     fails where CUDA is present with fewer GPUs than processes: CPU (gloo) processes meet in a

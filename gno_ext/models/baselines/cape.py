@@ -184,10 +184,12 @@ class CAPEFNO(_CAPEModel):
                  cape_modes: int = 8) -> None:
         from neuralop.models import FNO
 
+        from gno_ext.layers.spectral import FullPrecisionSpectralConv
+
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
         self._setup(_cape_kwargs(widening, kernel, norm_dim, embed_channels, cape_modes))
         self.net = FNO((n_modes,) * ndim, t_in * in_channels + embed_channels, in_channels, hidden_channels,
-                       n_layers=n_layers)
+                       n_layers=n_layers, conv_module=FullPrecisionSpectralConv)
 
 
 @register_model("cape_attn")

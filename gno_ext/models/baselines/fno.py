@@ -37,9 +37,12 @@ class ChannelFNO(SchemaModel):
                  n_layers: int = 4) -> None:
         from neuralop.models import FNO
 
+        from gno_ext.layers.spectral import FullPrecisionSpectralConv
+
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
         channels = t_in * in_channels + n_params + field_channels + N_TYPES + 1
-        self.net = FNO((n_modes,) * ndim, channels, in_channels, hidden_channels, n_layers=n_layers)
+        self.net = FNO((n_modes,) * ndim, channels, in_channels, hidden_channels, n_layers=n_layers,
+                       conv_module=FullPrecisionSpectralConv)
 
     def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
                 bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:

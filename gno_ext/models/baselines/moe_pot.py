@@ -55,7 +55,8 @@ class MoEMLP(nn.Module):
         for e, expert in enumerate(self.experts):
             rows, slot = torch.nonzero(index == e, as_tuple=True)
             if rows.numel():
-                out = out.index_add(0, rows, expert(flat[rows]) * weight[rows, slot, None])
+                # in the shared expert's type: under autocast x (after a norm) is float32, the products bf16
+                out = out.index_add(0, rows, (expert(flat[rows]) * weight[rows, slot, None]).to(out.dtype))
         probs = logits.softmax(-1)
         share = F.one_hot(index, self.n_experts).float().sum(1).mean(0) / self.top_k
         self.last_balance_loss = self.n_experts * (share * probs.mean(0)).sum()

@@ -61,13 +61,16 @@ class PINO(SchemaModel):
                  hidden_channels: int = 64, n_layers: int = 4) -> None:
         from neuralop.models import FNO
 
+        from gno_ext.layers.spectral import FullPrecisionSpectralConv
+
         if equation not in EQUATIONS:
             raise ValueError(f"pino: equation must be one of {EQUATIONS} (the residuals implemented), got {equation!r}")
         if equation == "advection" and field_channels != ndim:
             raise ValueError(f"pino: advection needs the velocity as theta_field ({ndim} channels), got {field_channels}")
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
         self.equation = equation
-        self.net = FNO((n_modes,) * ndim, t_in * in_channels, in_channels, hidden_channels, n_layers=n_layers)
+        self.net = FNO((n_modes,) * ndim, t_in * in_channels, in_channels, hidden_channels, n_layers=n_layers,
+                       conv_module=FullPrecisionSpectralConv)
 
     def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
                 bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:
