@@ -185,6 +185,26 @@ def test_gpu_kernels_under_bf16_autocast():
 
 
 @needs_cuda
+@pytest.mark.parametrize("b,n,m,h,d", [(16, 16, 33, 2, 16), (16, 64, 161, 8, 32), (8, 192, 257, 2, 16),
+                                       (8, 150, 120, 2, 64)])
+def test_gpu_kernels_under_bf16_autocast_over_sizes(b, n, m, h, d):
+    """The sizes of the shipped recipes besides the paper's 128^2 (smoke grids; 3-D advection at
+    64^3 with 161 keys; the 128 x 384 `trl` grid at smoke width with 192 queries, tiled) and one
+    with several query tiles at head width 64: in bf16 the output and both gradients are within
+    bf16 rounding (1e-2 relative) of float64. Triton compiled the boundary kernels wrong in bf16
+    at some sizes only (`gno_ext.layers._boundary_kernels.MAX_TOKENS`)."""
+    torch.manual_seed(n + m)
+    q, kv = torch.randn(b, n, h, d, device="cuda"), torch.randn(b, m, 2, h, d, device="cuda")
+    assert tokens_fusable(q, kv)
+    probe = torch.randn(b, n, h, d, device="cuda")
+    exact = _paths(lambda a, c: attend_tokens(a, c, fused=False), q.double(), kv.double(), probe.double())
+    with torch.autocast("cuda", torch.bfloat16):
+        got = _paths(attend_tokens, q, kv, probe)
+    errors = [((g.double() - r).norm() / r.norm()).item() for g, r in zip(got, exact)]
+    assert all(e < 1e-2 for e in errors), errors
+
+
+@needs_cuda
 def test_gpu_bank_fused_attention_equals_sdpa():
     """A kernel bank with the fused attention equals itself with SDPA (float32), gradients of
     the input and of every parameter included."""
