@@ -1,7 +1,7 @@
 """Reusable GNO building blocks.
 
-`GatedSpectralConv`, `FullPrecisionSpectralConv` (and `condition_on`) need the optional ``neuraloperator`` package and are
-imported on first use.
+`GatedSpectralConv`, `FullPrecisionSpectralConv` (and `condition_on`) need the optional
+``neuraloperator`` package and are imported on first use.
 """
 
 from gno_ext.layers.attention import (

@@ -134,9 +134,9 @@ class BoundaryTransfer(nn.Module):
     fused : bool
         Run the fused kernels where they can (default True): a CUDA tensor, Triton installed,
         ``width`` and the MLP width powers of two (up to 128 and 256), at most 32 boundary
-        tokens per sample (`gno_ext.layers._boundary_kernels.MAX_TOKENS`). Set it to False on an instance for the PyTorch path everywhere. Both
-        paths compute the same function (tests compare them, gradients included) and both are
-        deterministic.
+        tokens per sample (`gno_ext.layers._boundary_kernels.MAX_TOKENS`). Set it to False on
+        an instance for the PyTorch path everywhere. Both paths compute the same function
+        (tests compare them, gradients included) and both are deterministic.
     """
 
     fused: bool = True
