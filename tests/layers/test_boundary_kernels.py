@@ -146,7 +146,7 @@ def test_gpu_fused_in_bfloat16_over_token_counts_and_widths(tokens, dim):
     breaks: larger programs, compiled wrong on an H100 (`MAX_TOKENS`), were off by 0.13 to 6.
     (Not also "at most twice the PyTorch path's error", as at the paper size above: at 12
     tokens and width 16 one parameter gradient's bf16 error was 2.01 times the PyTorch
-    path's, 6.8e-3 against 3.4e-3, in float32 the two paths agree to 5e-7.)"""
+    path's, 6.8e-3 against 3.4e-3; in float32 the two paths agree to 5e-7.)"""
     torch.manual_seed(tokens + dim)
     bt = boundary.BoundaryTransfer(dim, 2).cuda()
     width = bt.norm.normalized_shape[0]
