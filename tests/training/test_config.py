@@ -83,6 +83,12 @@ def test_model_configs_run_under_bf16_autocast(model):
     _instantiate(train_py.compose("heat-bc", ["size=smoke", f"model={model}"]), autocast=True)
 
 
+@pytest.mark.parametrize("model", ["gno", "fno", "gated_fno"])
+def test_3d_models_run_under_bf16_autocast(model):
+    """The same on the 3-D advection recipe (six faces, 3-D Fourier transforms)."""
+    _instantiate(train_py.compose("advection-3d", ["size=smoke", f"model={model}"]), autocast=True)
+
+
 @pytest.mark.parametrize("size", train_py.available("size"))
 def test_sizes_compose(size):
     cfg = train_py.compose("heat-joint", [f"size={size}"])
