@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from gno_ext.layers.embeddings import ParameterNormalizer
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, face_view, model_inputs
 
-__all__ = ["SchemaModel", "TransformerBlock", "boundary_summary", "boundary_channels", "N_TYPES"]
+__all__ = ["SchemaModel", "TransformerBlock", "boundary_summary", "boundary_channels", "neuralop_fno", "N_TYPES"]
 
 N_TYPES = len(BCType)
 
@@ -48,6 +48,19 @@ def boundary_channels(bc: BoundarySpec, grid: Grid, scale: Tensor | float = 1.0)
         view[:, :N_TYPES] += kind.view(shape)
         view[:, N_TYPES] += data
     return out
+
+
+def neuralop_fno(ndim: int, n_modes: int, in_channels: int, out_channels: int, hidden_channels: int,
+                 n_layers: int) -> nn.Module:
+    """neuraloperator's ``FNO`` (an optional dependency, imported here) with ``n_modes`` modes on
+    each of ``ndim`` axes, its spectral convolutions `FullPrecisionSpectralConv`s so that it
+    trains under bf16 autocast (cuFFT has no bf16 transform)."""
+    from neuralop.models import FNO
+
+    from gno_ext.layers.spectral import FullPrecisionSpectralConv
+
+    return FNO((n_modes,) * ndim, in_channels, out_channels, hidden_channels, n_layers=n_layers,
+               conv_module=FullPrecisionSpectralConv)
 
 
 class TransformerBlock(nn.Module):

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gno_ext.models.baselines.base import SchemaModel
+from gno_ext.models.baselines.base import SchemaModel, neuralop_fno
 from gno_ext.models.baselines.vit import ViTBackbone
 from gno_ext.models.registry import register_model
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch
@@ -182,14 +182,10 @@ class CAPEFNO(_CAPEModel):
                  log_params: Sequence[bool] | None = None, n_modes: int = 12, hidden_channels: int = 20,
                  n_layers: int = 4, widening: int = 64, kernel: int = 5, norm_dim: int = 128, embed_channels: int = 3,
                  cape_modes: int = 8) -> None:
-        from neuralop.models import FNO
-
-        from gno_ext.layers.spectral import FullPrecisionSpectralConv
-
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
         self._setup(_cape_kwargs(widening, kernel, norm_dim, embed_channels, cape_modes))
-        self.net = FNO((n_modes,) * ndim, t_in * in_channels + embed_channels, in_channels, hidden_channels,
-                       n_layers=n_layers, conv_module=FullPrecisionSpectralConv)
+        self.net = neuralop_fno(ndim, n_modes, t_in * in_channels + embed_channels, in_channels, hidden_channels,
+                                n_layers)
 
 
 @register_model("cape_attn")

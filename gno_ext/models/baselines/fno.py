@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from gno_ext.models.baselines.base import N_TYPES, SchemaModel, boundary_channels
+from gno_ext.models.baselines.base import N_TYPES, SchemaModel, boundary_channels, neuralop_fno
 from gno_ext.models.registry import register_model
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch
 
@@ -35,14 +35,9 @@ class ChannelFNO(SchemaModel):
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2, t_in: int = 1,
                  log_params: Sequence[bool] | None = None, n_modes: int = 12, hidden_channels: int = 64,
                  n_layers: int = 4) -> None:
-        from neuralop.models import FNO
-
-        from gno_ext.layers.spectral import FullPrecisionSpectralConv
-
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
         channels = t_in * in_channels + n_params + field_channels + N_TYPES + 1
-        self.net = FNO((n_modes,) * ndim, channels, in_channels, hidden_channels, n_layers=n_layers,
-                       conv_module=FullPrecisionSpectralConv)
+        self.net = neuralop_fno(ndim, n_modes, channels, in_channels, hidden_channels, n_layers)
 
     def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
                 bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from gno_ext.models.baselines.base import SchemaModel
+from gno_ext.models.baselines.base import SchemaModel, neuralop_fno
 from gno_ext.models.registry import register_model
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch
 
@@ -59,18 +59,13 @@ class PINO(SchemaModel):
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2, t_in: int = 1,
                  log_params: Sequence[bool] | None = None, equation: str | None = "heat", n_modes: int = 12,
                  hidden_channels: int = 64, n_layers: int = 4) -> None:
-        from neuralop.models import FNO
-
-        from gno_ext.layers.spectral import FullPrecisionSpectralConv
-
         if equation not in EQUATIONS:
             raise ValueError(f"pino: equation must be one of {EQUATIONS} (the residuals implemented), got {equation!r}")
         if equation == "advection" and field_channels != ndim:
             raise ValueError(f"pino: advection needs the velocity as theta_field ({ndim} channels), got {field_channels}")
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
         self.equation = equation
-        self.net = FNO((n_modes,) * ndim, t_in * in_channels, in_channels, hidden_channels, n_layers=n_layers,
-                       conv_module=FullPrecisionSpectralConv)
+        self.net = neuralop_fno(ndim, n_modes, t_in * in_channels, in_channels, hidden_channels, n_layers)
 
     def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
                 bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:
