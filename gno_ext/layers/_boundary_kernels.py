@@ -331,8 +331,13 @@ def _boundary_wgrad_kernel(grads_ptr, dy_ptr, saved_ptr, state_ptr, out_ptr, N, 
 
 
 def _geometry(state: Tensor) -> tuple[int, int, int, tuple[int]]:
-    """``(MP, G, BD, grid)``: padded tokens, samples per program, column block of D, grid."""
+    """``(MP, G, BD, grid)``: padded tokens, samples per program, column block of D, grid.
+    More than `MAX_TOKENS` tokens on a GPU is an error (those programs compiled wrong in bf16);
+    Triton's interpreter on the CPU takes any count."""
     b, m, d = (int(n) for n in state.shape)
+    if state.is_cuda and m > MAX_TOKENS:
+        raise ValueError(f"boundary_transfer: {m} boundary tokens per sample; the fused kernels take at most "
+                         f"{MAX_TOKENS} on a GPU (BoundaryTransfer.forward runs the PyTorch path beyond)")
     mp = triton.next_power_of_2(m)
     g = max(1, ROWS // mp)
     bd = max(16, min(64, triton.next_power_of_2(d)))

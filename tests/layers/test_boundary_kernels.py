@@ -28,6 +28,9 @@ def test_fused_path_only_on_cuda_for_supported_sizes(monkeypatch):
     cuda_like = types.SimpleNamespace(is_cuda=True, shape=(4, 32, 256))
     assert bt.fusable(cuda_like) and not bt.fusable(torch.zeros(4, 32, 256))
     assert not bt.fusable(types.SimpleNamespace(is_cuda=True, shape=(4, 64, 256)))  # 128 x 384, patch 16
+    with pytest.raises(ValueError, match="64 boundary tokens per sample"):  # called directly on a GPU
+        kernels._geometry(types.SimpleNamespace(is_cuda=True, shape=(4, 64, 256)))
+    assert kernels._geometry(types.SimpleNamespace(is_cuda=True, shape=(4, 32, 256)))[:2] == (32, 1)
     bt.fused = False
     assert not bt.fusable(cuda_like)
     bt.fused = True
