@@ -11,6 +11,14 @@ Layers (``--layers``) and their paths (``--paths``, default: all of the layer's)
   `gno_ext.layers._attention_kernels`, CUDA only, with their default choice of backward
   kernel), ``fused-query-tiles`` (the same, the backward pass forced onto the query-tiled
   kernel), ``sdpa`` (`scaled_dot_product_attention`).
+* ``products``: the mixture's projections, ``x_b W_{k_b} + c_{k_b}`` with each sample's kernel
+  ``k_b`` drawn at random from ``--kernels`` K, at the two shapes of the GNO's attention
+  kernel: ``queries`` rows D -> D (the query and output projections) and, for each ``--keys``
+  M, M rows D -> 2D (keys and values). Paths: ``gathered`` (`gno_ext.layers._gathered`'s
+  Triton kernels, which the GNO uses; CUDA only), ``grouped-mm`` (the samples sorted by kernel,
+  ``torch._grouped_mm`` over the sorted rows, the bias added per sample and the rows put back
+  in batch order; the sort and its inverse are timed too), ``dense`` (one weight for every
+  sample, ``F.linear``: the single-kernel stand-in's product, the mark to reach).
 
 On a GPU, ``--calls`` calls are captured in one CUDA graph and the graph's replays are timed
 (so launch overheads are left out, as in a model compiled with CUDA graphs); on a CPU the calls
@@ -22,6 +30,7 @@ launch settings, so a cached graph could run another row's kernel.
     python recipes/bench_layers.py                          # both layers at the paper size, batch 256
     python recipes/bench_layers.py --layers attention --keys 65 97 --modes eager
     python recipes/bench_layers.py --device cpu --batch 16 --layers boundary --paths unfused --modes eager
+    python recipes/bench_layers.py --layers products --modes eager
 """
 
 from __future__ import annotations
@@ -34,8 +43,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch import Tensor
 
-from gno_ext.layers import attention
+from gno_ext.layers import _gathered, attention
 from gno_ext.layers.boundary import BoundaryTransfer
 from gno_ext.training import capture_step
 
@@ -54,7 +65,8 @@ def replay_time(fn: Callable[[], None], calls: int, repeats: int) -> float:
     return timed(capture_step(many), repeats, "cuda") / calls
 
 
-PATHS = {"boundary": ("unfused", "fused"), "attention": ("sdpa", "fused", "fused-query-tiles")}
+PATHS = {"boundary": ("unfused", "fused"), "attention": ("sdpa", "fused", "fused-query-tiles"),
+         "products": ("gathered", "grouped-mm", "dense")}
 
 
 def _time_both(forward: Callable[[], None], forward_backward: Callable[[], None], device: str, calls: int,
@@ -140,6 +152,83 @@ def bench_attention(path: str, mode: str, batch: int, queries: int, keys: int, h
             "forward_backward_us": 1e6 * t_both}
 
 
+class _Permute(torch.autograd.Function):
+    """``x[order]`` along the first axis; the gradient is gathered by the inverse permutation
+    (not scattered, as indexing's own backward pass does)."""
+
+    @staticmethod
+    def forward(x: Tensor, order: Tensor, inverse: Tensor) -> Tensor:
+        return x.index_select(0, order)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.save_for_backward(inputs[2])
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(0, inverse), None, None
+
+
+def grouped_mm_linear(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``x[b] @ weight[index[b]] + bias[index[b]]`` through ``torch._grouped_mm``: the samples
+    sorted by kernel (stable), one grouped product over their rows, the bias added per sample
+    (a one-hot product, whose gradient is a product too), the rows put back in batch order."""
+    b, t, din = x.shape
+    n_kernels = weight.shape[0]
+    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+    order = torch.argsort(index, stable=True)
+    inverse = torch.argsort(order)
+    ends = (torch.bincount(index, minlength=n_kernels).cumsum(0) * t).to(torch.int32)
+    rows = _Permute.apply(x.to(dtype), order, inverse).reshape(b * t, din)
+    y = torch._grouped_mm(rows, weight.to(dtype), offs=ends).view(b, t, -1)
+    y = y + (F.one_hot(index[order], n_kernels).to(dtype) @ bias.to(dtype))[:, None]
+    return _Permute.apply(y, inverse, order)
+
+
+def _gathered_product(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    return _gathered.gathered_linear(x, index, weight, bias)
+
+
+def _dense_product(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    return F.linear(x, weight[0].t(), bias[0])
+
+
+PRODUCTS = {"gathered": _gathered_product, "grouped-mm": grouped_mm_linear, "dense": _dense_product}
+
+
+def bench_products(path: str, mode: str, batch: int, rows: int, dim_in: int, dim_out: int, n_kernels: int,
+                   device: str, calls: int, repeats: int) -> dict:
+    """Forward and forward + backward time of one mixture product (gradients of the input, the
+    weights and the biases; ``dense``: one weight and bias)."""
+    torch.manual_seed(0)
+    index = torch.randint(0, n_kernels, (batch,), device=device)
+    x = torch.randn(batch, rows, dim_in, device=device, requires_grad=True)
+    n = 1 if path == "dense" else n_kernels
+    weight = (torch.randn(n, dim_in, dim_out, device=device) / dim_in**0.5).requires_grad_()
+    bias = torch.zeros(n, dim_out, device=device, requires_grad=True)
+    if path == "gathered" and not (_gathered.load_kernels() is not None and _gathered.usable(x)):
+        raise SystemExit(f"the gathered products cannot run here (device {device}); the path needs a CUDA device with "
+                         "Triton and deterministic algorithms off")
+    grad_out = torch.randn(batch, rows, dim_out, device=device)
+    torch._dynamo.reset()
+    fn = torch.compile(PRODUCTS[path]) if mode == "compiled" else PRODUCTS[path]
+
+    def forward() -> None:
+        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+            fn(x, index, weight, bias)
+
+    def forward_backward() -> None:
+        with torch.autocast(device, dtype=torch.bfloat16):
+            y = fn(x, index, weight, bias)
+        torch.autograd.grad(y, (x, weight, bias), grad_out)
+
+    t_fwd, t_both = _time_both(forward, forward_backward, device, calls, repeats, mode == "compiled")
+    return {"layer": "products", "path": path, "mode": mode, "batch": batch, "rows": rows, "dim_in": dim_in,
+            "dim_out": dim_out, "kernels": n_kernels, "samples_per_kernel": torch.bincount(index, minlength=n_kernels).tolist() if n > 1 else [batch],
+            "forward_us": 1e6 * t_fwd, "forward_backward_us": 1e6 * t_both}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -153,6 +242,7 @@ def main() -> None:
     parser.add_argument("--keys", type=int, nargs="+", default=[97],
                         help="attention: keys per sample (the GNO: 64 + 33 context tokens; the stand-in: 65)")
     parser.add_argument("--heads", type=int, default=8, help="attention: heads (the model width D / heads each)")
+    parser.add_argument("--kernels", type=int, default=4, help="products: kernels K of the mixture")
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
     parser.add_argument("--calls", type=int, default=20, help="calls per CUDA graph (GPU)")
     parser.add_argument("--repeats", type=int, default=50)
@@ -164,11 +254,17 @@ def main() -> None:
     rows = []
     for layer in args.layers:
         paths = [p for p in args.paths or PATHS[layer] if p in PATHS[layer]]
-        sizes = [args.tokens] if layer == "boundary" else args.keys
+        sizes = {"boundary": [args.tokens], "attention": args.keys,
+                 "products": [(args.queries, args.dim)] + [(m, 2 * args.dim) for m in args.keys]}[layer]
         for size, path, mode in itertools.product(sizes, paths, args.modes):
             if layer == "boundary":
                 r = bench_boundary(path, mode, args.batch, size, args.dim, args.device, args.calls, args.repeats)
                 label = f"{size} tokens"
+            elif layer == "products":
+                n_rows, dim_out = size
+                r = bench_products(path, mode, args.batch, n_rows, args.dim, dim_out, args.kernels, args.device,
+                                   args.calls, args.repeats)
+                label = f"{n_rows} rows, {args.dim}->{dim_out}"
             else:
                 r = bench_attention(path, mode, args.batch, args.queries, size, args.heads, args.dim // args.heads,
                                     args.device, args.calls, args.repeats)
