@@ -224,8 +224,9 @@ def bench_products(path: str, mode: str, batch: int, rows: int, dim_in: int, dim
         torch.autograd.grad(y, (x, weight, bias), grad_out)
 
     t_fwd, t_both = _time_both(forward, forward_backward, device, calls, repeats, mode == "compiled")
+    per_kernel = torch.bincount(index, minlength=n_kernels).tolist() if n > 1 else [batch]
     return {"layer": "products", "path": path, "mode": mode, "batch": batch, "rows": rows, "dim_in": dim_in,
-            "dim_out": dim_out, "kernels": n_kernels, "samples_per_kernel": torch.bincount(index, minlength=n_kernels).tolist() if n > 1 else [batch],
+            "dim_out": dim_out, "kernels": n_kernels, "samples_per_kernel": per_kernel,
             "forward_us": 1e6 * t_fwd, "forward_backward_us": 1e6 * t_both}
 
 
