@@ -32,7 +32,11 @@ it steps flat buffers of which the parameters are views (`gno_ext.training.FlatP
 ``--optimizer fused`` gives it the parameters themselves.
 
 The attention kernels attend through gno_ext's Triton kernels (`attend_tokens`) on a GPU by
-default; ``--attention sdpa`` takes ``scaled_dot_product_attention`` instead.
+default; ``--attention sdpa`` takes ``scaled_dot_product_attention`` instead. ``--attention``
+and ``--boundary`` are requests: where the fused kernels do not take the sizes (more keys per
+sample than one tile holds, more than 32 boundary tokens per sample) or there is no GPU, the
+layers run their PyTorch paths. Each row's ``ran`` says which paths the step took, read from
+the operators that ran while its FLOPs were counted.
 
     python recipes/bench_model.py --device cuda --batch 1 256 --out docs/benchmarks/model_h100.json
     python recipes/bench_model.py --batch 256 --modes graphs --chunk 0 4     # gathered kernels against chunks of 4
@@ -152,8 +156,9 @@ def train_step(net: torch.nn.Module, x: dict, opt: torch.optim.Optimizer, device
     opt.step()
 
 
-def count_flops(model: torch.nn.Module, x: dict, device: str) -> int:
-    """FLOPs of one training step's forward and backward (``FlopCounterMode``), counted eagerly.
+def count_flops(model: torch.nn.Module, x: dict, device: str) -> tuple[int, set[str]]:
+    """FLOPs of one training step's forward and backward (``FlopCounterMode``), counted eagerly,
+    and the names of the operators that did them (`paths_taken` reads the layers' paths there).
 
     A function of its own so that the loss, and with it the autograd graph of this step, dies
     with it: its gradient accumulators remember the stream they were made on (here the default
@@ -163,7 +168,16 @@ def count_flops(model: torch.nn.Module, x: dict, device: str) -> int:
         with torch.autocast(device, dtype=torch.bfloat16):
             loss = (model(x["u"], theta=x["theta"], bc=x["bc"]).float() - x["target"]).pow(2).mean()
         loss.backward()
-    return counter.get_total_flops()
+    return counter.get_total_flops(), {str(op) for ops in counter.get_flop_counts().values() for op in ops}
+
+
+def paths_taken(ops: set[str], boundary_transfer: bool) -> dict:
+    """The paths that the attention and the boundary operator took in a step that ran the
+    operators ``ops`` (from `count_flops`): ``fused`` where gno_ext's Triton operator ran, the
+    PyTorch path otherwise. A requested fused path falls back to PyTorch where the kernels do
+    not take the sizes (more keys or boundary tokens than a tile holds) or there is no GPU."""
+    return {"attention": "fused" if "gno_ext.token_attention" in ops else "sdpa",
+            "boundary": ("fused" if "gno_ext.boundary_transfer" in ops else "unfused") if boundary_transfer else None}
 
 
 def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int,
@@ -186,7 +200,7 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
         with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
             net(x["u"], theta=x["theta"], bc=x["bc"])
 
-    flops = count_flops(model, x, device)
+    flops, ops = count_flops(model, x, device)
     kernels_used = [len(set(b.mixture.last_routing.index.tolist())) if b.mixture is not None else 1
                     for b in model.blocks]
     model.zero_grad(set_to_none=True)  # the FLOP count's gradients
@@ -203,7 +217,7 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
             "peak_gib": memory, "kernels_used": kernels_used,
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "chunk": chunk,
             "boundary": boundary if model.boundary_transfer else None, "compile_options": options or {},
-            "optimizer": optimizer, "attention": attention}
+            "optimizer": optimizer, "attention": attention, "ran": paths_taken(ops, model.boundary_transfer)}
 
 
 def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device: str, top: int,
@@ -326,8 +340,8 @@ def main() -> None:
                     rows.append(r)
                     print(f"{model:15s} {batch:5d} {mode:>8s} {r['forward_ms']:8.3f} {r['step_ms']:8.3f} "
                           f"{r['train_tflops']:8.1f} {r['step_gflop']:8.1f} {r['peak_gib']:6.2f}  {r['kernels_used']}"
-                          f"  chunk {chunk or 'auto'}, boundary {r['boundary']}, optimizer {optimizer}, "
-                          f"attention {attention}", flush=True)
+                          f"  chunk {chunk or 'auto'}, optimizer {optimizer}, ran: boundary {r['ran']['boundary']}, "
+                          f"attention {r['ran']['attention']}", flush=True)
                 if args.out:
                     args.out.parent.mkdir(parents=True, exist_ok=True)
                     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

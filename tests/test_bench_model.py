@@ -2,6 +2,7 @@
 capture itself: tests/training/test_capture.py)."""
 
 import pytest
+import torch
 
 from tests._recipes import load_recipe
 
@@ -15,3 +16,29 @@ def test_bench_model_times_an_eager_step_on_the_cpu():
 def test_whole_graph_mode_says_it_needs_a_gpu():
     with pytest.raises(SystemExit, match="whole-graph needs a CUDA device"):
         load_recipe("bench_model").bench("vit-standin", 1, "whole-graph", (32, 32), 1, "cpu", repeats=1)
+
+
+def test_rows_name_the_paths_that_ran_not_the_requested_ones():
+    """On the CPU the fused attention and boundary operator fall back to PyTorch; the row says
+    so, whatever was asked for."""
+    bench = load_recipe("bench_model")
+    model, x, _, _ = bench.setup("gno", 1, (32, 32), 1, "cpu", None, boundary="fused", attention="fused")
+    assert bench.paths_taken(bench.count_flops(model, x, "cpu")[1], True) == {"attention": "sdpa",
+                                                                                "boundary": "unfused"}
+    row = bench.bench("vit-standin", 1, "eager", (32, 32), 1, "cpu", repeats=1, attention="fused")
+    assert row["attention"] == "fused" and row["ran"] == {"attention": "sdpa", "boundary": None}
+
+
+def test_paths_are_read_from_the_operators_that_ran():
+    paths_taken = load_recipe("bench_model").paths_taken
+    ran = {"aten.mm", "gno_ext.token_attention", "gno_ext.token_attention_backward", "gno_ext.boundary_transfer"}
+    assert paths_taken(ran, True) == {"attention": "fused", "boundary": "fused"}
+    assert paths_taken({"aten.mm", "aten._scaled_dot_product_efficient_attention"}, True) == {
+        "attention": "sdpa", "boundary": "unfused"}
+
+
+@pytest.mark.parametrize(("module", "op"), [("_attention_kernels", "token_attention"),
+                                            ("_boundary_kernels", "boundary_transfer")])
+def test_the_fused_operators_go_by_the_names_paths_taken_reads(module, op):
+    pytest.importorskip(f"gno_ext.layers.{module}", exc_type=ImportError)  # needs Triton
+    assert str(getattr(torch.ops.gno_ext, op)) == f"gno_ext.{op}"
