@@ -244,7 +244,7 @@ def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device
         by_name.setdefault(e.name, []).append(e.time_range.elapsed_us())
     short = sum(e.time_range.elapsed_us() < 5 for e in events)
     path = boundary if model.boundary_transfer else "none"
-    print(f"\n{name}, batch {batch}, boundary {path}, attention {attention}: {len(events)} kernels ({short} under 5 us), "
+    print(f"\n{name}, batch {batch}, requested: boundary {path}, attention {attention}: {len(events)} kernels ({short} under 5 us), "
           f"{total / 1e3:.2f} ms of GPU time in one step")
     by_category: dict[str, list[float]] = {}
     for kname, times in by_name.items():
