@@ -10,7 +10,9 @@ Layers (``--layers``) and their paths (``--paths``, default: all of the layer's)
   ``(B, M, 2, H, d)``, for each ``--keys`` M. Paths: ``fused`` (the Triton kernels of
   `gno_ext.layers._attention_kernels`, CUDA only, with their default choice of backward
   kernel), ``fused-query-tiles`` (the same, the backward pass forced onto the query-tiled
-  kernel), ``sdpa`` (`scaled_dot_product_attention`).
+  kernel), ``fused-key-tiles`` (the same, with no tile of every key: the forward pass loops
+  over key tiles and the backward pass with more than 64 queries is the split pair, as beyond
+  128 keys at head width 32), ``sdpa`` (`scaled_dot_product_attention`).
 * ``products``: the mixture's projections, ``x_b W_{k_b} + c_{k_b}`` with each sample's kernel
   ``k_b`` drawn at random from ``--kernels`` K, at the two shapes of the GNO's attention
   kernel: ``queries`` rows D -> D (the query and output projections) and, for each ``--keys``
@@ -65,7 +67,7 @@ def replay_time(fn: Callable[[], None], calls: int, repeats: int) -> float:
     return timed(capture_step(many), repeats, "cuda") / calls
 
 
-PATHS = {"boundary": ("unfused", "fused"), "attention": ("sdpa", "fused", "fused-query-tiles"),
+PATHS = {"boundary": ("unfused", "fused"), "attention": ("sdpa", "fused", "fused-query-tiles", "fused-key-tiles"),
          "products": ("gathered", "grouped-mm", "dense")}
 
 
@@ -124,7 +126,7 @@ def bench_attention(path: str, mode: str, batch: int, queries: int, keys: int, h
     fused = path != "sdpa"
     if fused and not attention.tokens_fusable(q, kv):
         raise SystemExit(f"the fused attention cannot run here (device {device}, {keys} keys, head width "
-                         f"{head_dim}); it needs a CUDA device with Triton and every key of a sample in one tile")
+                         f"{head_dim}); it needs a CUDA device with Triton and a head width up to 128")
     kernels = attention.load_kernels()
     torch._dynamo.reset()
     fn = torch.compile(attention.attend_tokens) if mode == "compiled" else attention.attend_tokens
@@ -138,18 +140,24 @@ def bench_attention(path: str, mode: str, batch: int, queries: int, keys: int, h
             y = fn(q, kv, fused=fused)
         torch.autograd.grad(y, (q, kv), grad_out)
 
-    key_tiled = kernels.KEY_TILED_QUERIES if kernels is not None else None
+    # the module settings that force a path, restored afterwards
+    forced = {"fused-query-tiles": {"KEY_TILED_QUERIES": 0}, "fused-key-tiles": {"MAX_TILE": 0}}.get(path, {})
+    saved = {name: getattr(kernels, name) for name in forced}
     try:
-        if path == "fused-query-tiles":
-            kernels.KEY_TILED_QUERIES = 0
-        backward = ("key tiles" if kernels.key_tiled(queries) else "query tiles") if fused else "sdpa"
+        for name, value in forced.items():
+            setattr(kernels, name, value)
+        forward_pass, backward = "sdpa", "sdpa"
+        if fused:
+            forward_pass = "one key tile" if kernels.one_tile(keys, head_dim) else "key tiles"
+            backward = ("key tiles" if kernels.key_tiled(queries) else
+                        "query tiles" if kernels.one_tile(keys, head_dim) else "split")
         t_fwd, t_both = _time_both(forward, forward_backward, device, calls, repeats, mode == "compiled")
     finally:
-        if kernels is not None:
-            kernels.KEY_TILED_QUERIES = key_tiled
+        for name, value in saved.items():
+            setattr(kernels, name, value)
     return {"layer": "attention", "path": path, "mode": mode, "batch": batch, "queries": queries, "keys": keys,
-            "heads": heads, "head_dim": head_dim, "backward": backward, "forward_us": 1e6 * t_fwd,
-            "forward_backward_us": 1e6 * t_both}
+            "heads": heads, "head_dim": head_dim, "forward": forward_pass, "backward": backward,
+            "forward_us": 1e6 * t_fwd, "forward_backward_us": 1e6 * t_both}
 
 
 class _Permute(torch.autograd.Function):

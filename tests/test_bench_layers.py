@@ -20,11 +20,11 @@ def test_bench_layers_says_why_the_fused_path_cannot_run_on_the_cpu():
 def test_bench_layers_times_the_attention_on_the_cpu():
     row = load_recipe("bench_layers").bench_attention("sdpa", "eager", batch=2, queries=8, keys=9, heads=2, head_dim=8,
                                                       device="cpu", calls=2, repeats=3)
-    assert (row["path"], row["backward"], row["queries"], row["keys"]) == ("sdpa", "sdpa", 8, 9)
+    assert (row["path"], row["forward"], row["backward"], row["queries"], row["keys"]) == ("sdpa", "sdpa", "sdpa", 8, 9)
     assert row["forward_us"] > 0 and row["forward_backward_us"] > 0
 
 
-@pytest.mark.parametrize("path", ["fused", "fused-query-tiles"])
+@pytest.mark.parametrize("path", ["fused", "fused-query-tiles", "fused-key-tiles"])
 def test_bench_layers_says_why_the_fused_attention_cannot_run_on_the_cpu(path):
     with pytest.raises(SystemExit, match="needs a CUDA device"):
         load_recipe("bench_layers").bench_attention(path, "eager", batch=2, queries=8, keys=9, heads=2, head_dim=8,

@@ -7,26 +7,41 @@ paper size) with narrow heads (32). At these sizes the library kernels behind
 `torch.nn.functional.scaled_dot_product_attention` are far from the memory traffic they need
 (the memory-efficient kernel's backward pass took 0.86 ms of a 6.4 ms training step on an
 H100), and they work in the ``(B, H, N, d)`` layout, so the projections' outputs are permuted
-and their gradients copied back. Here every key of a sample fits in one tile:
+and their gradients copied back. Two regimes:
 
-* **forward** (`_token_attention_forward`): a program per (sample, head, tile of ``BQ`` queries)
-  computes ``S = q k^T / sqrt(d)`` over all ``M`` keys in registers, its softmax (no running
-  maximum: one tile holds every key) and ``o = P v``, and writes ``o`` and the row's
-  log-sum-exp (float32) for the backward pass;
-* **backward**, with ``dS = P (dP - \mathrm{rowsum}(do\, o))``, ``dP = do\, v^T`` and ``P``
-  recomputed from the log-sum-exp, a program per (sample, head) in one of two ways:
+* **every key of a sample in one tile** (`one_tile`: ``pow2(M) * pow2(d) <= MAX_TILE``, up to
+  128 keys at head width 32; the paper size):
 
-  - up to `KEY_TILED_QUERIES` queries (`_token_attention_backward_keys`, the GNO's case): one
-    tile holds every query, and the program loops over tiles of ``BK`` keys, writing each
-    tile's ``dk = dS^T q / sqrt(d)`` and ``dv = P^T do`` and accumulating
-    ``dq = dS k / sqrt(d)`` in registers. A step holds ``BK`` keys' scores instead of all
-    keys', and the tiles are software-pipelined (the next keys load while the current ones are
-    used): at the GNO's sizes (64 queries, 65 or 97 keys) 26 to 28 % faster on an H100 than the
-    query-tiled kernel (docs/benchmarks.md, eleventh round);
-  - more queries (`_token_attention_backward`): the program loops over the query tiles,
-    writing ``dq`` for each and accumulating ``dk`` and ``dv`` for all keys in registers.
+  - forward (`_token_attention_forward`): a program per (sample, head, tile of ``BQ``
+    queries) computes ``S = q k^T / sqrt(d)`` over all ``M`` keys in registers, its softmax
+    (no running maximum: one tile holds every key) and ``o = P v``, and writes ``o`` and the
+    row's log-sum-exp (float32) for the backward pass;
+  - backward, with ``dS = P (dP - \mathrm{rowsum}(do\, o))``, ``dP = do\, v^T`` and ``P``
+    recomputed from the log-sum-exp, a program per (sample, head) in one of two ways. Up to
+    `KEY_TILED_QUERIES` queries (`_token_attention_backward_keys`, the GNO's case): one tile
+    holds every query, and the program loops over tiles of ``BK`` keys, writing each tile's
+    ``dk = dS^T q / sqrt(d)`` and ``dv = P^T do`` and accumulating ``dq = dS k / sqrt(d)`` in
+    registers. A step holds ``BK`` keys' scores instead of all keys', and the tiles are
+    software-pipelined (the next keys load while the current ones are used): at the GNO's
+    sizes (64 queries, 65 or 97 keys) 26 to 28 % faster on an H100 than the query-tiled kernel
+    (docs/benchmarks.md, eleventh round). More queries (`_token_attention_backward`): the
+    program loops over the query tiles, writing ``dq`` for each and accumulating ``dk`` and
+    ``dv`` for all keys in registers;
 
-  No atomics: the result is reproducible.
+* **more keys** (the `trl` recipe's 128 x 384 grid: 192 queries, 257 keys, and the stand-in's
+  193 there):
+
+  - forward (`_token_attention_forward_tiles`): the program loops over tiles of ``BK`` keys
+    with a running maximum and sum (the online softmax of flash attention), so no tile holds
+    more than ``BQ x BK`` scores;
+  - backward: up to `KEY_TILED_QUERIES` queries as above (that kernel takes any number of
+    keys); beyond, two launches over the same two kernels, each given a second grid axis:
+    `_token_attention_backward` with a program per (sample, head, tile of ``BK`` keys) writes
+    ``dk`` and ``dv`` of its keys, and `_token_attention_backward_keys` with a program per
+    (sample, head, tile of ``BQ`` queries) writes ``dq`` of its queries. The scores are
+    recomputed in both; in exchange every sum stays inside one program.
+
+No atomics: the result is reproducible.
 
 Queries are read from ``q`` (B, N, H, d) and keys and values from one ``kv`` (B, M, 2, H, d), the
 layouts in which the projections write them; ``o`` and the gradients are written in the same
@@ -47,20 +62,30 @@ from torch.utils.flop_counter import register_flop_formula
 
 from gno_ext.layers._gathered_kernels import _launch, _precision
 
-__all__ = ["CONFIG", "KEY_TILED_QUERIES", "key_tiled", "supported", "token_attention", "token_attention_backward"]
+__all__ = ["CONFIG", "KEY_TILED_QUERIES", "MAX_TILE", "key_tiled", "one_tile", "supported", "token_attention",
+           "token_attention_backward"]
 
 # Launch configuration of each pass (chosen by sweeps on an H100, docs/benchmarks.md): BQ
 # queries per tile (an upper bound, reduced to the query count), BK keys per tile, warps per
 # program, pipelining stages. "backward_keys": the key-tiled backward pass (up to
-# KEY_TILED_QUERIES queries); "backward": the query-tiled one (more queries). These settings are
-# read when a model is compiled. torch.compile's caches (AOTAutograd's, keyed on the traced
+# KEY_TILED_QUERIES queries); "backward": the query-tiled one (more queries). "forward_tiles" and
+# "backward_split": the passes for more keys than one tile holds (`one_tile`). These settings
+# are read when a model is compiled. torch.compile's caches (AOTAutograd's, keyed on the traced
 # graph and the kernels' source code, and inductor's FX graph cache) do not see them, so after
 # a change a compiled model needs a fresh cache (TORCHINDUCTOR_FX_GRAPH_CACHE=0, which turns
 # both off, or another TORCHINDUCTOR_CACHE_DIR) or it may run the kernel chosen before.
 CONFIG = {"forward": {"BQ": 64, "num_warps": 4}, "backward": {"BQ": 64, "num_warps": 4},
-          "backward_keys": {"BK": 64, "num_warps": 4, "num_stages": 3}}
+          "backward_keys": {"BK": 64, "num_warps": 4, "num_stages": 3},
+          "forward_tiles": {"BQ": 64, "BK": 64, "num_warps": 4, "num_stages": 3},
+          "backward_split": {"BQ": 64, "BK": 64, "num_warps": 4, "num_stages": 3}}
 KEY_TILED_QUERIES = 64  # queries (padded to a power of two) up to which the backward pass tiles the keys
-MAX_TILE = 8192  # keys (padded to a power of two) x head width (padded) that one tile may hold
+# Keys (padded to a power of two) x head width (padded) that one tile may hold. Beyond, the
+# passes loop over key tiles. At 64 queries and 97 keys (head width 32, padded to 128) one
+# tile's forward pass is faster (51.9 against 55.4 us at batch 256); at 192 queries and 193
+# keys (padded to 256) the tiled passes are (forward 19.9 against 22.0 us, forward + backward
+# 72.8 against 107.1 us at batch 32; H100, compiled, bf16; docs/benchmarks.md, fifteenth round).
+MAX_TILE = 4096
+MAX_HEAD_DIM = 128  # head width (padded to a power of two) that the kernels take
 LOG2E = 1.4426950408889634
 
 
@@ -75,10 +100,18 @@ def key_tiled(queries: int) -> bool:
     return _pow2(queries) <= KEY_TILED_QUERIES
 
 
-def supported(keys: int, head_dim: int) -> bool:
-    """Whether the kernels take ``keys`` keys per sample at head width ``head_dim``: all keys
-    of a sample in one tile (``pow2(keys) * pow2(head_dim) <= MAX_TILE``)."""
+def one_tile(keys: int, head_dim: int) -> bool:
+    """Whether one tile holds all ``keys`` keys of a sample at head width ``head_dim``
+    (``pow2(keys) * pow2(head_dim) <= MAX_TILE``): the forward pass and the query-tiled backward
+    pass then keep every key's scores in registers; otherwise they loop over tiles of keys."""
     return _pow2(keys) * _pow2(head_dim) <= MAX_TILE
+
+
+def supported(keys: int, head_dim: int) -> bool:
+    """Whether the kernels take ``keys`` keys per sample (at least one) at head width
+    ``head_dim`` (up to `MAX_HEAD_DIM`). Any number of keys: beyond one tile (`one_tile`) the
+    passes loop over tiles of keys."""
+    return keys >= 1 and _pow2(head_dim) <= MAX_HEAD_DIM
 
 
 @triton.jit
@@ -166,14 +199,47 @@ def _token_attention_forward(q_ptr, kv_ptr, o_ptr, lse_ptr, N, M, H, DH,
 
 
 @triton.jit
+def _token_attention_forward_tiles(q_ptr, kv_ptr, o_ptr, lse_ptr, N, M, H, DH,
+                                   sqb, sqn, sqh, skb, skm, sks, skh, sob, son, soh, SCALE2: tl.constexpr,
+                                   BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+    # the forward pass over tiles of BK keys: running maximum ``top`` and sum ``total`` of the
+    # exponentials (base 2), the output accumulated unnormalised and rescaled as ``top`` grows
+    bh = tl.program_id(0)
+    b, h = (bh // H).to(tl.int64), bh % H
+    rows = tl.program_id(1) * BQ + tl.arange(0, BQ)
+    dd = tl.arange(0, BD)
+    q_offsets, row_mask = _offsets(b, h, rows, dd, N, DH, sqb, sqn, sqh)
+    q = tl.load(q_ptr + q_offsets, mask=row_mask, other=0.0)
+    top = tl.full((BQ,), float("-inf"), dtype=tl.float32)
+    total = tl.zeros((BQ,), dtype=tl.float32)
+    acc = tl.zeros((BQ, BD), dtype=tl.float32)
+    for k0 in range(0, M, BK):  # every tile holds at least one key, so ``top`` is finite after the first
+        keys = k0 + tl.arange(0, BK)
+        k_offsets, key_mask = _offsets(b, h, keys, dd, M, DH, skb, skm, skh)
+        k, v = _key_tile(kv_ptr, k_offsets, key_mask, sks)
+        s = _scores(q, k, keys, M, SCALE2, PRECISION)
+        new_top = tl.maximum(top, tl.max(s, 1))
+        shrink = tl.exp2(top - new_top)
+        p = tl.exp2(s - new_top[:, None])
+        total = total * shrink + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * shrink[:, None], input_precision=PRECISION)
+        top = new_top
+    o_offsets, _ = _offsets(b, h, rows, dd, N, DH, sob, son, soh)
+    tl.store(o_ptr + o_offsets, (acc / total[:, None]).to(o_ptr.dtype.element_ty), mask=row_mask)
+    tl.store(lse_ptr + bh * N + rows, top + tl.log2(total), mask=rows < N)
+
+
+@triton.jit
 def _token_attention_backward(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dkv_ptr, N, M, H, DH,
                               sqb, sqn, sqh, skb, skm, sks, skh, sob, son, soh, sdob, sdon, sdoh,
                               SCALE2: tl.constexpr, SCALE: tl.constexpr,
-                              BQ: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
-    # dq has q's strides and dkv has kv's (both made contiguous by the caller)
+                              BQ: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr,
+                              WRITE_DQ: tl.constexpr):
+    # program (sample, head) x (tile of BM keys; one tile of all keys where WRITE_DQ, which
+    # then also writes dq); dq has q's strides and dkv has kv's (both made contiguous by the caller)
     bh = tl.program_id(0)
     b, h = (bh // H).to(tl.int64), bh % H
-    keys = tl.arange(0, BM)
+    keys = tl.program_id(1) * BM + tl.arange(0, BM)
     dd = tl.arange(0, BD)
     k_offsets, key_mask = _offsets(b, h, keys, dd, M, DH, skb, skm, skh)
     k, v = _key_tile(kv_ptr, k_offsets, key_mask, sks)
@@ -186,8 +252,9 @@ def _token_attention_backward(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dkv
                                         sob, son, soh, sdob, sdon, sdoh)
         p, ds = _score_grads(q, k, v, do, lse, delta, rows, keys, N, M, SCALE2, PRECISION)
         dv = tl.dot(tl.trans(p), do, dv, input_precision=PRECISION)
-        dq = tl.dot(ds, k, input_precision=PRECISION) * SCALE
-        tl.store(dq_ptr + q_offsets, dq.to(dq_ptr.dtype.element_ty), mask=row_mask)
+        if WRITE_DQ:
+            dq = tl.dot(ds, k, input_precision=PRECISION) * SCALE
+            tl.store(dq_ptr + q_offsets, dq.to(dq_ptr.dtype.element_ty), mask=row_mask)
         dk = tl.dot(tl.trans(ds), q, dk, input_precision=PRECISION)
     _store_key_grads(dkv_ptr, k_offsets, key_mask, sks, dk, dv, SCALE)
 
@@ -196,11 +263,14 @@ def _token_attention_backward(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dkv
 def _token_attention_backward_keys(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dkv_ptr, N, M, H, DH,
                                    sqb, sqn, sqh, skb, skm, sks, skh, sob, son, soh, sdob, sdon, sdoh,
                                    SCALE2: tl.constexpr, SCALE: tl.constexpr,
-                                   BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
-    # one tile of BQ >= N queries; dq has q's strides and dkv has kv's (both made contiguous by the caller)
+                                   BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr,
+                                   WRITE_KV: tl.constexpr):
+    # program (sample, head) x (tile of BQ queries; one tile of all queries where WRITE_KV,
+    # which then also writes dk and dv); dq has q's strides and dkv has kv's (both made
+    # contiguous by the caller)
     bh = tl.program_id(0)
     b, h = (bh // H).to(tl.int64), bh % H
-    rows = tl.arange(0, BQ)
+    rows = tl.program_id(1) * BQ + tl.arange(0, BQ)
     dd = tl.arange(0, BD)
     q_offsets, row_mask = _offsets(b, h, rows, dd, N, DH, sqb, sqn, sqh)
     q, do, lse, delta = _query_tile(q_ptr, o_ptr, do_ptr, lse_ptr, q_offsets, row_mask, bh, b, h, rows, dd, N, DH,
@@ -211,10 +281,11 @@ def _token_attention_backward_keys(q_ptr, kv_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr
         k_offsets, key_mask = _offsets(b, h, keys, dd, M, DH, skb, skm, skh)
         k, v = _key_tile(kv_ptr, k_offsets, key_mask, sks)
         p, ds = _score_grads(q, k, v, do, lse, delta, rows, keys, N, M, SCALE2, PRECISION)
-        dv = tl.dot(tl.trans(p), do, input_precision=PRECISION)
         dq = tl.dot(ds, k, dq, input_precision=PRECISION)
-        dk = tl.dot(tl.trans(ds), q, input_precision=PRECISION)
-        _store_key_grads(dkv_ptr, k_offsets, key_mask, sks, dk, dv, SCALE)
+        if WRITE_KV:
+            dv = tl.dot(tl.trans(p), do, input_precision=PRECISION)
+            dk = tl.dot(tl.trans(ds), q, input_precision=PRECISION)
+            _store_key_grads(dkv_ptr, k_offsets, key_mask, sks, dk, dv, SCALE)
     tl.store(dq_ptr + q_offsets, (dq * SCALE).to(dq_ptr.dtype.element_ty), mask=row_mask)
 
 
@@ -236,11 +307,19 @@ def token_attention(q: Tensor, kv: Tensor) -> tuple[Tensor, Tensor]:
     m = kv.shape[1]
     o = torch.empty_like(q)
     lse = q.new_empty(b, h, n, dtype=torch.float32)
-    c = CONFIG["forward"]
-    bq, bm, bd = _tiles(n, m, dh, c["BQ"])
-    _launch(_token_attention_forward)[(b * h, triton.cdiv(n, bq))](
-        q, kv, o, lse, n, m, h, dh, *_strides(q, kv), *o.stride()[:3], SCALE2=LOG2E / math.sqrt(dh),
-        BQ=bq, BM=bm, BD=bd, PRECISION=_precision(), num_warps=c["num_warps"])
+    args = (q, kv, o, lse, n, m, h, dh, *_strides(q, kv), *o.stride()[:3])
+    if one_tile(m, dh):
+        c = CONFIG["forward"]
+        bq, bm, bd = _tiles(n, m, dh, c["BQ"])
+        _launch(_token_attention_forward)[(b * h, triton.cdiv(n, bq))](
+            *args, SCALE2=LOG2E / math.sqrt(dh), BQ=bq, BM=bm, BD=bd, PRECISION=_precision(),
+            num_warps=c["num_warps"])
+    else:
+        c = CONFIG["forward_tiles"]
+        bq, bd = min(c["BQ"], _pow2(n)), _pow2(dh)
+        _launch(_token_attention_forward_tiles)[(b * h, triton.cdiv(n, bq))](
+            *args, SCALE2=LOG2E / math.sqrt(dh), BQ=bq, BK=c["BK"], BD=bd, PRECISION=_precision(),
+            num_warps=c["num_warps"], num_stages=c["num_stages"])
     return o, lse
 
 
@@ -253,16 +332,26 @@ def token_attention_backward(q: Tensor, kv: Tensor, o: Tensor, lse: Tensor, grad
     dq, dkv = torch.empty_like(q), torch.empty_like(kv)
     args = (q, kv, o, grad, lse, dq, dkv, n, m, h, dh, *_strides(q, kv), *o.stride()[:3], *grad.stride()[:3])
     scales = {"SCALE2": LOG2E / math.sqrt(dh), "SCALE": 1 / math.sqrt(dh), "PRECISION": _precision()}
-    if key_tiled(n):
+    bd = _pow2(dh)
+    if key_tiled(n):  # one tile of every query, looping over the keys (any number)
         c = CONFIG["backward_keys"]
-        _launch(_token_attention_backward_keys)[(b * h,)](
-            *args, **scales, BQ=_pow2(n), BK=c["BK"], BD=_pow2(dh), num_warps=c["num_warps"],
+        _launch(_token_attention_backward_keys)[(b * h, 1)](
+            *args, **scales, BQ=_pow2(n), BK=c["BK"], BD=bd, WRITE_KV=True, num_warps=c["num_warps"],
             num_stages=c["num_stages"])
-    else:
+    elif one_tile(m, dh):  # one tile of every key, looping over the queries
         c = CONFIG["backward"]
         bq, bm, bd = _tiles(n, m, dh, c["BQ"])
-        _launch(_token_attention_backward)[(b * h,)](*args, **scales, BQ=bq, BM=bm, BD=bd,
-                                                     num_warps=c["num_warps"])
+        _launch(_token_attention_backward)[(b * h, 1)](*args, **scales, BQ=bq, BM=bm, BD=bd, WRITE_DQ=True,
+                                                       num_warps=c["num_warps"])
+    else:  # dk and dv per tile of keys, then dq per tile of queries
+        c = CONFIG["backward_split"]
+        bq, bk = c["BQ"], c["BK"]
+        _launch(_token_attention_backward)[(b * h, triton.cdiv(m, bk))](
+            *args, **scales, BQ=bq, BM=bk, BD=bd, WRITE_DQ=False, num_warps=c["num_warps"],
+            num_stages=c["num_stages"])
+        _launch(_token_attention_backward_keys)[(b * h, triton.cdiv(n, bq))](
+            *args, **scales, BQ=bq, BK=bk, BD=bd, WRITE_KV=False, num_warps=c["num_warps"],
+            num_stages=c["num_stages"])
     return dq, dkv
 
 

@@ -9,15 +9,17 @@ import triton.language as tl
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-__all__ = ["FORWARD", "WGRAD", "gathered_mm", "grouped_wgrad"]
+__all__ = ["FORWARD", "WGRAD", "gathered_mm", "grouped_wgrad", "wgrad_splits"]
 
 # Launch configurations, chosen by sweeps on an H100 (docs/benchmarks.md). FORWARD: the
 # product and the input gradient (BM: rows of one kernel's samples per tile; BN, BK: upper
 # bounds, reduced to the problem's size); WGRAD: the weight gradient (tile sizes are upper
-# bounds; its runs of samples: `gno_ext.layers._gathered.RUN`). Read when a model is compiled:
-# after a change, start from a fresh compile cache (see `_attention_kernels.CONFIG`).
+# bounds; its runs of samples: `gno_ext.layers._gathered.RUN`; "programs": below this many
+# programs of whole samples, each sample's rows are split between programs, see
+# `wgrad_splits`). Read when a model is compiled: after a change, start from a fresh compile
+# cache (see `_attention_kernels.CONFIG`).
 FORWARD = {"BM": 128, "BN": 128, "BK": 64, "num_warps": 8, "num_stages": 3}
-WGRAD = {"BD": 128, "BN": 128, "BT": 64, "num_warps": 4, "num_stages": 3}
+WGRAD = {"BD": 128, "BN": 128, "BT": 64, "num_warps": 4, "num_stages": 3, "programs": 256}
 
 
 @triton.jit
@@ -75,22 +77,24 @@ def _gathered_mm_kernel(x_ptr, w_ptr, bias_ptr, plan_ptr, y_ptr, T, DIN, DOUT, K
 
 @triton.jit
 def _grouped_wgrad_kernel(x_ptr, dy_ptr, order_ptr, run_kernel_ptr, run_start_ptr, run_len_ptr,
-                          dw_ptr, dbias_ptr, T, DIN, DOUT,
+                          dw_ptr, dbias_ptr, T, DIN, DOUT, PART,
                           sxb, sxt, sxd, syb, syt, syd, swk, swi, swo, sbk,
                           HAS_BIAS: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
                           RUN: tl.constexpr, PRECISION: tl.constexpr):
-    # program (weight tile) x (run): dW[k] tile += sum over the run's samples of x_b^T dy_b
+    # program (weight tile) x (run) x (part of the rows: chunks of BT rows [c0, c1), PART
+    # chunks per part): dW[k] tile += sum over the run's samples of x_b^T dy_b over those rows
     tiles_n = tl.cdiv(DOUT, BN)
     td = tl.program_id(0) // tiles_n
     dd = td * BD + tl.arange(0, BD)
     nn = (tl.program_id(0) % tiles_n) * BN + tl.arange(0, BN)
     r = tl.program_id(1)
+    c0 = tl.program_id(2) * PART
+    chunks = tl.minimum(tl.cdiv(T, BT) - c0, PART)
     length = tl.load(run_len_ptr + r)
     if length > 0:
         k = tl.load(run_kernel_ptr + r).to(tl.int64)
         first = tl.load(run_start_ptr + r)
         tt0 = tl.arange(0, BT)
-        chunks = tl.cdiv(T, BT)
         acc = tl.zeros((BD, BN), dtype=tl.float32)
         acc_bias = tl.zeros((BN,), dtype=tl.float32)
         # The run's sample indices are loaded once, so that the tile addresses in the loop
@@ -100,7 +104,7 @@ def _grouped_wgrad_kernel(x_ptr, dy_ptr, order_ptr, run_kernel_ptr, run_start_pt
         samples = tl.load(order_ptr + first + lanes, mask=lanes < length, other=0).to(tl.int64)
         for i in range(length * chunks):
             b = tl.sum(tl.where(lanes == i // chunks, samples, 0))
-            tt = (i % chunks) * BT + tt0
+            tt = (c0 + i % chunks) * BT + tt0
             xt = tl.load(x_ptr + b * sxb + dd[:, None] * sxd + tt[None, :] * sxt,
                          mask=(dd[:, None] < DIN) & (tt[None, :] < T), other=0.0)
             dy = tl.load(dy_ptr + b * syb + tt[:, None] * syt + nn[None, :] * syd,
@@ -155,6 +159,21 @@ def _gathered_mm(x: Tensor, weight: Tensor, bias: Tensor | None, plan: Tensor) -
     return y
 
 
+def wgrad_splits(tiles: int, runs: int, chunks: int, programs: int | None = None) -> tuple[int, int]:
+    """How the weight-gradient kernel splits each sample's ``chunks`` chunks of rows: returns
+    ``(parts, chunks per part)``. With ``tiles`` weight tiles and ``runs`` runs of samples,
+    whole samples give ``tiles * runs`` programs; below ``programs`` (default
+    ``WGRAD["programs"]``, about two per streaming multiprocessor of an H100) the rows are cut
+    into as many equal parts as bring the count up to it, at most one per chunk. Many rows per
+    sample and a small batch (the `trl` recipe's 128 x 384 grid: 192 and 257 rows, batch 32)
+    would otherwise leave most of the GPU idle; at the paper's 128^2 grid at batch 256 the
+    kernel does not split."""
+    programs = WGRAD["programs"] if programs is None else programs
+    want = min(chunks, max(1, -(-programs // (tiles * runs))))
+    per = -(-chunks // want)
+    return -(-chunks // per), per
+
+
 def _grouped_wgrad(x: Tensor, dy: Tensor, plan: Tensor, n_kernels: int, has_bias: bool,
                    run: int) -> tuple[Tensor, Tensor]:
     """Launch of the weight-gradient kernel: ``(dW (K, in, out), dbias (K, out))`` in float32
@@ -167,11 +186,13 @@ def _grouped_wgrad(x: Tensor, dy: Tensor, plan: Tensor, n_kernels: int, has_bias
     order, (run_kernel, run_start, run_len) = plan[n_kernels:n_kernels + b], plan[n_kernels + b:].view(3, -1)
     c = WGRAD
     bd, bn, bt = _tile(din, c["BD"]), _tile(dout, c["BN"]), _tile(t, c["BT"])
-    grid = (triton.cdiv(din, bd) * triton.cdiv(dout, bn), run_len.shape[0])
-    _launch(_grouped_wgrad_kernel)[grid](
-        x, dy, order, run_kernel, run_start, run_len, dw, dbias, t, din, dout,
+    tiles, runs = triton.cdiv(din, bd) * triton.cdiv(dout, bn), run_len.shape[0]
+    parts, per = wgrad_splits(tiles, runs, triton.cdiv(int(t), bt))
+    _launch(_grouped_wgrad_kernel)[(tiles, runs, parts)](
+        x, dy, order, run_kernel, run_start, run_len, dw, dbias, t, din, dout, per,
         *x.stride(), *dy.stride(), *dw.stride(), dbias.stride(0) if has_bias else 0,
-        HAS_BIAS=has_bias, BD=bd, BN=bn, BT=bt, RUN=triton.next_power_of_2(run), PRECISION=_precision(), num_warps=c["num_warps"], num_stages=c["num_stages"])
+        HAS_BIAS=has_bias, BD=bd, BN=bn, BT=bt, RUN=triton.next_power_of_2(run), PRECISION=_precision(),
+        num_warps=c["num_warps"], num_stages=c["num_stages"])
     return dw, dbias
 
 

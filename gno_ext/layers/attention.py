@@ -52,9 +52,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 def tokens_fusable(q: Tensor, kv: Tensor) -> bool:
     """Whether `attend_tokens` runs its Triton kernels on these inputs: CUDA tensors of one
-    floating type (half, bfloat16 or float32), the kernels loaded (Triton installed), and all
-    keys of a sample in one tile (`gno_ext.layers._attention_kernels.supported`: up to 128 keys
-    at head width 64, 256 at 32, ...)."""
+    floating type (half, bfloat16 or float32), the kernels loaded (Triton installed), and a
+    head width they take (`gno_ext.layers._attention_kernels.supported`: up to 128; any number
+    of keys)."""
     return (_kernels is not None and q.is_cuda and kv.is_cuda and q.dtype == kv.dtype
             and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
             and _kernels.supported(kv.shape[1], q.shape[-1]))

@@ -61,13 +61,21 @@ from gno_ext.layers import _gathered
 assert os.environ["TRITON_INTERPRET"] == "1"
 assert _gathered.load_kernels() is not None
 torch.manual_seed(0)
-# (batch, tokens, in, out, kernels, samples per run, bias, unused kernel): row counts that are
-# not a multiple of the tiles (tiles spanning several samples, samples cut between two tiles),
-# several row and column tiles, a batch shorter than a run, an unused kernel first, in the
-# middle or last
-for b, t, din, dout, k, run, bias, unused in [(5, 13, 24, 40, 3, 2, True, 2), (9, 70, 16, 136, 4, 4, False, 1),
-                                              (3, 5, 8, 8, 4, 8, True, 0), (40, 33, 32, 24, 3, 8, True, 1)]:
+kernels = _gathered._kernels
+# (batch, tokens, in, out, kernels, samples per run, bias, unused kernel, programs): row counts
+# that are not a multiple of the tiles (tiles spanning several samples, samples cut between two
+# tiles), several row and column tiles, a batch shorter than a run, an unused kernel first, in
+# the middle or last; the weight gradient with each sample's rows whole, split in two parts of
+# one chunk (70 rows), in five (300 rows) and in three parts of two, two and one chunk (300
+# rows, `programs` 18)
+cases = [(5, 13, 24, 40, 3, 2, True, 2, 256), (9, 70, 16, 136, 4, 4, False, 1, 256), (3, 5, 8, 8, 4, 8, True, 0, 256),
+         (40, 33, 32, 24, 3, 8, True, 1, 256), (6, 300, 16, 24, 3, 2, True, 1, 256),
+         (6, 300, 16, 24, 3, 2, False, 0, 18)]
+assert [kernels.wgrad_splits(-(-dout // 128) * -(-din // 128), b // run + k, -(-t // 64), programs)
+        for b, t, din, dout, k, run, _, _, programs in cases[1:]] == [(2, 1), (1, 1), (1, 1), (5, 1), (3, 2)]
+for b, t, din, dout, k, run, bias, unused, programs in cases:
     _gathered.RUN = run
+    kernels.WGRAD["programs"] = programs
     x = torch.randn(b, t, din, requires_grad=True)
     index = torch.randint(0, k - 1, (b,))
     index[index >= unused] += 1
@@ -100,12 +108,24 @@ print("interpreted kernels agree")
 """
 
 
+def test_weight_gradient_splits_rows_only_where_whole_samples_leave_the_gpu_idle():
+    """At the paper's 128^2 grid at batch 256 (64 and 97 rows, 36 runs) the weight-gradient
+    kernel keeps each sample's rows in one program; at the `trl` grid at batch 32 (192 and 257
+    rows, 8 runs) it cuts them into equal parts, at most one per chunk of rows."""
+    kernels = pytest.importorskip("gno_ext.layers._gathered_kernels", exc_type=ImportError)
+    assert kernels.wgrad_splits(4, 36, 1, 256) == (1, 1) and kernels.wgrad_splits(8, 36, 2, 256) == (1, 2)
+    assert kernels.wgrad_splits(4, 8, 3, 256) == (3, 1) and kernels.wgrad_splits(8, 8, 5, 256) == (3, 2)
+    for tiles, runs, chunks, programs in [(1, 1, 7, 4), (2, 3, 9, 100), (8, 8, 5, 0), (1, 1, 1, 500)]:
+        parts, per = kernels.wgrad_splits(tiles, runs, chunks, programs)
+        assert 1 <= parts <= chunks and (parts - 1) * per < chunks <= parts * per  # every part has rows
+
+
 @needs_triton
 def test_kernels_match_the_reference_in_tritons_interpreter():
     """Forward, input, weight and bias gradients of the Triton kernels (run by Triton's CPU
     interpreter, in a process of its own: the interpreter is chosen when the kernels are
-    defined) equal the per-sample products, in float32 and under float16 autocast; FLOPs are
-    counted for all three products."""
+    defined) equal the per-sample products, in float32 and under float16 autocast, with the
+    weight gradient's rows whole and split; FLOPs are counted for all three products."""
     run_interpreted(INTERPRETED, "interpreted kernels agree")
 
 
@@ -184,11 +204,14 @@ def test_gpu_gathered_path_under_bf16_autocast():
 
 
 @needs_cuda
-@pytest.mark.parametrize("tokens,din,dout", [(16, 32, 32), (49, 32, 64), (65, 64, 128), (97, 256, 512)])
+@pytest.mark.parametrize("tokens,din,dout", [(16, 32, 32), (49, 32, 64), (65, 64, 128), (97, 256, 512),
+                                             (192, 256, 256), (257, 256, 512)])
 def test_gpu_gathered_linear_under_bf16_autocast_over_sizes(tokens, din, dout):
-    """Smoke-size widths (32, 64) and the paper's key/value product: in bf16 the output and
-    the input, weight and bias gradients are within bf16 rounding (1e-2 relative) of the
-    float64 per-sample products, every kernel used by some samples."""
+    """Smoke-size widths (32, 64), the paper's key/value product and the `trl` grid's query and
+    key/value products (192 and 257 rows; at this batch of 40 the weight gradient splits the
+    rows of 97 and more, `wgrad_splits`): in bf16 the output and the input, weight and bias
+    gradients are within bf16 rounding (1e-2 relative) of the float64 per-sample products,
+    every kernel used by some samples."""
     torch.manual_seed(tokens + din)
     x = torch.randn(40, tokens, din, device="cuda", requires_grad=True)
     w = torch.randn(3, din, dout, device="cuda", requires_grad=True)

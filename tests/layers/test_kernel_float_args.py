@@ -19,11 +19,12 @@ pytestmark = pytest.mark.skipif(find_spec("triton") is None, reason="Triton is n
 # kernel module, kernel, its float settings, the other constexprs (paper-size values)
 BOUNDARY = {"W": 64, "HID": 128, "MP": 32, "G": 1, "BD": 256, "PRECISION": "ieee"}
 ATTENTION = {"BQ": 64, "BM": 128, "BD": 32, "PRECISION": "ieee"}
+KEY_TILES = {"BQ": 64, "BK": 64, "BD": 32, "PRECISION": "ieee"}
 KERNELS = [
     ("_attention_kernels", "_token_attention_forward", ("SCALE2",), ATTENTION),
-    ("_attention_kernels", "_token_attention_backward", ("SCALE2", "SCALE"), ATTENTION),
-    ("_attention_kernels", "_token_attention_backward_keys", ("SCALE2", "SCALE"),
-     {"BQ": 64, "BK": 64, "BD": 32, "PRECISION": "ieee"}),
+    ("_attention_kernels", "_token_attention_forward_tiles", ("SCALE2",), KEY_TILES),
+    ("_attention_kernels", "_token_attention_backward", ("SCALE2", "SCALE"), {**ATTENTION, "WRITE_DQ": True}),
+    ("_attention_kernels", "_token_attention_backward_keys", ("SCALE2", "SCALE"), {**KEY_TILES, "WRITE_KV": True}),
     ("_boundary_kernels", "_boundary_forward_kernel", ("EPS1", "EPS2", "SCALE"), BOUNDARY),
     ("_boundary_kernels", "_boundary_backward_kernel", ("EPS1", "EPS2", "SCALE"), BOUNDARY),
 ]

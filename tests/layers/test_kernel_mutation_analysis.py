@@ -16,6 +16,7 @@ written. An analysis that fails counts every tensor as written, so it fails this
 """
 
 import importlib
+import itertools
 import logging
 from importlib.util import find_spec
 
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.skipif(find_spec("triton") is None, reason="Triton is n
 # kernel -> the pointer arguments it writes
 OUTPUTS = {
     "_token_attention_forward": {"o_ptr", "lse_ptr"},
+    "_token_attention_forward_tiles": {"o_ptr", "lse_ptr"},
     "_token_attention_backward": {"dq_ptr", "dkv_ptr"},
     "_token_attention_backward_keys": {"dq_ptr", "dkv_ptr"},
     "_gathered_mm_kernel": {"y_ptr"},
@@ -36,6 +38,13 @@ OUTPUTS = {
     "_boundary_wgrad_kernel": {"out_ptr"},
 }
 MODULES = ("_gathered_kernels", "_attention_kernels", "_boundary_kernels")
+# flags under which a kernel leaves one of its outputs unwritten (the attention's split backward pass)
+SKIPPED_WHEN_OFF = {"WRITE_DQ": "dq_ptr", "WRITE_KV": "dkv_ptr"}
+
+
+def expected_writes(name: str, kwargs: dict) -> set[str]:
+    """The outputs that kernel ``name`` writes when launched with ``kwargs``."""
+    return OUTPUTS[name] - {out for flag, out in SKIPPED_WHEN_OFF.items() if kwargs.get(flag) is False}
 
 
 class _Recorder:
@@ -92,9 +101,12 @@ def run_operators() -> None:
     from gno_ext.layers import _gathered, boundary
 
     ops = torch.ops.gno_ext
-    for n in (64, 150):  # the key-tiled backward kernel (<= 64 queries) and the query-tiled one
+    # the key-tiled backward kernel (<= 64 queries) and the query-tiled one, each with one tile
+    # of keys (97) and with more (300: the key-tiled forward kernel; with 150 queries, the
+    # backward kernels' split pair)
+    for n, m in itertools.product((64, 150), (97, 300)):
         q = torch.randn(2, n, 4, 32, requires_grad=True)
-        kv = torch.randn(2, 97, 2, 4, 32, requires_grad=True)
+        kv = torch.randn(2, m, 2, 4, 32, requires_grad=True)
         out, _ = ops.token_attention(q, kv)
         out.sum().backward()
     x, weight, bias = torch.randn(8, 97, 64, requires_grad=True), torch.randn(4, 64, 128), torch.randn(4, 128)
@@ -115,9 +127,11 @@ def test_each_kernel_writes_only_its_outputs(launches, target, caplog):
         named = dict(zip(kernel.arg_names, args))
         named.update((k, v) for k, v in kwargs.items() if k in kernel.arg_names)
         with caplog.at_level(logging.WARNING):
-            seen.setdefault(kernel.fn.__name__, []).append(written(kernel, named))
+            seen.setdefault(kernel.fn.__name__, []).append((written(kernel, named), expected_writes(kernel.fn.__name__,
+                                                                                                    kwargs)))
     assert set(seen) == set(OUTPUTS), f"kernels launched: {sorted(seen)}"
+    assert {"dq_ptr"} in [want for _, want in seen["_token_attention_backward_keys"]]  # the split pass ran
     for name, found in seen.items():
-        for writes in found:
-            assert writes == OUTPUTS[name], (f"{name}: torch finds {sorted(writes)} written, expected "
-                                             f"{sorted(OUTPUTS[name])}; log: {caplog.text[-2000:]}")
+        for writes, want in found:
+            assert writes == want, (f"{name}: torch finds {sorted(writes)} written, expected {sorted(want)}; "
+                                    f"log: {caplog.text[-2000:]}")

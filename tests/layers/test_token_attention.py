@@ -43,10 +43,16 @@ def test_attend_tokens_names_bad_shapes(q_shape, kv_shape):
         attend_tokens(torch.randn(q_shape), torch.randn(kv_shape))
 
 
-def test_kernels_take_one_tile_of_keys():
+def test_kernels_take_any_number_of_keys_and_tile_them_beyond_one_tile():
+    """One tile holds up to 128 keys at head width 32 (64 at 64: the paper size's 97 and 65
+    keys); beyond, the passes loop over tiles of keys, so any number of keys runs. Head widths
+    up to 128."""
     kernels = pytest.importorskip("gno_ext.layers._attention_kernels", exc_type=ImportError)
-    assert kernels.supported(97, 32) and kernels.supported(256, 32) and kernels.supported(128, 64)
-    assert not kernels.supported(257, 32) and not kernels.supported(129, 64)
+    assert kernels.one_tile(97, 32) and kernels.one_tile(65, 32) and kernels.one_tile(128, 32)
+    assert kernels.one_tile(64, 64) and kernels.one_tile(256, 16)
+    assert not kernels.one_tile(129, 32) and not kernels.one_tile(193, 32) and not kernels.one_tile(65, 64)
+    assert all(kernels.supported(m, d) for m in (1, 97, 257, 4097) for d in (16, 32, 64, 128))
+    assert not kernels.supported(0, 32) and not kernels.supported(97, 129) and not kernels.supported(97, 256)
 
 
 def test_backward_tiles_keys_up_to_one_tile_of_queries():
@@ -100,17 +106,23 @@ def reference(q, kv):
 
 # (batch, queries, keys, heads, head width): sizes under one tile (padded keys, queries and
 # head width), several query tiles (70 and 130 > 64), keys up to the tile (200 of 256), a
-# head width of 64. The backward pass: key tiles for 5 and 64 queries (200 keys: four tiles,
-# the last partly empty), query tiles for 70 and 130.
-sizes = [(3, 5, 7, 2, 8), (2, 70, 97, 3, 32), (2, 64, 200, 1, 16), (1, 130, 40, 2, 64)]
-assert [attention._kernels.key_tiled(n) for _, n, *_ in sizes] == [True, False, True, False]
+# head width of 64; and more keys than one tile holds (the `trl` grid's 257 at head width 32,
+# 300), where the forward pass loops over key tiles. The backward pass: key tiles
+# for 5, 64 and 40 queries (200 keys: four tiles, the last partly empty), query tiles for 70
+# and 130 with one tile of keys, and the split pair (key tiles, then query tiles) for 130
+# queries and 257 keys.
+kernels = attention._kernels
+sizes = [(3, 5, 7, 2, 8), (2, 70, 97, 3, 32), (2, 64, 200, 1, 16), (1, 130, 40, 2, 64), (1, 130, 257, 2, 32),
+         (2, 40, 300, 1, 32)]
+assert [kernels.key_tiled(n) for _, n, *_ in sizes] == [True, False, True, False, False, True]
+assert [kernels.one_tile(m, d) for *_, m, _, d in sizes] == [True, True, True, True, False, False]
 for b, n, m, h, d in sizes:
     q = torch.randn(b, n, h, d, requires_grad=True)
     kv = torch.randn(b, m, 2, h, d, requires_grad=True)
     probe = torch.randn(b, n, h, d)
     assert not attention.tokens_fusable(q, kv)  # CPU tensors: the callers take SDPA
     with FlopCounterMode(display=False) as counter:
-        o, lse = attention._kernels.token_attention(q, kv)
+        o, lse = kernels.token_attention(q, kv)
         got = torch.autograd.grad((o * probe).sum(), (q, kv))
     assert counter.get_total_flops() == 14 * b * h * n * m * d, counter.get_total_flops()
     ref = reference(q, kv)
@@ -123,7 +135,7 @@ for b, n, m, h, d in sizes:
         assert g.shape == r.shape and torch.allclose(g, r, atol=1e-5), (g - r).abs().max()
     # float16 operands (Triton 3.9's interpreter computes bf16 products wrongly; bf16 runs on
     # the GPU tests)
-    o16, _ = attention._kernels.token_attention(q.half(), kv.half())
+    o16, _ = kernels.token_attention(q.half(), kv.half())
     got16 = torch.autograd.grad((o16.float() * probe).sum(), (q, kv))
     assert o16.dtype == torch.float16
     for a, r in zip((o16,) + got16, (ref,) + want):
@@ -151,11 +163,13 @@ def _paths(fn, q, kv, probe):
 def test_gpu_kernels_equal_sdpa_eager_and_compiled():
     """Float32 (TF32 off): the kernels equal `scaled_dot_product_attention`, eager and compiled
     with ``fullgraph=True``, at the GNO's sizes (64 queries, 97 keys, head width 32; the
-    stand-in's 65 keys), whose backward pass tiles the keys, and at a size with several query
-    tiles."""
+    stand-in's 65 keys), whose backward pass tiles the keys, at a size with several query
+    tiles, and at sizes with more keys than one tile holds (the `trl` grid's 192 queries and
+    257 keys; 64 queries and 300 keys)."""
     torch.manual_seed(2)
     assert not torch.backends.cuda.matmul.allow_tf32
-    for b, n, m, h, d in [(16, 64, 97, 8, 32), (16, 64, 65, 8, 32), (4, 150, 120, 2, 64)]:
+    for b, n, m, h, d in [(16, 64, 97, 8, 32), (16, 64, 65, 8, 32), (4, 150, 120, 2, 64), (4, 192, 257, 8, 32),
+                          (4, 64, 300, 8, 32)]:
         q, kv = torch.randn(b, n, h, d, device="cuda"), torch.randn(b, m, 2, h, d, device="cuda")
         assert tokens_fusable(q, kv)
         probe = torch.randn(b, n, h, d, device="cuda")
@@ -186,11 +200,13 @@ def test_gpu_kernels_under_bf16_autocast():
 
 @needs_cuda
 @pytest.mark.parametrize("b,n,m,h,d", [(16, 16, 33, 2, 16), (16, 64, 161, 8, 32), (8, 192, 257, 2, 16),
-                                       (8, 150, 120, 2, 64)])
+                                       (8, 192, 257, 8, 32), (8, 150, 120, 2, 64)])
 def test_gpu_kernels_under_bf16_autocast_over_sizes(b, n, m, h, d):
     """The sizes of the shipped recipes besides the paper's 128^2 (smoke grids; 3-D advection at
-    64^3 with 161 keys; the 128 x 384 `trl` grid at smoke width with 192 queries, tiled) and one
-    with several query tiles at head width 64: in bf16 the output and both gradients are within
+    64^3 with 161 keys; the 128 x 384 `trl` grid with 192 queries at smoke width and at the
+    paper's, whose 257 keys at head width 32 take the key-tiled forward pass and the split
+    backward pass) and one with several query tiles at head width 64: in bf16 the output and
+    both gradients are within
     bf16 rounding (1e-2 relative) of float64. Triton compiled the boundary kernels wrong in bf16
     at some sizes only (`gno_ext.layers._boundary_kernels.MAX_TOKENS`)."""
     torch.manual_seed(n + m)
