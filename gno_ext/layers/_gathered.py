@@ -18,7 +18,9 @@ so the batch keeps its order. The backward pass is two more launches:
 * the weight gradient, ``dW_k = \sum_{b : k_b = k} x_b^T dy_b`` (and the bias gradient, the
   column sums of ``dy_b``), is a grouped reduction: each program accumulates the products of
   a *run* of at most ``RUN`` (8) samples of one kernel in registers and adds its tile to
-  ``dW_k`` with one atomic addition (float32).
+  ``dW_k`` with one atomic addition (float32). Where that gives too few programs to fill the
+  GPU (many rows per sample, a small batch), each program takes a part of the run's rows
+  instead (`gno_ext.layers._gathered_kernels.wgrad_splits`).
 
 The atomic additions make the weight gradient's rounding depend on the order in which the
 programs finish; under `torch.use_deterministic_algorithms` the callers use their
