@@ -12,10 +12,10 @@ and their gradients copied back. Two regimes:
 * **every key of a sample in one tile** (`one_tile`: ``pow2(M) * pow2(d) <= MAX_TILE``, up to
   128 keys at head width 32; the paper size):
 
-  - forward (`_token_attention_forward`): a program per (sample, head, tile of ``BQ``
-    queries) computes ``S = q k^T / sqrt(d)`` over all ``M`` keys in registers, its softmax
-    (no running maximum: one tile holds every key) and ``o = P v``, and writes ``o`` and the
-    row's log-sum-exp (float32) for the backward pass;
+  - forward (`_token_attention_forward` with ``ONE_TILE``): a program per (sample, head, tile
+    of ``BQ`` queries) computes ``S = q k^T / sqrt(d)`` over all ``M`` keys in registers, its
+    softmax (no running maximum: one tile holds every key) and ``o = P v``, and writes ``o``
+    and the row's log-sum-exp (float32) for the backward pass;
   - backward, with ``dS = P (dP - \mathrm{rowsum}(do\, o))``, ``dP = do\, v^T`` and ``P``
     recomputed from the log-sum-exp, a program per (sample, head) in one of two ways. Up to
     `KEY_TILED_QUERIES` queries (`_token_attention_backward_keys`, the GNO's case): one tile
@@ -31,7 +31,7 @@ and their gradients copied back. Two regimes:
 * **more keys** (the `trl` recipe's 128 x 384 grid: 192 queries, 257 keys, and the stand-in's
   193 there):
 
-  - forward (`_token_attention_forward_tiles`): the program loops over tiles of ``BK`` keys
+  - forward (the same kernel without ``ONE_TILE``): the program loops over tiles of ``BK`` keys
     with a running maximum and sum (the online softmax of flash attention), so no tile holds
     more than ``BQ x BK`` scores;
   - backward: up to `KEY_TILED_QUERIES` queries as above (that kernel takes any number of
@@ -178,52 +178,42 @@ def _store_key_grads(dkv_ptr, offsets, mask, sks, dk, dv, SCALE: tl.constexpr):
 @triton.jit
 def _token_attention_forward(q_ptr, kv_ptr, o_ptr, lse_ptr, N, M, H, DH,
                              sqb, sqn, sqh, skb, skm, sks, skh, sob, son, soh, SCALE2: tl.constexpr,
-                             BQ: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
-    bh = tl.program_id(0)
-    b, h = (bh // H).to(tl.int64), bh % H
-    rows = tl.program_id(1) * BQ + tl.arange(0, BQ)
-    keys = tl.arange(0, BM)
-    dd = tl.arange(0, BD)
-    q_offsets, row_mask = _offsets(b, h, rows, dd, N, DH, sqb, sqn, sqh)
-    q = tl.load(q_ptr + q_offsets, mask=row_mask, other=0.0)
-    k_offsets, key_mask = _offsets(b, h, keys, dd, M, DH, skb, skm, skh)
-    k, v = _key_tile(kv_ptr, k_offsets, key_mask, sks)
-    s = _scores(q, k, keys, M, SCALE2, PRECISION)
-    top = tl.max(s, 1)
-    p = tl.exp2(s - top[:, None])
-    total = tl.sum(p, 1)
-    o = tl.dot(p.to(v.dtype), v, input_precision=PRECISION) / total[:, None]
-    o_offsets, _ = _offsets(b, h, rows, dd, N, DH, sob, son, soh)
-    tl.store(o_ptr + o_offsets, o.to(o_ptr.dtype.element_ty), mask=row_mask)
-    tl.store(lse_ptr + bh * N + rows, top + tl.log2(total), mask=rows < N)
-
-
-@triton.jit
-def _token_attention_forward_tiles(q_ptr, kv_ptr, o_ptr, lse_ptr, N, M, H, DH,
-                                   sqb, sqn, sqh, skb, skm, sks, skh, sob, son, soh, SCALE2: tl.constexpr,
-                                   BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
-    # the forward pass over tiles of BK keys: running maximum ``top`` and sum ``total`` of the
-    # exponentials (base 2), the output accumulated unnormalised and rescaled as ``top`` grows
+                             BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr,
+                             ONE_TILE: tl.constexpr):
+    # program (sample, head, tile of BQ queries). ONE_TILE: every key in one tile of BK >= M
+    # keys, the softmax's maximum and sum taken at once; else a loop over tiles of BK keys
+    # with a running maximum ``top`` and sum ``total`` of the exponentials (base 2), the output
+    # accumulated unnormalised and rescaled as ``top`` grows
     bh = tl.program_id(0)
     b, h = (bh // H).to(tl.int64), bh % H
     rows = tl.program_id(1) * BQ + tl.arange(0, BQ)
     dd = tl.arange(0, BD)
     q_offsets, row_mask = _offsets(b, h, rows, dd, N, DH, sqb, sqn, sqh)
     q = tl.load(q_ptr + q_offsets, mask=row_mask, other=0.0)
-    top = tl.full((BQ,), float("-inf"), dtype=tl.float32)
-    total = tl.zeros((BQ,), dtype=tl.float32)
-    acc = tl.zeros((BQ, BD), dtype=tl.float32)
-    for k0 in range(0, M, BK):  # every tile holds at least one key, so ``top`` is finite after the first
-        keys = k0 + tl.arange(0, BK)
+    if ONE_TILE:
+        keys = tl.arange(0, BK)
         k_offsets, key_mask = _offsets(b, h, keys, dd, M, DH, skb, skm, skh)
         k, v = _key_tile(kv_ptr, k_offsets, key_mask, sks)
         s = _scores(q, k, keys, M, SCALE2, PRECISION)
-        new_top = tl.maximum(top, tl.max(s, 1))
-        shrink = tl.exp2(top - new_top)
-        p = tl.exp2(s - new_top[:, None])
-        total = total * shrink + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * shrink[:, None], input_precision=PRECISION)
-        top = new_top
+        top = tl.max(s, 1)
+        p = tl.exp2(s - top[:, None])
+        total = tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    else:
+        top = tl.full((BQ,), float("-inf"), dtype=tl.float32)
+        total = tl.zeros((BQ,), dtype=tl.float32)
+        acc = tl.zeros((BQ, BD), dtype=tl.float32)
+        for k0 in range(0, M, BK):  # every tile holds at least one key, so ``top`` is finite after the first
+            keys = k0 + tl.arange(0, BK)
+            k_offsets, key_mask = _offsets(b, h, keys, dd, M, DH, skb, skm, skh)
+            k, v = _key_tile(kv_ptr, k_offsets, key_mask, sks)
+            s = _scores(q, k, keys, M, SCALE2, PRECISION)
+            new_top = tl.maximum(top, tl.max(s, 1))
+            shrink = tl.exp2(top - new_top)
+            p = tl.exp2(s - new_top[:, None])
+            total = total * shrink + tl.sum(p, 1)
+            acc = tl.dot(p.to(v.dtype), v, acc * shrink[:, None], input_precision=PRECISION)
+            top = new_top
     o_offsets, _ = _offsets(b, h, rows, dd, N, DH, sob, son, soh)
     tl.store(o_ptr + o_offsets, (acc / total[:, None]).to(o_ptr.dtype.element_ty), mask=row_mask)
     tl.store(lse_ptr + bh * N + rows, top + tl.log2(total), mask=rows < N)
@@ -307,19 +297,13 @@ def token_attention(q: Tensor, kv: Tensor) -> tuple[Tensor, Tensor]:
     m = kv.shape[1]
     o = torch.empty_like(q)
     lse = q.new_empty(b, h, n, dtype=torch.float32)
-    args = (q, kv, o, lse, n, m, h, dh, *_strides(q, kv), *o.stride()[:3])
-    if one_tile(m, dh):
-        c = CONFIG["forward"]
-        bq, bm, bd = _tiles(n, m, dh, c["BQ"])
-        _launch(_token_attention_forward)[(b * h, triton.cdiv(n, bq))](
-            *args, SCALE2=LOG2E / math.sqrt(dh), BQ=bq, BM=bm, BD=bd, PRECISION=_precision(),
-            num_warps=c["num_warps"])
-    else:
-        c = CONFIG["forward_tiles"]
-        bq, bd = min(c["BQ"], _pow2(n)), _pow2(dh)
-        _launch(_token_attention_forward_tiles)[(b * h, triton.cdiv(n, bq))](
-            *args, SCALE2=LOG2E / math.sqrt(dh), BQ=bq, BK=c["BK"], BD=bd, PRECISION=_precision(),
-            num_warps=c["num_warps"], num_stages=c["num_stages"])
+    one = one_tile(m, dh)
+    c = CONFIG["forward" if one else "forward_tiles"]
+    bq = min(c["BQ"], _pow2(n))
+    launch_options = {name: c[name] for name in ("num_warps", "num_stages") if name in c}
+    _launch(_token_attention_forward)[(b * h, triton.cdiv(n, bq))](
+        q, kv, o, lse, n, m, h, dh, *_strides(q, kv), *o.stride()[:3], SCALE2=LOG2E / math.sqrt(dh), BQ=bq,
+        BK=_pow2(m) if one else c["BK"], BD=_pow2(dh), PRECISION=_precision(), ONE_TILE=one, **launch_options)
     return o, lse
 
 

@@ -21,8 +21,8 @@ BOUNDARY = {"W": 64, "HID": 128, "MP": 32, "G": 1, "BD": 256, "PRECISION": "ieee
 ATTENTION = {"BQ": 64, "BM": 128, "BD": 32, "PRECISION": "ieee"}
 KEY_TILES = {"BQ": 64, "BK": 64, "BD": 32, "PRECISION": "ieee"}
 KERNELS = [
-    ("_attention_kernels", "_token_attention_forward", ("SCALE2",), ATTENTION),
-    ("_attention_kernels", "_token_attention_forward_tiles", ("SCALE2",), KEY_TILES),
+    ("_attention_kernels", "_token_attention_forward", ("SCALE2",), {**KEY_TILES, "BK": 128, "ONE_TILE": True}),
+    ("_attention_kernels", "_token_attention_forward", ("SCALE2",), {**KEY_TILES, "ONE_TILE": False}),
     ("_attention_kernels", "_token_attention_backward", ("SCALE2", "SCALE"), {**ATTENTION, "WRITE_DQ": True}),
     ("_attention_kernels", "_token_attention_backward_keys", ("SCALE2", "SCALE"), {**KEY_TILES, "WRITE_KV": True}),
     ("_boundary_kernels", "_boundary_forward_kernel", ("EPS1", "EPS2", "SCALE"), BOUNDARY),
@@ -60,7 +60,9 @@ def sm90_ptx(fn, floats: tuple[str, ...], constexprs: dict) -> str:
     return compiled.asm["ptx"]
 
 
-@pytest.mark.parametrize("module,kernel,floats,constexprs", KERNELS, ids=[k[1] for k in KERNELS])
+@pytest.mark.parametrize("module,kernel,floats,constexprs", KERNELS,
+                         ids=[k[1] + {True: "-one-tile", False: "-key-tiles"}.get(k[3].get("ONE_TILE"), "")
+                              for k in KERNELS])
 def test_kernels_compute_in_float32_under_inductors_argument_types(module, kernel, floats, constexprs):
     import importlib
 

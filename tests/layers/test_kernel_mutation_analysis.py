@@ -28,7 +28,6 @@ pytestmark = pytest.mark.skipif(find_spec("triton") is None, reason="Triton is n
 # kernel -> the pointer arguments it writes
 OUTPUTS = {
     "_token_attention_forward": {"o_ptr", "lse_ptr"},
-    "_token_attention_forward_tiles": {"o_ptr", "lse_ptr"},
     "_token_attention_backward": {"dq_ptr", "dkv_ptr"},
     "_token_attention_backward_keys": {"dq_ptr", "dkv_ptr"},
     "_gathered_mm_kernel": {"y_ptr"},
@@ -102,8 +101,8 @@ def run_operators() -> None:
 
     ops = torch.ops.gno_ext
     # the key-tiled backward kernel (<= 64 queries) and the query-tiled one, each with one tile
-    # of keys (97) and with more (300: the key-tiled forward kernel; with 150 queries, the
-    # backward kernels' split pair)
+    # of keys (97) and with more (300: the forward kernel's loop over key tiles; with 150
+    # queries, the backward kernels' split pair)
     for n, m in itertools.product((64, 150), (97, 300)):
         q = torch.randn(2, n, 4, 32, requires_grad=True)
         kv = torch.randn(2, m, 2, 4, 32, requires_grad=True)
@@ -131,6 +130,8 @@ def test_each_kernel_writes_only_its_outputs(launches, target, caplog):
                                                                                                     kwargs)))
     assert set(seen) == set(OUTPUTS), f"kernels launched: {sorted(seen)}"
     assert {"dq_ptr"} in [want for _, want in seen["_token_attention_backward_keys"]]  # the split pass ran
+    assert {kwargs["ONE_TILE"] for kernel, _, kwargs in launches  # the forward pass ran in both regimes
+            if kernel.fn.__name__ == "_token_attention_forward"} == {True, False}
     for name, found in seen.items():
         for writes, want in found:
             assert writes == want, (f"{name}: torch finds {sorted(writes)} written, expected {sorted(want)}; "
