@@ -46,11 +46,11 @@ def test_the_fused_operators_go_by_the_names_paths_taken_reads(module, op):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused paths need a GPU")
 @pytest.mark.parametrize(("shape", "channels", "ran"), [((128, 128), 1, {"attention": "fused", "boundary": "fused"}),
-                                                        ((128, 384), 4, {"attention": "fused", "boundary": "unfused"})])
+                                                        ((128, 384), 4, {"attention": "fused", "boundary": "fused"})])
 def test_gpu_paths_taken_at_the_paper_grid_and_the_trl_grid(shape, channels, ran):
     """At 128^2 (97 keys, 32 boundary tokens) the GNO runs its fused kernels; at the trl grid
-    the attention's 257 keys take the key-tiled kernels, and the boundary operator's 64 tokens
-    fall back to PyTorch (`gno_ext.layers._boundary_kernels.MAX_TOKENS`)."""
+    too: the attention's 257 keys take the key-tiled kernels, and the boundary operator's 64
+    tokens (inner width 64) programs of 64 rows (`gno_ext.layers._boundary_kernels.WIDE`)."""
     pytest.importorskip("triton")
     bench = load_recipe("bench_model")
     model, x, _, _ = bench.setup("gno", 2, shape, channels, "cuda", None)

@@ -44,8 +44,8 @@ from torch.utils.flop_counter import register_flop_formula
 
 from gno_ext.layers._gathered_kernels import _launch, _precision
 
-__all__ = ["ROWS", "boundary_transfer", "boundary_transfer_backward", "boundary_transfer_wgrad", "sums_layout",
-           "supported", "wgrad_shapes"]
+__all__ = ["MAX_TOKENS", "ROWS", "WIDE", "boundary_transfer", "boundary_transfer_backward", "boundary_transfer_wgrad",
+           "max_tokens", "sums_layout", "supported", "wgrad_shapes"]
 
 # Rows per program: G = ROWS // MP samples of MP (padded) boundary tokens each. Measured on an
 # H100 at the paper size (32 tokens, width 64, bf16; docs/benchmarks.md): 32 rows with 4 warps
@@ -55,11 +55,17 @@ __all__ = ["ROWS", "boundary_transfer", "boundary_transfer_backward", "boundary_
 ROWS = 32
 # Boundary tokens per sample the kernels take: programs of 32 rows (one sample of 17 to 32
 # tokens, or several of fewer), 4 warps. Larger programs (64 or 128 rows, 8 warps) compiled
-# wrong on an H100 (Triton 3.6) in bf16 for some widths: at 64 tokens, inner width 16 gave a
-# wrong forward pass (relative error 0.13) and width 32 wrong or NaN gradients, also with 4
-# warps, while float32 was right; 100 tokens at width 64 did not finish within 90 s. Those
-# sizes take the PyTorch path (docs/benchmarks.md, thirteenth round).
+# wrong on an H100 (Triton 3.6) in bf16 for some widths, while float32 was right (relative
+# errors of 0.2 to 7 against float32, where bf16 rounding gives 1e-2). Programs of 64 rows:
+# inner width 16 was wrong with 8 warps, width 32 with 4 and with 8 warps (its gradients;
+# right at 48 tokens with 4 warps, wrong at 33 and 64); width 64 with MLP width 128 was right
+# at 33, 48 and 64 tokens with 4 and with 8 warps, in two sweeps (docs/benchmarks.md,
+# thirteenth and sixteenth rounds). Width 128 did not compile within 150 s. So the kernels take
+# up to 64 tokens at exactly the (inner width, MLP width) pairs of `WIDE` (64 tokens: the
+# default operator of a 256-wide model on The Well's 128 x 384 `trl` grid, patch 16), up to
+# `MAX_TOKENS` at the others; larger boundaries take the PyTorch path.
 MAX_TOKENS = 32
+WIDE = {(64, 128): 64}
 
 
 def _warps(rows: int) -> int:
@@ -82,12 +88,18 @@ def _ranges(sizes: dict[str, int]) -> dict[str, tuple[int, int]]:
     return out
 
 
+def max_tokens(width: int, hidden: int) -> int:
+    """Boundary tokens per sample the kernels take on a GPU at inner width ``width`` and MLP
+    width ``hidden``: `WIDE`'s count for its pairs, `MAX_TOKENS` otherwise."""
+    return WIDE.get((width, hidden), MAX_TOKENS)
+
+
 def supported(width: int, hidden: int, tokens: int) -> bool:
     """Whether the kernels take this size: widths powers of two from 16 to 128 (hidden: to
-    256), at most `MAX_TOKENS` boundary tokens per sample."""
+    256), at most `max_tokens` boundary tokens per sample."""
     def pow2(n: int, largest: int) -> bool:
         return 16 <= n <= largest and n & (n - 1) == 0
-    return pow2(width, 128) and pow2(hidden, 256) and 1 <= tokens <= MAX_TOKENS
+    return pow2(width, 128) and pow2(hidden, 256) and 1 <= tokens <= max_tokens(width, hidden)
 
 
 @triton.jit
@@ -330,14 +342,15 @@ def _boundary_wgrad_kernel(grads_ptr, dy_ptr, saved_ptr, state_ptr, out_ptr, N, 
                  mask=(ia[:, None] < na) & (ix[None, :] < nx))
 
 
-def _geometry(state: Tensor) -> tuple[int, int, int, tuple[int]]:
+def _geometry(state: Tensor, width: int, hidden: int) -> tuple[int, int, int, tuple[int]]:
     """``(MP, G, BD, grid)``: padded tokens, samples per program, column block of D, grid.
-    More than `MAX_TOKENS` tokens on a GPU is an error (those programs compiled wrong in bf16);
+    More than `max_tokens` tokens on a GPU is an error (such programs compiled wrong in bf16);
     Triton's interpreter on the CPU takes any count."""
     b, m, d = (int(n) for n in state.shape)
-    if state.is_cuda and m > MAX_TOKENS:
-        raise ValueError(f"boundary_transfer: {m} boundary tokens per sample; the fused kernels take at most "
-                         f"{MAX_TOKENS} on a GPU (BoundaryTransfer.forward runs the PyTorch path beyond)")
+    if state.is_cuda and m > max_tokens(width, hidden):
+        raise ValueError(f"boundary_transfer: {m} boundary tokens per sample; at inner width {width} and MLP "
+                         f"width {hidden} the fused kernels take at most {max_tokens(width, hidden)} on a GPU "
+                         f"(BoundaryTransfer.forward runs the PyTorch path beyond)")
     mp = triton.next_power_of_2(m)
     g = max(1, ROWS // mp)
     bd = max(16, min(64, triton.next_power_of_2(d)))
@@ -366,7 +379,7 @@ def boundary_transfer(desc: Tensor, state: Tensor, ws: Tensor, bs: Tensor, g1: T
     ws, wqkv, wo, w1, w2, wout = _operands(state.dtype, ws, wqkv, wo, w1, w2, wout)
     b, m, d = state.shape
     width, hidden = wqkv.shape[1], w1.shape[0]
-    mp, g, bd, grid = _geometry(state)
+    mp, g, bd, grid = _geometry(state, width, hidden)
     y = state.new_empty(b, m, d)
     saved = state.new_empty(b, m, 9 * width + 2 * hidden)
     _launch(_boundary_forward_kernel)[grid](
@@ -387,7 +400,7 @@ def boundary_transfer_backward(dy: Tensor, saved: Tensor, ws: Tensor, g1: Tensor
     ws, wqkv, wo, w1, w2, wout = _operands(dy.dtype, ws, wqkv, wo, w1, w2, wout)
     b, m, d = dy.shape
     width, hidden = wqkv.shape[1], w1.shape[0]
-    mp, g, bd, grid = _geometry(dy)
+    mp, g, bd, grid = _geometry(dy, width, hidden)
     dstate = dy.new_empty(b, m, d)
     grads = dy.new_empty(b, m, 6 * width + hidden)
     sums = dy.new_empty(grid[0], 10 * width + hidden + d, dtype=torch.float32)

@@ -134,7 +134,8 @@ class BoundaryTransfer(nn.Module):
     fused : bool
         Run the fused kernels where they can (default True): a CUDA tensor, Triton installed,
         ``width`` and the MLP width powers of two (up to 128 and 256), at most 32 boundary
-        tokens per sample (`gno_ext.layers._boundary_kernels.MAX_TOKENS`). Set it to False on
+        tokens per sample, 64 at inner width 64 with MLP width 128 (the default operator of a
+        256-wide model; `gno_ext.layers._boundary_kernels.max_tokens`). Set it to False on
         an instance for the PyTorch path everywhere. Both paths compute the same function
         (tests compare them, gradients included) and both are deterministic.
     """

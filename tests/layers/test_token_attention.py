@@ -208,7 +208,7 @@ def test_gpu_kernels_under_bf16_autocast_over_sizes(b, n, m, h, d):
     backward pass) and one with several query tiles at head width 64: in bf16 the output and
     both gradients are within
     bf16 rounding (1e-2 relative) of float64. Triton compiled the boundary kernels wrong in bf16
-    at some sizes only (`gno_ext.layers._boundary_kernels.MAX_TOKENS`)."""
+    at some sizes only (`gno_ext.layers._boundary_kernels.WIDE`)."""
     torch.manual_seed(n + m)
     q, kv = torch.randn(b, n, h, d, device="cuda"), torch.randn(b, m, 2, h, d, device="cuda")
     assert tokens_fusable(q, kv)
