@@ -34,8 +34,9 @@ it steps flat buffers of which the parameters are views (`gno_ext.training.FlatP
 The attention kernels attend through gno_ext's Triton kernels (`attend_tokens`) on a GPU by
 default; ``--attention sdpa`` takes ``scaled_dot_product_attention`` instead. ``--attention``
 and ``--boundary`` are requests: where the fused kernels do not take the sizes (head widths
-above 128, more than 32 boundary tokens per sample) or there is no GPU, the layers run their
-PyTorch paths. Each row's ``ran`` says which paths the step took, read from
+above 128; more boundary tokens per sample than `gno_ext.layers._boundary_kernels.max_tokens`,
+64 at the default widths of a 256-wide model, 32 otherwise) or there is no GPU, the layers run
+their PyTorch paths. Each row's ``ran`` says which paths the step took, read from
 the operators that ran while its FLOPs were counted.
 
     python recipes/bench_model.py --device cuda --batch 1 256 --out docs/benchmarks/model_h100.json
@@ -175,8 +176,8 @@ def paths_taken(ops: set[str], boundary_transfer: bool) -> dict:
     """The paths that the attention and the boundary operator took in a step that ran the
     operators ``ops`` (from `count_flops`): ``fused`` where gno_ext's Triton operator ran, the
     PyTorch path otherwise. A requested fused path falls back to PyTorch where the kernels do
-    not take the sizes (a head width above 128, more than 32 boundary tokens) or there is no
-    GPU."""
+    not take the sizes (a head width above 128, more boundary tokens than
+    `gno_ext.layers._boundary_kernels.max_tokens`) or there is no GPU."""
     return {"attention": "fused" if "gno_ext.token_attention" in ops else "sdpa",
             "boundary": ("fused" if "gno_ext.boundary_transfer" in ops else "unfused") if boundary_transfer else None}
 
