@@ -50,7 +50,7 @@ def test_the_fused_operators_go_by_the_names_paths_taken_reads(module, op):
 def test_gpu_paths_taken_at_the_paper_grid_and_the_trl_grid(shape, channels, ran):
     """At 128^2 (97 keys, 32 boundary tokens) the GNO runs its fused kernels; at the trl grid
     too: the attention's 257 keys take the key-tiled kernels, and the boundary operator's 64
-    tokens (inner width 64) programs of 64 rows (`gno_ext.layers._boundary_kernels.WIDE`)."""
+    tokens (inner width 64) take programs of 64 rows (`gno_ext.layers._boundary_kernels.WIDE`)."""
     pytest.importorskip("triton")
     bench = load_recipe("bench_model")
     model, x, _, _ = bench.setup("gno", 2, shape, channels, "cuda", None)

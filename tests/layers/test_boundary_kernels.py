@@ -159,7 +159,8 @@ def test_gpu_fused_in_bfloat16_is_as_close_to_float32_as_the_pytorch_path():
                                          (33, 256), (48, 256), (64, 256)])
 def test_gpu_fused_in_bfloat16_over_token_counts_and_widths(tokens, dim):
     """Every program size the kernels take (several samples of few tokens or one of up to 32
-    at inner widths 16, 32, 64 and 128; one of 33 to 64 at width 64, `WIDE`): in bf16 (eager)
+    at inner widths 16, 32 and 128, and at 64 in the test above; one of 33 to 64 tokens at
+    width 64, `WIDE`): in bf16 (eager)
     the output and every gradient are within bf16 rounding (1e-2 relative) of the float32
     computation. This is what a miscompiled size breaks: larger programs at other widths,
     compiled wrong on an H100 (`MAX_TOKENS`), were off by 0.2 to 7.
