@@ -54,16 +54,17 @@ __all__ = ["MAX_TOKENS", "ROWS", "WIDE", "boundary_transfer", "boundary_transfer
 # compile cache (see `_attention_kernels.CONFIG`).
 ROWS = 32
 # Boundary tokens per sample the kernels take: programs of 32 rows (one sample of 17 to 32
-# tokens, or several of fewer), 4 warps. Larger programs (64 or 128 rows, 8 warps) compiled
-# wrong on an H100 (Triton 3.6) in bf16 for some widths, while float32 was right (relative
-# errors of 0.2 to 7 against float32, where bf16 rounding gives 1e-2). Programs of 64 rows:
-# inner width 16 was wrong with 8 warps, width 32 with 4 and with 8 warps (its gradients;
-# right at 48 tokens with 4 warps, wrong at 33 and 64); width 64 with MLP width 128 was right
-# at 33, 48 and 64 tokens with 4 and with 8 warps, in two sweeps (docs/benchmarks.md,
-# thirteenth and sixteenth rounds). Width 128 did not compile within 150 s. So the kernels take
-# up to 64 tokens at exactly the (inner width, MLP width) pairs of `WIDE` (64 tokens: the
-# default operator of a 256-wide model on The Well's 128 x 384 `trl` grid, patch 16), up to
-# `MAX_TOKENS` at the others; larger boundaries take the PyTorch path.
+# tokens, or several of fewer), 4 warps. Larger programs (64 or 128 rows) went wrong on an
+# H100 (Triton 3.6) in bf16 at some widths, while float32 was right: relative errors of 0.2
+# to 7, or infinite, against float32, where bf16 rounding gives 1e-2. Programs of 64 rows at
+# inner widths 16 and 32 were not even deterministic: two identical calls gave different
+# results (a race in the compiled programs), wrong in some calls and right in others.
+# At inner width 64 with MLP width 128 they were right and bitwise repeatable in every run:
+# 33 to 64 tokens, 4 and 8 warps, 40 seeds (docs/benchmarks.md, thirteenth and sixteenth
+# rounds). Width 128 did not compile within 150 s. So the kernels take up to 64 tokens at
+# exactly the (inner width, MLP width) pairs of `WIDE` (64 tokens: the default operator of a
+# 256-wide model on The Well's 128 x 384 `trl` grid, patch 16), up to `MAX_TOKENS` at the
+# others; larger boundaries take the PyTorch path.
 MAX_TOKENS = 32
 WIDE = {(64, 128): 64}
 

@@ -162,8 +162,9 @@ def test_gpu_fused_in_bfloat16_over_token_counts_and_widths(tokens, dim):
     at inner widths 16, 32 and 128, and at 64 in the test above; one of 33 to 64 tokens at
     width 64, `WIDE`): in bf16 (eager)
     the output and every gradient are within bf16 rounding (1e-2 relative) of the float32
-    computation. This is what a miscompiled size breaks: larger programs at other widths,
-    compiled wrong on an H100 (`MAX_TOKENS`), were off by 0.2 to 7.
+    computation, and two identical calls give identical results. This is what a miscompiled
+    size breaks: larger programs at other widths, compiled wrong on an H100 (`MAX_TOKENS`),
+    were off by 0.2 to 7 (or infinite), and not the same from one call to the next.
     (Not also "at most twice the PyTorch path's error", as at the paper size above: at 12
     tokens and width 16 one parameter gradient's bf16 error was 2.01 times the PyTorch
     path's, 6.8e-3 against 3.4e-3; in float32 the two paths agree to 5e-7.)"""
@@ -185,6 +186,10 @@ def test_gpu_fused_in_bfloat16_over_token_counts_and_widths(tokens, dim):
     exact, fused = run(bt.forward_unfused, False), run(bt.forward_fused, True)
     for i, want in enumerate(exact):
         assert _relative(fused[i], want) < 1e-2, (i, _relative(fused[i], want))
+    # and deterministic: the sizes refused (programs of 64 rows at widths 16 and 32) gave
+    # different results on two identical calls, a race in the compiled programs
+    again = run(bt.forward_fused, True)
+    assert all(torch.equal(a, b) for a, b in zip(fused, again))
 
 
 @needs_cuda
