@@ -59,9 +59,9 @@ ROWS = 32
 # to 7, or infinite, against float32, where bf16 rounding gives 1e-2. Programs of 64 rows at
 # inner widths 16 and 32 were not even deterministic: two identical calls gave different
 # results (a race in the compiled programs), wrong in some calls and right in others.
-# At inner width 64 with MLP width 128 they were right and bitwise repeatable in every run:
-# 33 to 64 tokens, 4 and 8 warps, 40 seeds (docs/benchmarks.md, thirteenth and sixteenth
-# rounds). Width 128 did not compile within 150 s. So the kernels take up to 64 tokens at
+# At inner width 64 with MLP width 128 they were right in every run (33 to 64 tokens, 4 and
+# 8 warps, 48 runs) and bitwise repeatable in the 40 that checked it (docs/benchmarks.md,
+# thirteenth and sixteenth rounds). Width 128 did not compile within 150 s. So the kernels take up to 64 tokens at
 # exactly the (inner width, MLP width) pairs of `WIDE` (64 tokens: the default operator of a
 # 256-wide model on The Well's 128 x 384 `trl` grid, patch 16), up to `MAX_TOKENS` at the
 # others; larger boundaries take the PyTorch path.
