@@ -3,6 +3,8 @@ run: a CUDA device, or Triton's interpreter in the tests)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -14,12 +16,13 @@ __all__ = ["FORWARD", "WGRAD", "gathered_mm", "grouped_wgrad", "wgrad_splits"]
 # Launch configurations, chosen by sweeps on an H100 (docs/benchmarks.md). FORWARD: the
 # product and the input gradient (BM: rows of one kernel's samples per tile; BN, BK: upper
 # bounds, reduced to the problem's size); WGRAD: the weight gradient (tile sizes are upper
-# bounds; its runs of samples: `gno_ext.layers._gathered.RUN`; "programs": below this many
-# programs of whole samples, each sample's rows are split between programs, see
-# `wgrad_splits`). Read when a model is compiled: after a change, start from a fresh compile
-# cache (see `_attention_kernels.CONFIG`).
+# bounds, BD also reduced to fit the device's shared memory, see `_wgrad_tiles`; its runs of
+# samples: `gno_ext.layers._gathered.RUN`; "programs": below this many programs of whole
+# samples, each sample's rows are split between programs, see `wgrad_splits`). Read when a
+# model is compiled: after a change, start from a fresh compile cache (see
+# `_attention_kernels.CONFIG`).
 FORWARD = {"BM": 128, "BN": 128, "BK": 64, "num_warps": 8, "num_stages": 3}
-WGRAD = {"BD": 128, "BN": 128, "BT": 64, "num_warps": 4, "num_stages": 3, "programs": 256}
+WGRAD = {"BD": 256, "BN": 64, "BT": 64, "num_warps": 4, "num_stages": 3, "programs": 256}
 
 
 @triton.jit
@@ -174,6 +177,29 @@ def wgrad_splits(tiles: int, runs: int, chunks: int, programs: int | None = None
     return -(-chunks // per), per
 
 
+@functools.cache
+def _shared_memory(device_index: int) -> int:
+    """Shared memory (bytes) that one program may use on CUDA device ``device_index``
+    (the opt-in limit, as Triton reads it)."""
+    return triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"]
+
+
+def _wgrad_tiles(x: Tensor, din: int, dout: int, t: int) -> tuple[int, int, int]:
+    """``(BD, BN, BT)`` of the weight-gradient kernel: `WGRAD`'s tiles reduced to the
+    problem's size, and ``BD`` halved until the pipelined operand tiles (``num_stages`` copies
+    of a ``BD x BT`` and a ``BT x BN`` tile) fit the device's shared memory. `WGRAD`'s own
+    tiles need 120 KiB in bf16, 240 KiB in float32: they fit an H100 or A100 in bf16, not the
+    about 100 KiB of Ada GPUs (L40S, RTX 4090), nor an H100 in float32."""
+    c = WGRAD
+    bd, bn, bt = _tile(din, c["BD"]), _tile(dout, c["BN"]), _tile(t, c["BT"])
+    if x.is_cuda:  # not in Triton's interpreter
+        index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        limit = _shared_memory(index)
+        while bd > 16 and c["num_stages"] * bt * (bd + bn) * x.element_size() > limit:
+            bd //= 2
+    return bd, bn, bt
+
+
 def _grouped_wgrad(x: Tensor, dy: Tensor, plan: Tensor, n_kernels: int, has_bias: bool,
                    run: int) -> tuple[Tensor, Tensor]:
     """Launch of the weight-gradient kernel: ``(dW (K, in, out), dbias (K, out))`` in float32
@@ -185,7 +211,7 @@ def _grouped_wgrad(x: Tensor, dy: Tensor, plan: Tensor, n_kernels: int, has_bias
     dbias = x.new_zeros(n_kernels, dout if has_bias else 0, dtype=torch.float32)
     order, (run_kernel, run_start, run_len) = plan[n_kernels:n_kernels + b], plan[n_kernels + b:].view(3, -1)
     c = WGRAD
-    bd, bn, bt = _tile(din, c["BD"]), _tile(dout, c["BN"]), _tile(t, c["BT"])
+    bd, bn, bt = _wgrad_tiles(x, din, dout, t)
     tiles, runs = triton.cdiv(din, bd) * triton.cdiv(dout, bn), run_len.shape[0]
     parts, per = wgrad_splits(tiles, runs, triton.cdiv(int(t), bt))
     _launch(_grouped_wgrad_kernel)[(tiles, runs, parts)](

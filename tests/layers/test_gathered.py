@@ -71,7 +71,8 @@ kernels = _gathered._kernels
 cases = [(5, 13, 24, 40, 3, 2, True, 2, 256), (9, 70, 16, 136, 4, 4, False, 1, 256), (3, 5, 8, 8, 4, 8, True, 0, 256),
          (40, 33, 32, 24, 3, 8, True, 1, 256), (6, 300, 16, 24, 3, 2, True, 1, 256),
          (6, 300, 16, 24, 3, 2, False, 0, 18)]
-assert [kernels.wgrad_splits(-(-dout // 128) * -(-din // 128), b // run + k, -(-t // 64), programs)
+c = kernels.WGRAD
+assert [kernels.wgrad_splits(-(-dout // c["BN"]) * -(-din // c["BD"]), b // run + k, -(-t // c["BT"]), programs)
         for b, t, din, dout, k, run, _, _, programs in cases[1:]] == [(2, 1), (1, 1), (1, 1), (5, 1), (3, 2)]
 for b, t, din, dout, k, run, bias, unused, programs in cases:
     _gathered.RUN = run
@@ -118,6 +119,36 @@ def test_weight_gradient_splits_rows_only_where_whole_samples_leave_the_gpu_idle
     for tiles, runs, chunks, programs in [(1, 1, 7, 4), (2, 3, 9, 100), (8, 8, 5, 0), (1, 1, 1, 500)]:
         parts, per = kernels.wgrad_splits(tiles, runs, chunks, programs)
         assert 1 <= parts <= chunks and (parts - 1) * per < chunks <= parts * per  # every part has rows
+
+
+@needs_triton
+def test_weight_gradient_tiles_fit_the_devices_shared_memory(monkeypatch):
+    """The weight gradient's row tile ``BD`` is halved until its pipelined operand tiles fit
+    the device's shared memory: `WGRAD`'s tiles in bf16 on an H100 (227 KiB), smaller ones
+    in float32 there and on GPUs of about 99 KiB (L40S, RTX 4090), where the kernel would
+    otherwise fail to launch; tiles never exceed the problem's size."""
+    kernels = pytest.importorskip("gno_ext.layers._gathered_kernels", exc_type=ImportError)
+    c = kernels.WGRAD
+
+    def operands(itemsize):
+        return types.SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0), element_size=lambda: itemsize)
+
+    def fits(tiles, itemsize, limit):
+        bd, bn, bt = tiles
+        return c["num_stages"] * bt * (bd + bn) * itemsize <= limit
+
+    for limit in (232448, 101376):  # opt-in shared memory per block of an H100 and of an L40S
+        monkeypatch.setattr(kernels, "_shared_memory", lambda index, limit=limit: limit)
+        for itemsize in (2, 4):
+            tiles = kernels._wgrad_tiles(operands(itemsize), 256, 512, 97)
+            assert fits(tiles, itemsize, limit) and tiles[1:] == (64, 64)
+            # halved no further than needed: WGRAD's own BD, or twice BD would not fit
+            assert tiles[0] == c["BD"] or not fits((2 * tiles[0],) + tiles[1:], itemsize, limit)
+        assert kernels._wgrad_tiles(operands(4), 24, 40, 13) == (32, 64, 16)  # the problem's size
+    monkeypatch.setattr(kernels, "_shared_memory", lambda index: 232448)
+    assert kernels._wgrad_tiles(operands(2), 256, 512, 97) == (c["BD"], c["BN"], c["BT"]) == (256, 64, 64)
+    assert kernels._wgrad_tiles(operands(4), 256, 512, 97)[0] == 128
+    assert kernels._wgrad_tiles(torch.zeros(1), 256, 512, 97) == (256, 64, 64)  # the interpreter: no limit
 
 
 @needs_triton
@@ -227,6 +258,30 @@ def test_gpu_gathered_linear_under_bf16_autocast_over_sizes(tokens, din, dout):
     exact = grads(torch.einsum("bti,bio->bto", x.double(), w.double()[index]) + c.double()[index][:, None])
     errors = [((g.double() - r).norm() / r.norm()).item() for g, r in zip(got, exact)]
     assert all(e < 1e-2 for e in errors), errors
+
+
+@needs_cuda
+def test_gpu_gathered_linear_in_float32_at_the_paper_size():
+    """In float32 (no autocast) the key/value product of the paper size runs (its weight
+    gradient's tiles reduced to fit the shared memory, `_wgrad_tiles`) and equals the
+    per-sample products, gradients included."""
+    torch.manual_seed(23)
+    x = torch.randn(24, 97, 256, device="cuda", requires_grad=True)
+    w = torch.randn(4, 256, 512, device="cuda", requires_grad=True)
+    c = torch.randn(4, 512, device="cuda", requires_grad=True)
+    index = torch.arange(24, device="cuda") % 4
+    probe = torch.randn(24, 97, 512, device="cuda")
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        y = _gathered.gathered_linear(x, index, w, c)
+        got = [y.detach(), *torch.autograd.grad((y * probe).sum(), (x, w, c))]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    exact = torch.einsum("bti,bio->bto", x.double(), w.double()[index]) + c.double()[index][:, None]
+    want = [exact.detach(), *torch.autograd.grad((exact * probe.double()).sum(), (x, w, c))]
+    errors = [((g.double() - r).norm() / r.norm()).item() for g, r in zip(got, want)]
+    assert all(e < 1e-5 for e in errors), errors
 
 
 @needs_cuda
