@@ -15,8 +15,9 @@ __all__ = ["FORWARD", "WGRAD", "gathered_mm", "grouped_wgrad", "wgrad_splits"]
 
 # Launch configurations, chosen by sweeps on an H100 (docs/benchmarks.md). FORWARD: the
 # product and the input gradient (BM: rows of one kernel's samples per tile; BN, BK: upper
-# bounds, reduced to the problem's size); WGRAD: the weight gradient (tile sizes are upper
-# bounds, BD also reduced to fit the device's shared memory, see `_wgrad_tiles`; its runs of
+# bounds, reduced to the problem's size, BK also to fit the device's shared memory, see
+# `_forward_tiles`); WGRAD: the weight gradient (tile sizes are upper bounds, BD also reduced
+# to fit the shared memory, see `_wgrad_tiles`; its runs of
 # samples: `gno_ext.layers._gathered.RUN`; "programs": below this many programs of whole
 # samples, each sample's rows are split between programs, see `wgrad_splits`). Read when a
 # model is compiled: after a change, start from a fresh compile cache (see
@@ -150,7 +151,7 @@ def _gathered_mm(x: Tensor, weight: Tensor, bias: Tensor | None, plan: Tensor) -
     n_kernels, _, dout = weight.shape
     y = x.new_empty(b, t, dout)
     c = FORWARD
-    bm, bn, bk = c["BM"], _tile(dout, c["BN"]), _tile(din, c["BK"])  # BM: rows of several samples
+    bm, bn, bk = _forward_tiles(x, din, dout)
     # every kernel's rows fill whole tiles but its last: at most B * T / BM + K tiles
     grid = (triton.cdiv(b * t, bm) + n_kernels, triton.cdiv(dout, bn))
     bias_arg = weight if bias is None else bias  # unused pointer when there is no bias
@@ -184,19 +185,46 @@ def _shared_memory(device_index: int) -> int:
     return triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"]
 
 
+def shared_memory_limit(x: Tensor) -> int | None:
+    """Shared memory (bytes) that one program may use on ``x``'s device; None off CUDA
+    (Triton's interpreter), where there is no limit."""
+    if not x.is_cuda:
+        return None
+    return _shared_memory(x.device.index if x.device.index is not None else torch.cuda.current_device())
+
+
+def _fit(tile: int, need, limit: int | None) -> int:
+    """``tile`` halved (not below 16, `tl.dot`'s minimum) until ``need(tile)`` bytes fit
+    ``limit`` (None: no limit)."""
+    while limit is not None and tile > 16 and need(tile) > limit:
+        tile //= 2
+    return tile
+
+
+# Both kernels pipeline their two operand tiles: ``num_stages`` copies of them bound what
+# Triton allocates in shared memory (Triton 3.9 allocates ``num_stages - 1`` copies in float32
+# and less in bf16; compiled for sm80, sm89 and sm90, tests/layers/test_gathered.py). The
+# launch settings above fit an H100 or A100 in bf16; in float32, or on GPUs of about 99 KiB
+# per program (Ada: L40S, RTX 4090), the reduction tile is halved until they fit.
+def _forward_tiles(x: Tensor, din: int, dout: int) -> tuple[int, int, int]:
+    """``(BM, BN, BK)`` of the product kernel: `FORWARD`'s tiles reduced to the problem's size,
+    and ``BK`` (the reduction tile) halved until the pipelined tiles fit the device's shared
+    memory."""
+    c = FORWARD
+    bm, bn = c["BM"], _tile(dout, c["BN"])  # BM: rows of several samples
+    bk = _fit(_tile(din, c["BK"]), lambda k: c["num_stages"] * k * (bm + bn) * x.element_size(),
+              shared_memory_limit(x))
+    return bm, bn, bk
+
+
 def _wgrad_tiles(x: Tensor, din: int, dout: int, t: int) -> tuple[int, int, int]:
     """``(BD, BN, BT)`` of the weight-gradient kernel: `WGRAD`'s tiles reduced to the
-    problem's size, and ``BD`` halved until the pipelined operand tiles (``num_stages`` copies
-    of a ``BD x BT`` and a ``BT x BN`` tile) fit the device's shared memory. `WGRAD`'s own
-    tiles need 120 KiB in bf16, 240 KiB in float32: they fit an H100 or A100 in bf16, not the
-    about 100 KiB of Ada GPUs (L40S, RTX 4090), nor an H100 in float32."""
+    problem's size, and ``BD`` halved until the pipelined tiles (a ``BD x BT`` and a
+    ``BT x BN`` tile) fit the device's shared memory."""
     c = WGRAD
-    bd, bn, bt = _tile(din, c["BD"]), _tile(dout, c["BN"]), _tile(t, c["BT"])
-    if x.is_cuda:  # not in Triton's interpreter
-        index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-        limit = _shared_memory(index)
-        while bd > 16 and c["num_stages"] * bt * (bd + bn) * x.element_size() > limit:
-            bd //= 2
+    bn, bt = _tile(dout, c["BN"]), _tile(t, c["BT"])
+    bd = _fit(_tile(din, c["BD"]), lambda d: c["num_stages"] * bt * (d + bn) * x.element_size(),
+              shared_memory_limit(x))
     return bd, bn, bt
 
 

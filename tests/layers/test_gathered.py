@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gno_ext.layers import _gathered
+from tests.layers import _targets
 from tests.layers._interpreter import run_interpreted
 
 needs_triton = pytest.mark.skipif(find_spec("triton") is None, reason="Triton is not installed")
@@ -122,33 +123,72 @@ def test_weight_gradient_splits_rows_only_where_whole_samples_leave_the_gpu_idle
 
 
 @needs_triton
-def test_weight_gradient_tiles_fit_the_devices_shared_memory(monkeypatch):
-    """The weight gradient's row tile ``BD`` is halved until its pipelined operand tiles fit
-    the device's shared memory: `WGRAD`'s tiles in bf16 on an H100 (227 KiB), smaller ones
-    in float32 there and on GPUs of about 99 KiB (L40S, RTX 4090), where the kernel would
-    otherwise fail to launch; tiles never exceed the problem's size."""
+def test_tiles_fit_the_devices_shared_memory(monkeypatch):
+    """The reduction tile of each kernel (the product's ``BK``, the weight gradient's ``BD``)
+    is halved until its pipelined operand tiles fit the device's shared memory, and no further:
+    the configured tiles in bf16 on an H100 (227 KiB), smaller ones where they would not fit
+    (float32; GPUs of about 99 KiB such as the L40S). Off CUDA (the interpreter) there is no
+    limit; tiles never exceed the problem's size."""
     kernels = pytest.importorskip("gno_ext.layers._gathered_kernels", exc_type=ImportError)
-    c = kernels.WGRAD
+    fwd, wgrad = kernels.FORWARD, kernels.WGRAD
 
     def operands(itemsize):
-        return types.SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0), element_size=lambda: itemsize)
+        return types.SimpleNamespace(element_size=lambda: itemsize)
 
-    def fits(tiles, itemsize, limit):
+    def forward_need(tiles, itemsize):
+        bm, bn, bk = tiles
+        return fwd["num_stages"] * bk * (bm + bn) * itemsize
+
+    def wgrad_need(tiles, itemsize):
         bd, bn, bt = tiles
-        return c["num_stages"] * bt * (bd + bn) * itemsize <= limit
+        return wgrad["num_stages"] * bt * (bd + bn) * itemsize
 
-    for limit in (232448, 101376):  # opt-in shared memory per block of an H100 and of an L40S
-        monkeypatch.setattr(kernels, "_shared_memory", lambda index, limit=limit: limit)
+    for limit in _targets.LIMITS.values():
+        monkeypatch.setattr(kernels, "shared_memory_limit", lambda x, limit=limit: limit)
         for itemsize in (2, 4):
-            tiles = kernels._wgrad_tiles(operands(itemsize), 256, 512, 97)
-            assert fits(tiles, itemsize, limit) and tiles[1:] == (64, 64)
-            # halved no further than needed: WGRAD's own BD, or twice BD would not fit
-            assert tiles[0] == c["BD"] or not fits((2 * tiles[0],) + tiles[1:], itemsize, limit)
-        assert kernels._wgrad_tiles(operands(4), 24, 40, 13) == (32, 64, 16)  # the problem's size
-    monkeypatch.setattr(kernels, "_shared_memory", lambda index: 232448)
-    assert kernels._wgrad_tiles(operands(2), 256, 512, 97) == (c["BD"], c["BN"], c["BT"]) == (256, 64, 64)
+            f = kernels._forward_tiles(operands(itemsize), 256, 512)
+            w = kernels._wgrad_tiles(operands(itemsize), 256, 512, 97)
+            assert f[:2] == (fwd["BM"], fwd["BN"]) and w[1:] == (wgrad["BN"], wgrad["BT"])
+            assert forward_need(f, itemsize) <= limit and wgrad_need(w, itemsize) <= limit
+            # halved no further than needed
+            assert f[2] == fwd["BK"] or forward_need(f[:2] + (2 * f[2],), itemsize) > limit
+            assert w[0] == wgrad["BD"] or wgrad_need((2 * w[0],) + w[1:], itemsize) > limit
+        assert kernels._wgrad_tiles(operands(4), 24, 40, 13)[1:] == (64, 16)  # the problem's size
+        assert kernels._forward_tiles(operands(4), 24, 40)[1] == 64
+    monkeypatch.setattr(kernels, "shared_memory_limit", lambda x: 232448)  # an H100
+    assert kernels._forward_tiles(operands(2), 256, 512) == (128, 128, 64)
+    assert kernels._wgrad_tiles(operands(2), 256, 512, 97) == (256, 64, 64)
     assert kernels._wgrad_tiles(operands(4), 256, 512, 97)[0] == 128
-    assert kernels._wgrad_tiles(torch.zeros(1), 256, 512, 97) == (256, 64, 64)  # the interpreter: no limit
+    monkeypatch.undo()
+    assert kernels.shared_memory_limit(torch.zeros(1)) is None  # the interpreter: no limit
+    assert kernels._wgrad_tiles(torch.zeros(1), 256, 512, 97) == (256, 64, 64)
+
+
+@needs_triton
+@pytest.mark.parametrize("arch", sorted(_targets.LIMITS))
+def test_kernels_compiled_for_a100_ada_and_h100_fit_their_shared_memory(monkeypatch, arch):
+    """The launches that the operators make at the paper's sizes (64 rows, 256 -> 256; 97
+    rows, 256 -> 512), in bf16 and in float32, compiled by Triton for an A100 (sm80), an Ada
+    GPU (sm89) and an H100 (sm90) with that device's shared-memory limit, need no more shared
+    memory than the limit: no ``OutOfResources`` when the kernels load there."""
+    kernels = pytest.importorskip("gno_ext.layers._gathered_kernels", exc_type=ImportError)
+    limit = _targets.LIMITS[arch]
+    monkeypatch.setattr(kernels, "shared_memory_limit", lambda x: limit)
+    plan = _gathered.run_plan(torch.tensor([0, 2, 2, 1]), 4)
+    seen = set()
+    for dtype in (torch.bfloat16, torch.float32):
+        for t, din, dout in [(64, 256, 256), (97, 256, 512)]:
+            x, dy = torch.zeros(4, t, din, dtype=dtype), torch.zeros(4, t, dout, dtype=dtype)
+            with _targets.recording(kernels) as launches:
+                kernels._gathered_mm(x, torch.zeros(4, din, dout, dtype=dtype), torch.zeros(4, dout, dtype=dtype), plan)
+                kernels._grouped_wgrad(x, dy, plan, 4, True, 8)
+            assert [k.fn.__name__ for k, _, _ in launches] == ["_gathered_mm_kernel", "_grouped_wgrad_kernel"]
+            for kernel, args, kwargs in launches:
+                key = (kernel.fn.__name__, dtype, tuple(sorted(kwargs.items())))
+                if key not in seen:  # the same compiled program
+                    seen.add(key)
+                    need = _targets.shared_memory(kernel, args, kwargs, arch)
+                    assert 0 < need <= limit, (key, need, limit)
 
 
 @needs_triton
