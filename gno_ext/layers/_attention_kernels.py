@@ -60,9 +60,10 @@ import triton.language as tl
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from gno_ext.layers._gathered_kernels import _launch, _precision
+from gno_ext.layers._gathered_kernels import _launch, _precision, _shared_memory
 
-__all__ = ["CONFIG", "KEY_TILED_QUERIES", "MAX_TILE", "key_tiled", "one_tile", "supported", "token_attention",
+__all__ = ["CONFIG", "FLOAT32_MAX_HEAD_DIM", "FLOAT32_SHARED_MEMORY", "KEY_TILED_QUERIES", "MAX_TILE", "float32_fits",
+           "key_tiled", "one_tile", "supported", "token_attention",
            "token_attention_backward"]
 
 # Launch configuration of each pass (chosen by sweeps on an H100, docs/benchmarks.md): BQ
@@ -86,6 +87,17 @@ KEY_TILED_QUERIES = 64  # queries (padded to a power of two) up to which the bac
 # 72.8 against 107.1 us at batch 32; H100, compiled, bf16; docs/benchmarks.md, fifteenth round).
 MAX_TILE = 4096
 MAX_HEAD_DIM = 128  # head width (padded to a power of two) that the kernels take
+# Float32 operands take twice the shared memory of 16-bit ones. Compiled by Triton 3.9 for an
+# A100 (sm80), an Ada GPU (sm89: L40S, RTX 4090) and an H100 (sm90), the passes in float32 need
+# up to 168 KiB at head width 16 (the query-tiled backward pass over one tile of 256 keys),
+# 129 KiB at widths 32 and 64 and 240 KiB at 128: more than an A100 (163 KiB) or an Ada GPU
+# (99 KiB) lets a program use, and at width 128 more than an H100 (227 KiB); in 16-bit types
+# at most 81 KiB (docs/benchmarks.md, seventeenth round; tests/layers/test_token_attention.py).
+# So float32 inputs take the kernels only on devices that allow FLOAT32_SHARED_MEMORY bytes per
+# program, at head widths up to FLOAT32_MAX_HEAD_DIM (`float32_fits`); elsewhere
+# `gno_ext.layers.attention.attend_tokens` runs scaled_dot_product_attention.
+FLOAT32_SHARED_MEMORY = 232448  # an H100's opt-in limit per program (227 KiB)
+FLOAT32_MAX_HEAD_DIM = 64
 LOG2E = 1.4426950408889634
 
 
@@ -105,6 +117,15 @@ def one_tile(keys: int, head_dim: int) -> bool:
     (``pow2(keys) * pow2(head_dim) <= MAX_TILE``): the forward pass and the query-tiled backward
     pass then keep every key's scores in registers; otherwise they loop over tiles of keys."""
     return _pow2(keys) * _pow2(head_dim) <= MAX_TILE
+
+
+@torch.compiler.assume_constant_result  # a constant of the device: no graph break under torch.compile
+def float32_fits(head_dim: int, device_index: int) -> bool:
+    """Whether the kernels take float32 operands at head width ``head_dim`` on CUDA device
+    ``device_index``: head widths up to `FLOAT32_MAX_HEAD_DIM` on devices that allow
+    `FLOAT32_SHARED_MEMORY` bytes of shared memory per program (Hopper and later data-centre
+    GPUs); 16-bit types run everywhere."""
+    return _pow2(head_dim) <= FLOAT32_MAX_HEAD_DIM and _shared_memory(device_index) >= FLOAT32_SHARED_MEMORY
 
 
 def supported(keys: int, head_dim: int) -> bool:

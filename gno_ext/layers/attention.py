@@ -54,10 +54,13 @@ def tokens_fusable(q: Tensor, kv: Tensor) -> bool:
     """Whether `attend_tokens` runs its Triton kernels on these inputs: CUDA tensors of one
     floating type (half, bfloat16 or float32), the kernels loaded (Triton installed), and a
     head width they take (`gno_ext.layers._attention_kernels.supported`: up to 128; any number
-    of keys)."""
+    of keys). Float32 inputs need twice the shared memory: they take the kernels at head widths
+    up to 64 on GPUs that allow 227 KiB per program (H100, H200), not on an A100 or an Ada GPU
+    (`gno_ext.layers._attention_kernels.float32_fits`)."""
     return (_kernels is not None and q.is_cuda and kv.is_cuda and q.dtype == kv.dtype
             and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
-            and _kernels.supported(kv.shape[1], q.shape[-1]))
+            and _kernels.supported(kv.shape[1], q.shape[-1])
+            and (q.dtype != torch.float32 or _kernels.float32_fits(q.shape[-1], q.device.index)))
 
 
 def attend_tokens(q: Tensor, kv: Tensor, fused: bool = True) -> Tensor:

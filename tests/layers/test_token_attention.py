@@ -9,6 +9,7 @@ import torch
 
 from gno_ext.layers import attention
 from gno_ext.layers.attention import AttentionKernel, AttentionKernelBank, attend_tokens, tokens_fusable
+from tests.layers import _targets
 from tests.layers._interpreter import run_interpreted
 
 needs_triton = pytest.mark.skipif(find_spec("triton") is None, reason="Triton is not installed")
@@ -61,6 +62,60 @@ def test_backward_tiles_keys_up_to_one_tile_of_queries():
     kernels = pytest.importorskip("gno_ext.layers._attention_kernels", exc_type=ImportError)
     assert kernels.key_tiled(5) and kernels.key_tiled(64)
     assert not kernels.key_tiled(65) and not kernels.key_tiled(150)
+
+
+@needs_triton
+def test_float32_takes_the_kernels_only_where_they_fit(monkeypatch):
+    """Float32 inputs take the kernels at head widths up to 64 on devices that allow an H100's
+    227 KiB per program, not on an A100's 163 or an Ada GPU's 99 KiB; the check is a constant
+    to `torch.compile` (no graph break, ``fullgraph=True``)."""
+    kernels = pytest.importorskip("gno_ext.layers._attention_kernels", exc_type=ImportError)
+    for arch, limit in _targets.LIMITS.items():
+        monkeypatch.setattr(kernels, "_shared_memory", lambda index, limit=limit: limit)
+        assert [kernels.float32_fits(d, 0) for d in (16, 32, 33, 64, 65, 128)] == (
+            [True, True, True, True, False, False] if arch == 90 else [False] * 6)
+
+    def scale(x):
+        return x * (2.0 if kernels.float32_fits(32, 0) else 3.0)
+
+    for limit, factor in [(232448, 2.0), (166912, 3.0)]:
+        monkeypatch.setattr(kernels, "_shared_memory", lambda index, limit=limit: limit)
+        torch._dynamo.reset()
+        assert torch.compile(scale, fullgraph=True)(torch.ones(3)).tolist() == [factor] * 3
+    torch._dynamo.reset()
+
+
+# (head width, queries, keys) at which the passes use their largest tiles: the query-tiled
+# backward pass over one tile of 256 keys (width 16) or 128 (32); key tiles of 64 with every
+# query (64) in one tile; query and key tiles (several key tiles, more than 64 queries).
+LARGEST_TILES = [(16, 192, 193), (32, 192, 97), (64, 64, 97), (64, 192, 257), (128, 64, 97), (128, 192, 257)]
+
+
+@needs_triton
+@pytest.mark.parametrize("arch", sorted(_targets.LIMITS))
+def test_kernels_compiled_for_a100_ada_and_h100_fit_their_shared_memory(arch):
+    """Every launch of the forward and backward passes at the sizes of their largest tiles,
+    compiled by Triton for an A100 (sm80), an Ada GPU (sm89) and an H100 (sm90), needs no more
+    shared memory than the device allows: in bf16 at every head width, in float32 where
+    `float32_fits` admits it (no ``OutOfResources`` when the kernels load there)."""
+    kernels = pytest.importorskip("gno_ext.layers._attention_kernels", exc_type=ImportError)
+    limit = _targets.LIMITS[arch]
+    seen = set()
+    for dtype in (torch.bfloat16, torch.float32):
+        for d, n, m in LARGEST_TILES:
+            if dtype == torch.float32 and not (d <= kernels.FLOAT32_MAX_HEAD_DIM and limit >= kernels.FLOAT32_SHARED_MEMORY):
+                continue
+            q, kv = torch.zeros(1, n, 1, d, dtype=dtype), torch.zeros(1, m, 2, 1, d, dtype=dtype)
+            with _targets.recording(kernels) as launches:
+                kernels.token_attention(q, kv)
+                kernels.token_attention_backward(q, kv, q, torch.zeros(1, 1, n), q)
+            assert len(launches) >= 2
+            for kernel, args, kwargs in launches:
+                key = (kernel.fn.__name__, dtype, tuple(sorted(kwargs.items())))
+                if key not in seen:
+                    seen.add(key)
+                    need = _targets.shared_memory(kernel, args, kwargs, arch)
+                    assert 0 < need <= limit, (key, need, limit)
 
 
 def test_flop_formulas_are_those_of_scaled_dot_product_attention():
