@@ -44,7 +44,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from gno_ext.layers._gathered_kernels import _launch, _precision
 
-__all__ = ["MAX_TOKENS", "ROWS", "WIDE", "boundary_transfer", "boundary_transfer_backward", "boundary_transfer_wgrad",
+__all__ = ["FLOAT32_MAX_WIDTH", "MAX_TOKENS", "ROWS", "WIDE", "boundary_transfer", "boundary_transfer_backward", "boundary_transfer_wgrad",
            "max_tokens", "sums_layout", "supported", "wgrad_shapes"]
 
 # Rows per program: G = ROWS // MP samples of MP (padded) boundary tokens each. Measured on an
@@ -67,6 +67,12 @@ ROWS = 32
 # others; larger boundaries take the PyTorch path.
 MAX_TOKENS = 32
 WIDE = {(64, 128): 64}
+# Float32 operands take twice the shared memory of 16-bit ones. Compiled by Triton 3.9 for an
+# A100 (sm80), an Ada GPU (sm89: L40S, RTX 4090) and an H100 (sm90), the kernels need at most
+# 80 KiB per program at inner width 128 in bf16 and up to 64 in float32, but 160 KiB at width
+# 128 in float32: more than an Ada GPU allows (99 KiB; tests/layers/test_boundary_kernels.py).
+# So float32 operands take the kernels up to inner width FLOAT32_MAX_WIDTH.
+FLOAT32_MAX_WIDTH = 64
 
 
 def _warps(rows: int) -> int:
@@ -95,12 +101,14 @@ def max_tokens(width: int, hidden: int) -> int:
     return WIDE.get((width, hidden), MAX_TOKENS)
 
 
-def supported(width: int, hidden: int, tokens: int) -> bool:
-    """Whether the kernels take this size: widths powers of two from 16 to 128 (hidden: to
-    256), at most `max_tokens` boundary tokens per sample."""
+def supported(width: int, hidden: int, tokens: int, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether the kernels take this size with operands of type ``dtype``: widths powers of
+    two from 16 to 128 (hidden: to 256; float32: inner width up to `FLOAT32_MAX_WIDTH`), at
+    most `max_tokens` boundary tokens per sample."""
     def pow2(n: int, largest: int) -> bool:
         return 16 <= n <= largest and n & (n - 1) == 0
-    return pow2(width, 128) and pow2(hidden, 256) and 1 <= tokens <= max_tokens(width, hidden)
+    largest = FLOAT32_MAX_WIDTH if dtype == torch.float32 else 128
+    return pow2(width, largest) and pow2(hidden, 256) and 1 <= tokens <= max_tokens(width, hidden)
 
 
 @triton.jit

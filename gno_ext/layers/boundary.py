@@ -133,7 +133,9 @@ class BoundaryTransfer(nn.Module):
     ----------
     fused : bool
         Run the fused kernels where they can (default True): a CUDA tensor, Triton installed,
-        ``width`` and the MLP width powers of two (up to 128 and 256), at most 32 boundary
+        ``width`` and the MLP width powers of two (up to 128 and 256; in float32, without
+        autocast, ``width`` up to 64: at 128 the kernels would need more shared memory than
+        some GPUs allow), at most 32 boundary
         tokens per sample, 64 at inner width 64 with MLP width 128 (the default operator of a
         256-wide model; `gno_ext.layers._boundary_kernels.max_tokens`). Set it to False on
         an instance for the PyTorch path everywhere. Both paths compute the same function
@@ -197,9 +199,12 @@ class BoundaryTransfer(nn.Module):
         return self.forward_unfused(desc, state)
 
     def fusable(self, state: Tensor) -> bool:
-        """Whether `forward` takes the fused kernels for this ``state`` (see `fused`)."""
-        return (self.fused and state.is_cuda and _kernels is not None
-                and _kernels.supported(self.norm.normalized_shape[0], self.mlp[1].out_features, state.shape[1]))
+        """Whether `forward` takes the fused kernels for this ``state`` (see `fused`), with
+        operands of the autocast type under autocast, else of ``state``'s type."""
+        if not (self.fused and state.is_cuda and _kernels is not None):
+            return False
+        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else state.dtype
+        return _kernels.supported(self.norm.normalized_shape[0], self.mlp[1].out_features, state.shape[1], dtype)
 
     def forward_unfused(self, desc: Tensor, state: Tensor) -> Tensor:
         """The operator in PyTorch, from the description ``desc`` (`describe`, (B, M, width))."""

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gno_ext.layers import boundary
+from tests.layers import _targets
 from tests.layers._interpreter import run_interpreted
 
 needs_triton = pytest.mark.skipif(find_spec("triton") is None, reason="Triton is not installed")
@@ -28,13 +29,22 @@ def test_fused_path_only_on_cuda_for_supported_sizes(monkeypatch):
     assert not kernels.supported(128, 256, 33) and not kernels.supported(64, 256, 33)
     assert kernels.supported(64, 128, 33) and kernels.supported(64, 128, 64) and not kernels.supported(64, 128, 65)
     assert kernels.max_tokens(64, 128) == 64 and kernels.max_tokens(32, 64) == kernels.MAX_TOKENS == 32
+    # float32 operands: inner widths up to 64 (at 128 the programs need more shared memory
+    # than an Ada GPU allows)
+    assert kernels.supported(64, 128, 64, torch.float32) and kernels.supported(16, 32, 32, torch.float32)
+    assert not kernels.supported(128, 256, 32, torch.float32) and kernels.supported(128, 256, 32, torch.float16)
     bt = boundary.BoundaryTransfer(256, 2)
-    cuda_like = types.SimpleNamespace(is_cuda=True, shape=(4, 32, 256))
-    assert bt.fusable(cuda_like) and not bt.fusable(torch.zeros(4, 32, 256))
-    assert bt.fusable(types.SimpleNamespace(is_cuda=True, shape=(4, 64, 256)))  # 128 x 384, patch 16
-    assert not bt.fusable(types.SimpleNamespace(is_cuda=True, shape=(4, 65, 256)))
+
+    def cuda_like(tokens, dim, dtype=torch.float32):
+        return types.SimpleNamespace(is_cuda=True, shape=(4, tokens, dim), dtype=dtype)
+
+    assert bt.fusable(cuda_like(32, 256)) and not bt.fusable(torch.zeros(4, 32, 256))
+    assert bt.fusable(cuda_like(64, 256))  # 128 x 384, patch 16
+    assert not bt.fusable(cuda_like(65, 256))
     small = boundary.BoundaryTransfer(128, 2)  # inner width 32
-    assert not small.fusable(types.SimpleNamespace(is_cuda=True, shape=(4, 33, 128)))
+    assert not small.fusable(cuda_like(33, 128))
+    wide = boundary.BoundaryTransfer(512, 2)  # inner width 128
+    assert wide.fusable(cuda_like(32, 512, torch.bfloat16)) and not wide.fusable(cuda_like(32, 512))
     with pytest.raises(ValueError, match="64 boundary tokens per sample; at inner width 32"):  # called directly
         kernels._geometry(types.SimpleNamespace(is_cuda=True, shape=(4, 64, 128)), 32, 64)
     with pytest.raises(ValueError, match="65 boundary tokens per sample; at inner width 64"):
@@ -43,10 +53,10 @@ def test_fused_path_only_on_cuda_for_supported_sizes(monkeypatch):
     assert kernels._geometry(types.SimpleNamespace(is_cuda=True, shape=(4, 64, 256)), 64, 128)[:2] == (64, 1)
     assert kernels._geometry(types.SimpleNamespace(is_cuda=False, shape=(4, 100, 128)), 32, 64)[:2] == (128, 1)
     bt.fused = False
-    assert not bt.fusable(cuda_like)
+    assert not bt.fusable(cuda_like(32, 256))
     bt.fused = True
     monkeypatch.setattr(boundary, "_kernels", None)
-    assert not bt.fusable(cuda_like)
+    assert not bt.fusable(cuda_like(32, 256))
     with pytest.raises(RuntimeError, match="not loaded"):
         bt.forward_fused(torch.zeros(1, 2, 64), torch.zeros(1, 2, 256))
 
@@ -94,6 +104,43 @@ for b, m, d, w in [(5, 7, 48, 16), (3, 20, 64, 32), (6, 100, 32, 16)]:
         assert (got - want).norm() <= 1e-5 * want.norm(), ((got - want).norm() / want.norm(), got.shape)
 print("fused boundary transfer agrees")
 """
+
+
+@needs_triton
+@pytest.mark.parametrize("arch", [89, 90])
+def test_kernels_compiled_for_ada_and_h100_fit_their_shared_memory(arch):
+    """The three kernels at the largest programs that `supported` admits for each operand type
+    (the largest inner width with MLP width twice it at 32 tokens; the `WIDE` pairs at their
+    token counts, programs of 64 rows), compiled by Triton for an Ada GPU (sm89, the smallest
+    limit of the three targets in `tests/layers/_targets.py`; an A100's programs compile to
+    the same sizes) and an H100 (sm90), need no more shared memory than the device allows (no
+    ``OutOfResources`` when they load there)."""
+    kernels = boundary.load_kernels()
+    limit = _targets.LIMITS[arch]
+    cases = []
+    for dtype in (torch.bfloat16, torch.float32):
+        width = max(w for w in (16, 32, 64, 128) if kernels.supported(w, 2 * w, 32, dtype))
+        cases.append((dtype, width, 2 * width, 4 * width, 32))
+        cases += [(dtype, w, h, 4 * w, m) for (w, h), m in kernels.WIDE.items() if kernels.supported(w, h, m, dtype)]
+    assert len(cases) == 4  # bf16: width 128, the wide pair; float32: width 64, the wide pair
+    for dtype, width, hidden, dim, tokens in cases:
+        t = lambda *shape: torch.zeros(*shape, dtype=dtype)
+        weights = dict(ws=t(width, dim), bs=t(width), g1=t(width), be1=t(width), wqkv=t(3 * width, width),
+                       bqkv=t(3 * width), wo=t(width, width), bo=t(width), g2=t(width), be2=t(width),
+                       w1=t(hidden, width), b1=t(hidden), w2=t(width, hidden), b2=t(width), wout=t(dim, width),
+                       bout=t(dim))
+        state = t(2, tokens, dim)
+        saved = t(2, tokens, 9 * width + 2 * hidden)
+        with _targets.recording(kernels) as launches:
+            kernels.boundary_transfer(t(2, tokens, width), state, *weights.values(), 1e-5, 1e-5)
+            kernels.boundary_transfer_backward(state, saved, *(weights[k] for k in ("ws", "g1", "wqkv", "wo", "g2", "w1",
+                                                                                     "w2", "wout")), 1e-5, 1e-5)
+            kernels.boundary_transfer_wgrad(t(2, tokens, 6 * width + hidden), state, saved, state)
+        assert [k.fn.__name__ for k, _, _ in launches] == [
+            "_boundary_forward_kernel", "_boundary_backward_kernel", "_boundary_wgrad_kernel"]
+        for kernel, args, kwargs in launches:
+            need = _targets.shared_memory(kernel, args, kwargs, arch)
+            assert 0 < need <= limit, (kernel.fn.__name__, dtype, width, tokens, need, limit)
 
 
 @needs_triton
@@ -171,7 +218,7 @@ def test_gpu_fused_in_bfloat16_over_token_counts_and_widths(tokens, dim):
     torch.manual_seed(tokens + dim)
     bt = boundary.BoundaryTransfer(dim, 2).cuda()
     width = bt.norm.normalized_shape[0]
-    assert bt.fusable(torch.empty(1, tokens, dim, device="cuda"))
+    assert bt.fusable(torch.empty(1, tokens, dim, device="cuda", dtype=torch.bfloat16))
     desc = torch.randn(64, tokens, width, device="cuda", requires_grad=True)
     state = torch.randn(64, tokens, dim, device="cuda", requires_grad=True)
     probe = torch.randn(64, tokens, dim, device="cuda")
