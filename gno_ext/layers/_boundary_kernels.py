@@ -44,8 +44,8 @@ from torch.utils.flop_counter import register_flop_formula
 
 from gno_ext.layers._gathered_kernels import _launch, _precision
 
-__all__ = ["FLOAT32_MAX_WIDTH", "MAX_TOKENS", "ROWS", "WIDE", "boundary_transfer", "boundary_transfer_backward", "boundary_transfer_wgrad",
-           "max_tokens", "sums_layout", "supported", "wgrad_shapes"]
+__all__ = ["FLOAT32_MAX_WIDTH", "MAX_TOKENS", "ROWS", "WIDE", "boundary_transfer", "boundary_transfer_backward",
+           "boundary_transfer_wgrad", "max_tokens", "sums_layout", "supported", "wgrad_shapes"]
 
 # Rows per program: G = ROWS // MP samples of MP (padded) boundary tokens each. Measured on an
 # H100 at the paper size (32 tokens, width 64, bf16; docs/benchmarks.md): 32 rows with 4 warps
@@ -69,9 +69,10 @@ MAX_TOKENS = 32
 WIDE = {(64, 128): 64}
 # Float32 operands take twice the shared memory of 16-bit ones. Compiled by Triton 3.9 for an
 # A100 (sm80), an Ada GPU (sm89: L40S, RTX 4090) and an H100 (sm90), the kernels need at most
-# 80 KiB per program at inner width 128 in bf16 and up to 64 in float32, but 160 KiB at width
-# 128 in float32: more than an Ada GPU allows (99 KiB; tests/layers/test_boundary_kernels.py).
-# So float32 operands take the kernels up to inner width FLOAT32_MAX_WIDTH.
+# 80 KiB per program at inner width 128 in bf16 and at 64 in float32 (narrower widths have
+# smaller tiles), but 160 KiB at width 128 in float32: more than an Ada GPU allows (99 KiB;
+# tests/layers/test_boundary_kernels.py). So float32 operands take the kernels up to inner
+# width FLOAT32_MAX_WIDTH.
 FLOAT32_MAX_WIDTH = 64
 
 

@@ -202,8 +202,8 @@ def _fit(tile: int, need, limit: int | None) -> int:
 
 
 # Both kernels pipeline their two operand tiles: ``num_stages`` copies of them bound what
-# Triton allocates in shared memory (Triton 3.9 allocates ``num_stages - 1`` copies in float32
-# and less in bf16; compiled for sm80, sm89 and sm90, tests/layers/test_gathered.py). The
+# Triton allocates in shared memory (Triton 3.6 and 3.9 allocate ``num_stages - 1`` copies in
+# float32 and less in bf16; compiled for sm80, sm89 and sm90, tests/layers/test_gathered.py). The
 # launch settings above fit an H100 or A100 in bf16; in float32, or on GPUs of about 99 KiB
 # per program (Ada: L40S, RTX 4090), the reduction tile is halved until they fit.
 def _forward_tiles(x: Tensor, din: int, dout: int) -> tuple[int, int, int]:
