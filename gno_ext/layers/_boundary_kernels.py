@@ -69,8 +69,8 @@ MAX_TOKENS = 32
 WIDE = {(64, 128): 64}
 # Float32 operands take twice the shared memory of 16-bit ones. Compiled by Triton 3.9 for an
 # A100 (sm80), an Ada GPU (sm89: L40S, RTX 4090) and an H100 (sm90), the kernels need at most
-# 80 KiB per program at inner width 128 in bf16 and at 64 in float32 (narrower widths have
-# smaller tiles), but 160 KiB at width 128 in float32: more than an Ada GPU allows (99 KiB;
+# 80 KiB per program at inner width 128 in bf16 and at 64 in float32 (64 KiB at 16 and 32),
+# but 160 KiB at width 128 in float32: more than an Ada GPU allows (99 KiB;
 # tests/layers/test_boundary_kernels.py). So float32 operands take the kernels up to inner
 # width FLOAT32_MAX_WIDTH.
 FLOAT32_MAX_WIDTH = 64
