@@ -120,12 +120,19 @@ def one_tile(keys: int, head_dim: int) -> bool:
 
 
 @torch.compiler.assume_constant_result  # a constant of the device: no graph break under torch.compile
+def _float32_device(device_index: int) -> bool:
+    """Whether CUDA device ``device_index`` allows `FLOAT32_SHARED_MEMORY` bytes of shared
+    memory per program."""
+    return _shared_memory(device_index) >= FLOAT32_SHARED_MEMORY
+
+
 def float32_fits(head_dim: int, device_index: int) -> bool:
     """Whether the kernels take float32 operands at head width ``head_dim`` on CUDA device
     ``device_index``: head widths up to `FLOAT32_MAX_HEAD_DIM` on devices that allow
     `FLOAT32_SHARED_MEMORY` bytes of shared memory per program (Hopper and later data-centre
-    GPUs); 16-bit types run everywhere."""
-    return _pow2(head_dim) <= FLOAT32_MAX_HEAD_DIM and _shared_memory(device_index) >= FLOAT32_SHARED_MEMORY
+    GPUs); 16-bit types run everywhere. Under `torch.compile` the device's part is a constant
+    and the head width's a guard, as in `supported` (symbolic sizes included)."""
+    return _pow2(head_dim) <= FLOAT32_MAX_HEAD_DIM and _float32_device(device_index)
 
 
 def supported(keys: int, head_dim: int) -> bool:

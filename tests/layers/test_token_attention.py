@@ -67,21 +67,25 @@ def test_backward_tiles_keys_up_to_one_tile_of_queries():
 @needs_triton
 def test_float32_takes_the_kernels_only_where_they_fit(monkeypatch):
     """Float32 inputs take the kernels at head widths up to 64 on devices that allow an H100's
-    227 KiB per program, not on an A100's 163 or an Ada GPU's 99 KiB; the check is a constant
-    to `torch.compile` (no graph break, ``fullgraph=True``)."""
+    227 KiB per program, not on an A100's 163 or an Ada GPU's 99 KiB. Under `torch.compile`
+    the device's part is a constant and the head width a guard: no graph break
+    (``fullgraph=True``), symbolic sizes (``dynamic=True``) included."""
     kernels = pytest.importorskip("gno_ext.layers._attention_kernels", exc_type=ImportError)
     for arch, limit in _targets.LIMITS.items():
         monkeypatch.setattr(kernels, "_shared_memory", lambda index, limit=limit: limit)
         assert [kernels.float32_fits(d, 0) for d in (16, 32, 33, 64, 65, 128)] == (
             [True, True, True, True, False, False] if arch == 90 else [False] * 6)
 
-    def scale(x):
-        return x * (2.0 if kernels.float32_fits(32, 0) else 3.0)
+    def scale(x):  # the head width as the last size, symbolic under dynamic=True
+        return x * (2.0 if kernels.float32_fits(x.shape[-1], 0) else 3.0)
 
     for limit, factor in [(232448, 2.0), (166912, 3.0)]:
         monkeypatch.setattr(kernels, "_shared_memory", lambda index, limit=limit: limit)
         torch._dynamo.reset()
-        assert torch.compile(scale, fullgraph=True)(torch.ones(3)).tolist() == [factor] * 3
+        compiled = torch.compile(scale, fullgraph=True, dynamic=True)
+        assert compiled(torch.ones(2, 32)).unique().tolist() == [factor]
+        assert compiled(torch.ones(3, 16)).unique().tolist() == [factor]
+        assert compiled(torch.ones(3, 128)).unique().tolist() == [3.0]
     torch._dynamo.reset()
 
 
