@@ -20,6 +20,12 @@ def may_read_device() -> bool:
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
+def operand_type(dtype: torch.dtype, device_type: str) -> torch.dtype:
+    """The type in which a product on ``device_type`` takes operands of type ``dtype``: the
+    autocast type where autocast is on there, else ``dtype``."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else dtype
+
+
 def one_hot(index: Tensor, n: int, dtype: torch.dtype = torch.long) -> Tensor:
     """``index`` (any shape, values in ``[0, n)``) as one-hot vectors along a new last axis.
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gno_ext.layers._util import one_hot, triton_module
+from gno_ext.layers._util import one_hot, operand_type, triton_module
 from gno_ext.layers.attention import attend
 from gno_ext.schema import BCType, BoundarySpec, Grid, face_view
 
@@ -203,8 +203,8 @@ class BoundaryTransfer(nn.Module):
         operands of the autocast type under autocast, else of ``state``'s type."""
         if not (self.fused and state.is_cuda and _kernels is not None):
             return False
-        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else state.dtype
-        return _kernels.supported(self.norm.normalized_shape[0], self.mlp[1].out_features, state.shape[1], dtype)
+        return _kernels.supported(self.norm.normalized_shape[0], self.mlp[1].out_features, state.shape[1],
+                                  operand_type(state.dtype, "cuda"))
 
     def forward_unfused(self, desc: Tensor, state: Tensor) -> Tensor:
         """The operator in PyTorch, from the description ``desc`` (`describe`, (B, M, width))."""
@@ -221,7 +221,7 @@ class BoundaryTransfer(nn.Module):
             raise RuntimeError("BoundaryTransfer.forward_fused: the Triton operators are not loaded (they need Triton "
                                "and a CUDA device, or Triton's interpreter)")
         device = state.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else state.dtype
+        dtype = operand_type(state.dtype, device)
         fc1, fc2 = self.mlp[1], self.mlp[3]
         # the weights as they are: the operator casts them, and returns their gradients unrounded
         ws, wqkv, wo, w1, w2, wout = (m.weight for m in (self.state, self.qkv, self.attn_out, fc1, fc2, self.out))
