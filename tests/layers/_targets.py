@@ -5,7 +5,8 @@ loads a kernel, raising ``OutOfResources`` above it).
 `recording` replaces the modules' launcher (``_launch``) so that calling an operator's Python
 launch function on CPU tensors records the launches it would make, with their compile-time
 constants and launch options, instead of running them; `shared_memory` compiles one recorded
-launch for a target architecture.
+launch for a target architecture, and `assert_fit` checks recorded launches against a target's
+limit.
 """
 
 import contextlib
@@ -55,3 +56,16 @@ def shared_memory(kernel, args, kwargs, arch: int) -> int:
     options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options).metadata.shared
+
+
+def assert_fit(launches, arch: int, seen: set | None = None) -> None:
+    """Assert that every recorded launch, compiled for ``arch``, needs some shared memory and
+    no more than `LIMITS` allows there. Launches whose program was checked before (the same
+    kernel, operand types and compile-time constants, kept in ``seen``) are not compiled again."""
+    seen = set() if seen is None else seen
+    for kernel, args, kwargs in launches:
+        key = (kernel.fn.__name__, tuple(a.dtype for a in args if torch.is_tensor(a)), tuple(sorted(kwargs.items())))
+        if key not in seen:
+            seen.add(key)
+            need = shared_memory(kernel, args, kwargs, arch)
+            assert 0 < need <= LIMITS[arch], (key, need, LIMITS[arch])

@@ -183,12 +183,7 @@ def test_kernels_compiled_for_a100_ada_and_h100_fit_their_shared_memory(monkeypa
                 kernels._gathered_mm(x, torch.zeros(4, din, dout, dtype=dtype), torch.zeros(4, dout, dtype=dtype), plan)
                 kernels._grouped_wgrad(x, dy, plan, 4, True, 8)
             assert [k.fn.__name__ for k, _, _ in launches] == ["_gathered_mm_kernel", "_grouped_wgrad_kernel"]
-            for kernel, args, kwargs in launches:
-                key = (kernel.fn.__name__, dtype, tuple(sorted(kwargs.items())))
-                if key not in seen:  # the same compiled program
-                    seen.add(key)
-                    need = _targets.shared_memory(kernel, args, kwargs, arch)
-                    assert 0 < need <= limit, (key, need, limit)
+            _targets.assert_fit(launches, arch, seen)
 
 
 @needs_triton

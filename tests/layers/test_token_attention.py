@@ -116,12 +116,7 @@ def test_kernels_compiled_for_a100_ada_and_h100_fit_their_shared_memory(monkeypa
                 kernels.token_attention(q, kv)
                 kernels.token_attention_backward(q, kv, q, torch.zeros(1, 1, n), q)
             assert len(launches) >= 2
-            for kernel, args, kwargs in launches:
-                key = (kernel.fn.__name__, dtype, tuple(sorted(kwargs.items())))
-                if key not in seen:
-                    seen.add(key)
-                    need = _targets.shared_memory(kernel, args, kwargs, arch)
-                    assert 0 < need <= limit, (key, need, limit)
+            _targets.assert_fit(launches, arch, seen)
 
 
 def test_flop_formulas_are_those_of_scaled_dot_product_attention():
