@@ -43,6 +43,7 @@ from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
 from gno_ext.layers._gathered_kernels import _launch, _precision
+from gno_ext.layers._util import KERNEL_TYPES
 
 __all__ = ["FLOAT32_MAX_WIDTH", "MAX_TOKENS", "ROWS", "WIDE", "boundary_transfer", "boundary_transfer_backward",
            "boundary_transfer_wgrad", "max_tokens", "sums_layout", "supported", "wgrad_shapes"]
@@ -103,13 +104,15 @@ def max_tokens(width: int, hidden: int) -> int:
 
 
 def supported(width: int, hidden: int, tokens: int, dtype: torch.dtype = torch.bfloat16) -> bool:
-    """Whether the kernels take this size with operands of type ``dtype``: widths powers of
-    two from 16 to 128 (hidden: to 256; float32: inner width up to `FLOAT32_MAX_WIDTH`), at
-    most `max_tokens` boundary tokens per sample."""
+    """Whether the kernels take this size with operands of type ``dtype``: half, bfloat16 or
+    float32 (not float64: the kernels accumulate in float32), widths powers of two from 16 to
+    128 (hidden: to 256; float32: inner width up to `FLOAT32_MAX_WIDTH`), at most `max_tokens`
+    boundary tokens per sample."""
     def pow2(n: int, largest: int) -> bool:
         return 16 <= n <= largest and n & (n - 1) == 0
     largest = FLOAT32_MAX_WIDTH if dtype == torch.float32 else 128
-    return pow2(width, largest) and pow2(hidden, 256) and 1 <= tokens <= max_tokens(width, hidden)
+    return (dtype in KERNEL_TYPES and pow2(width, largest) and pow2(hidden, 256)
+            and 1 <= tokens <= max_tokens(width, hidden))
 
 
 @triton.jit

@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gno_ext.layers._util import kernel_ranks, segment_of, triton_module
+from gno_ext.layers._util import KERNEL_TYPES, kernel_ranks, operand_type, segment_of, triton_module
 
 __all__ = ["RUN", "gathered_linear", "load_kernels", "run_plan", "usable"]
 
@@ -58,9 +58,12 @@ def load_kernels():
 
 
 def usable(x: Tensor) -> bool:
-    """Whether `gathered_linear` can run on ``x``: a CUDA tensor, the Triton operators loaded,
-    and deterministic algorithms not requested (the weight gradient is summed atomically)."""
-    return x.is_cuda and _kernels is not None and not torch.are_deterministic_algorithms_enabled()
+    """Whether `gathered_linear` can run on ``x``: a CUDA tensor whose products run in half,
+    bfloat16 or float32 (float64 stays exact on the callers' PyTorch path; under autocast the
+    autocast type counts), the Triton operators loaded, and deterministic algorithms not
+    requested (the weight gradient is summed atomically)."""
+    return (x.is_cuda and _kernels is not None and not torch.are_deterministic_algorithms_enabled()
+            and operand_type(x.dtype, "cuda") in KERNEL_TYPES)
 
 
 def run_plan(index: Tensor, n_kernels: int, run: int | None = None) -> Tensor:
@@ -112,8 +115,7 @@ def gathered_linear(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | Non
     if _kernels is None:
         raise RuntimeError("gathered_linear: the Triton operators are not loaded (they need Triton and a CUDA "
                            "device, or Triton's interpreter); check `usable(x)` first")
-    if torch.is_autocast_enabled(x.device.type):
-        x = x.to(torch.get_autocast_dtype(x.device.type))
+    x = x.to(operand_type(x.dtype, x.device.type))
     if plan is None:
         plan = run_plan(index, weight.shape[0])
     with torch.autocast(x.device.type, enabled=False):

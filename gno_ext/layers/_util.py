@@ -20,10 +20,17 @@ def may_read_device() -> bool:
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
+# the operand types of the Triton kernels (products accumulate in float32)
+KERNEL_TYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
 def operand_type(dtype: torch.dtype, device_type: str) -> torch.dtype:
     """The type in which a product on ``device_type`` takes operands of type ``dtype``: the
-    autocast type where autocast is on there, else ``dtype``."""
-    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else dtype
+    autocast type where autocast is on there, else ``dtype``. As autocast itself does, it
+    leaves float64 (and non-floating types) alone."""
+    if dtype.is_floating_point and dtype != torch.float64 and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return dtype
 
 
 def one_hot(index: Tensor, n: int, dtype: torch.dtype = torch.long) -> Tensor:

@@ -79,10 +79,10 @@ class PatchProject(nn.Module):
         return y.permute(perm).reshape(b, self.out_channels, *[g * p for g in grid_tokens])
 
 
-_FREQUENCIES: dict[tuple[int, str], Tensor] = {}  # eager mode: (count, device) -> frequencies
+_FREQUENCIES: dict[tuple[int, str, torch.dtype], Tensor] = {}  # eager mode: (count, device, type) -> frequencies
 
 
-def _frequencies(n_freq: int, device: torch.device | None) -> Tensor:
+def _frequencies(n_freq: int, device: torch.device | None, dtype: torch.dtype = torch.float32) -> Tensor:
     """Angular frequencies of `sincos_position`: wavelengths from the domain size down to 1/64
     of it, geometrically spaced.
 
@@ -91,10 +91,11 @@ def _frequencies(n_freq: int, device: torch.device | None) -> Tensor:
     that used the encoding: 0.19 ms of a paper-size GNO training step at batch 256 on an H100).
     In eager mode the tensor is made once per device and kept: a CUDA graph capture cannot
     copy from the host, and each call saves a copy."""
-    make = lambda: torch.tensor([2 * math.pi * 64 ** (i / max(n_freq - 1, 1)) for i in range(n_freq)], device=device)
+    make = lambda: torch.tensor([2 * math.pi * 64 ** (i / max(n_freq - 1, 1)) for i in range(n_freq)], device=device,
+                                dtype=dtype)
     if torch.compiler.is_compiling():
         return make()
-    key = (n_freq, str(torch.device(device or "cpu")))
+    key = (n_freq, str(torch.device(device or "cpu")), dtype)
     if key not in _FREQUENCIES:
         _FREQUENCIES[key] = make()
     return _FREQUENCIES[key]
@@ -104,14 +105,16 @@ def sincos_position(grid_tokens: Sequence[int], dim: int, device: torch.device |
                     dtype: torch.dtype = torch.float32) -> Tensor:
     """Fixed sine-cosine encoding of token positions in ``[0, 1)^d``, shape ``(N, dim)``.
 
-    Positions are relative to the domain, so the same encoding serves any resolution. In
+    Positions are relative to the domain, so the same encoding serves any resolution. It is
+    computed in float32 (float64 for ``dtype`` float64) and returned in ``dtype``. In
     eager mode it can be captured in a CUDA graph once it has run outside one on the same
     device (`gno_ext.training.capture_step` runs warm-up steps first).
     """
     d = len(grid_tokens)
     n_freq = math.ceil(dim / (2 * d))
-    freqs = _frequencies(n_freq, device)
-    axes = [(torch.arange(g, device=device, dtype=torch.float32) + 0.5) / g for g in grid_tokens]
+    work = torch.promote_types(dtype, torch.float32)  # float32, or float64 for a float64 model
+    freqs = _frequencies(n_freq, device, work)
+    axes = [(torch.arange(g, device=device, dtype=work) + 0.5) / g for g in grid_tokens]
     coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, d)
     angles = coords[:, :, None] * freqs
     enc = torch.cat([angles.sin(), angles.cos()], -1).reshape(coords.shape[0], -1)

@@ -119,7 +119,7 @@ def _route(scores: Tensor, gates: Sequence[ParameterGate]) -> list[Routing]:
     """Routings from the scores ``(L, B, K)`` (or ``(B, K)`` for one gate) of ``L`` gates."""
     scores = scores.view(len(gates), *scores.shape[-2:])
     k = scores.shape[-1]
-    probs = scores.float().softmax(-1)
+    probs = scores.to(torch.promote_types(scores.dtype, torch.float32)).softmax(-1)  # float32 or float64
     choice = scores
     noise = [g.noise_std if g.training else 0.0 for g in gates]
     if any(noise):  # one level for all gates (the usual case) as a number: no host-to-device copy

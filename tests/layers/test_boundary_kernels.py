@@ -33,12 +33,14 @@ def test_fused_path_only_on_cuda_for_supported_sizes(monkeypatch):
     # than an Ada GPU allows)
     assert kernels.supported(64, 128, 64, torch.float32) and kernels.supported(16, 32, 32, torch.float32)
     assert not kernels.supported(128, 256, 32, torch.float32) and kernels.supported(128, 256, 32, torch.float16)
+    assert not kernels.supported(64, 128, 32, torch.float64)  # the kernels accumulate in float32
     bt = boundary.BoundaryTransfer(256, 2)
 
     def cuda_like(tokens, dim, dtype=torch.float32):
         return types.SimpleNamespace(is_cuda=True, shape=(4, tokens, dim), dtype=dtype)
 
     assert bt.fusable(cuda_like(32, 256)) and not bt.fusable(torch.zeros(4, 32, 256))
+    assert not bt.fusable(cuda_like(32, 256, torch.float64))
     assert bt.fusable(cuda_like(64, 256))  # 128 x 384, patch 16
     assert not bt.fusable(cuda_like(65, 256))
     small = boundary.BoundaryTransfer(128, 2)  # inner width 32

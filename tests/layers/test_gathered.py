@@ -40,11 +40,14 @@ def test_run_plan_cuts_each_kernels_samples_into_runs(batch, n_kernels, run):
 
 
 def test_usable_only_on_cuda_with_kernels_and_without_deterministic_algorithms(monkeypatch):
-    cuda_like = types.SimpleNamespace(is_cuda=True)
+    cuda_like = types.SimpleNamespace(is_cuda=True, dtype=torch.float32)
     monkeypatch.setattr(_gathered, "_kernels", None)
     assert not _gathered.usable(cuda_like)
     monkeypatch.setattr(_gathered, "_kernels", object())
     assert _gathered.usable(cuda_like) and not _gathered.usable(torch.zeros(1))
+    assert _gathered.usable(types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16))
+    # float64 stays exact on the PyTorch path (the kernels accumulate in float32)
+    assert not _gathered.usable(types.SimpleNamespace(is_cuda=True, dtype=torch.float64))
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:

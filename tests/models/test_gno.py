@@ -267,3 +267,79 @@ def test_one_hot_matches_torch():
     index = torch.tensor([[2, 0], [1, 2]])
     assert torch.equal(one_hot(index, 4), torch.nn.functional.one_hot(index, 4))
     assert one_hot(index, 3, torch.float32).dtype == torch.float32
+
+
+def test_operand_type_follows_autocast_and_leaves_float64_alone():
+    """The kernels' operand type is what autocast gives a product: the autocast type for
+    float32 and 16-bit inputs; float64 and integers as they are (autocast does not cast them,
+    so they stay off the Triton kernels, which accumulate in float32)."""
+    from gno_ext.layers._util import KERNEL_TYPES, operand_type
+
+    assert [operand_type(t, "cpu") for t in (torch.float32, torch.float64, torch.bfloat16)] == [
+        torch.float32, torch.float64, torch.bfloat16]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert [operand_type(t, "cpu") for t in (torch.float32, torch.float16, torch.float64, torch.long)] == [
+            torch.bfloat16, torch.bfloat16, torch.float64, torch.long]
+        assert (torch.ones(2, 2, dtype=torch.float64) @ torch.ones(2, 2, dtype=torch.float64)).dtype == torch.float64
+    assert torch.float64 not in KERNEL_TYPES
+
+
+
+def test_a_float64_model_computes_in_float64():
+    """A float64 GNO computes in float64 in both passes: no product, reduction, softmax or
+    sine of its forward and backward passes gives a float32 or 16-bit result (the position
+    encoding and the gate's softmax, which run in float32 for lower types, included). Only the
+    float32 boundary data given is pooled in its own type before it is cast."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    arithmetic = {"mm", "addmm", "bmm", "mul", "sin", "cos", "_softmax", "_softmax_backward_data", "mean", "sum",
+                  "gather", "scatter_add", "native_layer_norm", "gelu", "convolution", "sub"}
+
+    class LowPrecision(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            if name in arithmetic and any(isinstance(t, torch.Tensor) and t.dtype != torch.float64
+                                          and t.is_floating_point() for t in tree_leaves(out)):
+                self.ops.add(name)
+            return out
+
+    torch.manual_seed(7)
+    model = tiny(latent=64).double()
+    u = torch.randn(6, 1, 1, 32, 32, dtype=torch.float64)
+    theta = torch.linspace(0.1, 2.0, 6, dtype=torch.float64)[:, None]
+    with LowPrecision() as seen:
+        model(u, theta=theta, bc=bc_mixed(6)).square().mean().backward()
+    assert not seen.ops, seen.ops
+    with LowPrecision() as seen:  # the check sees float32 work where there is some
+        tiny(latent=64)(u.float(), theta=theta.float(), bc=bc_mixed(6)).square().mean()
+    assert {"mm", "sin", "_softmax"} <= seen.ops or {"addmm", "sin", "_softmax"} <= seen.ops, seen.ops
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_float64_model_takes_the_exact_pytorch_paths():
+    """In float64 on a GPU the GNO runs its PyTorch paths (the Triton kernels accumulate in
+    float32, and autocast leaves float64 alone): its output and gradients equal the same
+    model's on the CPU to float64 rounding."""
+    torch.manual_seed(7)
+    model = tiny(latent=64).double()
+    u = torch.randn(6, 1, 1, 32, 32, dtype=torch.float64)
+    theta = torch.linspace(0.1, 2.0, 6, dtype=torch.float64)[:, None]
+    bc = bc_mixed(6)
+    runs = []
+    for device in ("cpu", "cuda"):
+        model.to(device)
+        model.zero_grad()
+        y = model(u.to(device), theta=theta.to(device), bc=bc.to(device))
+        y.square().mean().backward()
+        # copies: moving the model moves the gradients that it holds
+        runs.append([y.detach().cpu()] + [p.grad.cpu().clone() for p in model.parameters() if p.grad is not None])
+    assert len(runs[0]) == len(runs[1]) > 2
+    for a, b in zip(*runs):
+        assert a.dtype == b.dtype == torch.float64
+        torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-12)
