@@ -1,6 +1,8 @@
 """Time one layer of the GNO on its own, for each of its paths and modes (``eager``;
-``compiled``: ``torch.compile``), in bf16 autocast: the forward pass (no grad) and forward +
-backward (gradients of the inputs and of every parameter).
+``compiled``: ``torch.compile``): the forward pass (no grad) and forward + backward (gradients
+of the inputs and of every parameter). ``--precision``: ``bf16`` autocast (default, as the GNO
+trains), ``float32`` (TF32 off, PyTorch's default) or ``tf32`` (float32 with TF32 products
+allowed, as ``torch.set_float32_matmul_precision("high")`` sets).
 
 Layers (``--layers``) and their paths (``--paths``, default: all of the layer's):
 
@@ -12,7 +14,9 @@ Layers (``--layers``) and their paths (``--paths``, default: all of the layer's)
   kernel), ``fused-query-tiles`` (the same, the backward pass forced onto the query-tiled
   kernel), ``fused-key-tiles`` (the same, with no tile of every key: the forward pass loops
   over key tiles and the backward pass with more than 64 queries is the split pair, as beyond
-  128 keys at head width 32), ``sdpa`` (`scaled_dot_product_attention`).
+  128 keys at head width 32), ``sdpa`` (`scaled_dot_product_attention`). The fused paths run
+  the kernels even where `attend_tokens` would not (float32 without TF32); each row says
+  which path the library takes (``library``).
 * ``products``: the mixture's projections, ``x_b W_{k_b} + c_{k_b}`` with each sample's kernel
   ``k_b`` drawn at random from ``--kernels`` K, at the two shapes of the GNO's attention
   kernel: ``queries`` rows D -> D (the query and output projections) and, for each ``--keys``
@@ -33,11 +37,13 @@ launch settings, so a cached graph could run another row's kernel.
     python recipes/bench_layers.py --layers attention --keys 65 97 --modes eager
     python recipes/bench_layers.py --device cpu --batch 16 --layers boundary --paths unfused --modes eager
     python recipes/bench_layers.py --layers products --modes eager
+    python recipes/bench_layers.py --precision float32 --modes compiled
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import sys
@@ -71,6 +77,28 @@ PATHS = {"boundary": ("unfused", "fused"), "attention": ("sdpa", "fused", "fused
          "products": ("gathered", "grouped-mm", "dense")}
 
 
+PRECISIONS = ("bf16", "float32", "tf32")
+
+
+@contextlib.contextmanager
+def tf32_products(precision: str):
+    """TF32 products allowed within the block where ``precision`` is ``tf32``, not otherwise
+    (forward and backward passes alike; restored afterwards)."""
+    if precision not in PRECISIONS:
+        raise SystemExit(f"unknown precision {precision!r}; choose from {PRECISIONS}")
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def autocast(precision: str, device: str):
+    """bf16 autocast for the forward pass where ``precision`` is ``bf16``."""
+    return torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
 def _time_both(forward: Callable[[], None], forward_backward: Callable[[], None], device: str, calls: int,
                repeats: int, compiled: bool) -> tuple[float, float]:
     """Seconds per call of ``forward`` and ``forward_backward``: CUDA graphs of ``calls`` calls on a
@@ -83,7 +111,7 @@ def _time_both(forward: Callable[[], None], forward_backward: Callable[[], None]
 
 
 def bench_boundary(path: str, mode: str, batch: int, tokens: int, dim: int, device: str, calls: int,
-                   repeats: int) -> dict:
+                   repeats: int, precision: str = "bf16") -> dict:
     """Forward and forward + backward time of one `BoundaryTransfer` (2-D, default widths)."""
     torch.manual_seed(0)
     layer = BoundaryTransfer(dim, 2).to(device)
@@ -100,21 +128,22 @@ def bench_boundary(path: str, mode: str, batch: int, tokens: int, dim: int, devi
     net = torch.compile(layer) if mode == "compiled" else layer
 
     def forward() -> None:
-        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+        with torch.no_grad(), tf32_products(precision), autocast(precision, device):
             net(features, state)
 
     def forward_backward() -> None:
-        with torch.autocast(device, dtype=torch.bfloat16):
-            y = net(features, state)
-        torch.autograd.grad(y, leaves, grad_out)
+        with tf32_products(precision):
+            with autocast(precision, device):
+                y = net(features, state)
+            torch.autograd.grad(y, leaves, grad_out)
 
     t_fwd, t_both = _time_both(forward, forward_backward, device, calls, repeats, mode == "compiled")
-    return {"layer": "boundary_transfer", "path": path, "mode": mode, "batch": batch, "tokens": tokens, "dim": dim,
-            "width": width, "forward_us": 1e6 * t_fwd, "forward_backward_us": 1e6 * t_both}
+    return {"layer": "boundary_transfer", "path": path, "mode": mode, "precision": precision, "batch": batch,
+            "tokens": tokens, "dim": dim, "width": width, "forward_us": 1e6 * t_fwd, "forward_backward_us": 1e6 * t_both}
 
 
 def bench_attention(path: str, mode: str, batch: int, queries: int, keys: int, heads: int, head_dim: int,
-                    device: str, calls: int, repeats: int) -> dict:
+                    device: str, calls: int, repeats: int, precision: str = "bf16") -> dict:
     """Forward and forward + backward time of `attend_tokens` (gradients of the queries and of
     the keys and values)."""
     if path not in PATHS["attention"]:
@@ -124,28 +153,36 @@ def bench_attention(path: str, mode: str, batch: int, queries: int, keys: int, h
     kv = torch.randn(batch, keys, 2, heads, head_dim, device=device, requires_grad=True)
     grad_out = torch.randn(batch, queries, heads, head_dim, device=device)
     fused = path != "sdpa"
-    if fused and not attention.tokens_fusable(q, kv):
+    kernels = attention.load_kernels()
+    if fused and not (q.is_cuda and kernels is not None and kernels.supported(keys, head_dim)):
         raise SystemExit(f"the fused attention cannot run here (device {device}, {keys} keys, head width "
                          f"{head_dim}); it needs a CUDA device with Triton and a head width up to 128")
-    kernels = attention.load_kernels()
+    with tf32_products(precision):  # the path attend_tokens itself takes at this precision
+        dtype = torch.bfloat16 if precision == "bf16" else q.dtype
+        library = "fused" if attention.tokens_fusable(q.to(dtype), kv.to(dtype)) else "sdpa"
     torch._dynamo.reset()
     fn = torch.compile(attention.attend_tokens) if mode == "compiled" else attention.attend_tokens
 
     def forward() -> None:
-        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+        with torch.no_grad(), tf32_products(precision), autocast(precision, device):
             fn(q, kv, fused=fused)
 
     def forward_backward() -> None:
-        with torch.autocast(device, dtype=torch.bfloat16):
-            y = fn(q, kv, fused=fused)
-        torch.autograd.grad(y, (q, kv), grad_out)
+        with tf32_products(precision):
+            with autocast(precision, device):
+                y = fn(q, kv, fused=fused)
+            torch.autograd.grad(y, (q, kv), grad_out)
 
-    # the module settings that force a path, restored afterwards
+    # the module settings that force a path, restored afterwards (the fused paths: the kernels,
+    # whatever `tokens_fusable` says)
     forced = {"fused-query-tiles": {"KEY_TILED_QUERIES": 0}, "fused-key-tiles": {"MAX_TILE": 0}}.get(path, {})
     saved = {name: getattr(kernels, name) for name in forced}
+    saved_rule = attention.tokens_fusable
     try:
         for name, value in forced.items():
             setattr(kernels, name, value)
+        if fused:
+            attention.tokens_fusable = lambda q, kv: True
         forward_pass, backward = "sdpa", "sdpa"
         if fused:
             forward_pass = "one key tile" if kernels.one_tile(keys, head_dim) else "key tiles"
@@ -153,10 +190,12 @@ def bench_attention(path: str, mode: str, batch: int, queries: int, keys: int, h
                         "query tiles" if kernels.one_tile(keys, head_dim) else "split")
         t_fwd, t_both = _time_both(forward, forward_backward, device, calls, repeats, mode == "compiled")
     finally:
+        attention.tokens_fusable = saved_rule
         for name, value in saved.items():
             setattr(kernels, name, value)
-    return {"layer": "attention", "path": path, "mode": mode, "batch": batch, "queries": queries, "keys": keys,
-            "heads": heads, "head_dim": head_dim, "forward": forward_pass, "backward": backward,
+    return {"layer": "attention", "path": path, "mode": mode, "precision": precision, "batch": batch,
+            "queries": queries, "keys": keys, "heads": heads, "head_dim": head_dim, "library": library,
+            "forward": forward_pass, "backward": backward,
             "forward_us": 1e6 * t_fwd, "forward_backward_us": 1e6 * t_both}
 
 
@@ -206,7 +245,7 @@ PRODUCTS = {"gathered": _gathered_product, "grouped-mm": grouped_mm_linear, "den
 
 
 def bench_products(path: str, mode: str, batch: int, rows: int, dim_in: int, dim_out: int, n_kernels: int,
-                   device: str, calls: int, repeats: int) -> dict:
+                   device: str, calls: int, repeats: int, precision: str = "bf16") -> dict:
     """Forward and forward + backward time of one mixture product (gradients of the input, the
     weights and the biases; ``dense``: one weight and bias)."""
     torch.manual_seed(0)
@@ -223,17 +262,19 @@ def bench_products(path: str, mode: str, batch: int, rows: int, dim_in: int, dim
     fn = torch.compile(PRODUCTS[path]) if mode == "compiled" else PRODUCTS[path]
 
     def forward() -> None:
-        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+        with torch.no_grad(), tf32_products(precision), autocast(precision, device):
             fn(x, index, weight, bias)
 
     def forward_backward() -> None:
-        with torch.autocast(device, dtype=torch.bfloat16):
-            y = fn(x, index, weight, bias)
-        torch.autograd.grad(y, (x, weight, bias), grad_out)
+        with tf32_products(precision):
+            with autocast(precision, device):
+                y = fn(x, index, weight, bias)
+            torch.autograd.grad(y, (x, weight, bias), grad_out)
 
     t_fwd, t_both = _time_both(forward, forward_backward, device, calls, repeats, mode == "compiled")
     per_kernel = torch.bincount(index, minlength=n_kernels).tolist() if n > 1 else [batch]
-    return {"layer": "products", "path": path, "mode": mode, "batch": batch, "rows": rows, "dim_in": dim_in,
+    return {"layer": "products", "path": path, "mode": mode, "precision": precision, "batch": batch, "rows": rows,
+            "dim_in": dim_in,
             "dim_out": dim_out, "kernels": n_kernels, "samples_per_kernel": per_kernel,
             "forward_us": 1e6 * t_fwd, "forward_backward_us": 1e6 * t_both}
 
@@ -253,13 +294,15 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=8, help="attention: heads (the model width D / heads each)")
     parser.add_argument("--kernels", type=int, default=4, help="products: kernels K of the mixture")
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
+    parser.add_argument("--precision", default="bf16", choices=PRECISIONS,
+                        help="bf16 autocast; float32 (TF32 off); float32 with TF32 products (tf32)")
     parser.add_argument("--calls", type=int, default=20, help="calls per CUDA graph (GPU)")
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    print(f"device: {name}, torch {torch.__version__}, batch {args.batch}, D {args.dim}, bf16 autocast")
-    print(f"{'layer':9s} {'size':22s} {'path':17s} {'mode':>9s} {'forward us':>11s} {'fwd+bwd us':>11s}")
+    print(f"device: {name}, torch {torch.__version__}, batch {args.batch}, D {args.dim}, precision {args.precision}")
+    print(f"{'layer':9s} {'size':22s} {'path':17s} {'mode':>9s} {'forward us':>11s} {'fwd+bwd us':>11s}  library")
     rows = []
     for layer in args.layers:
         paths = [p for p in args.paths or PATHS[layer] if p in PATHS[layer]]
@@ -267,23 +310,24 @@ def main() -> None:
                  "products": [(args.queries, args.dim)] + [(m, 2 * args.dim) for m in args.keys]}[layer]
         for size, path, mode in itertools.product(sizes, paths, args.modes):
             if layer == "boundary":
-                r = bench_boundary(path, mode, args.batch, size, args.dim, args.device, args.calls, args.repeats)
+                r = bench_boundary(path, mode, args.batch, size, args.dim, args.device, args.calls, args.repeats,
+                                   args.precision)
                 label = f"{size} tokens"
             elif layer == "products":
                 n_rows, dim_out = size
                 r = bench_products(path, mode, args.batch, n_rows, args.dim, dim_out, args.kernels, args.device,
-                                   args.calls, args.repeats)
+                                   args.calls, args.repeats, args.precision)
                 label = f"{n_rows} rows, {args.dim}->{dim_out}"
             else:
                 r = bench_attention(path, mode, args.batch, args.queries, size, args.heads, args.dim // args.heads,
-                                    args.device, args.calls, args.repeats)
+                                    args.device, args.calls, args.repeats, args.precision)
                 label = f"{args.queries} q, {size} keys"
             rows.append(r)
             print(f"{layer:9s} {label:22s} {path:17s} {mode:>9s} {r['forward_us']:11.1f} "
-                  f"{r['forward_backward_us']:11.1f}", flush=True)
+                  f"{r['forward_backward_us']:11.1f}  {r.get('library', '')}", flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"device": name, "torch": torch.__version__}
+        meta = {"device": name, "torch": torch.__version__, "precision": args.precision}
         args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 

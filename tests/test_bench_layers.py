@@ -12,6 +12,28 @@ def test_bench_layers_times_the_boundary_operator_on_the_cpu():
     assert row["forward_us"] > 0 and row["forward_backward_us"] > 0
 
 
+@pytest.mark.parametrize("precision", ["float32", "tf32"])
+def test_bench_layers_times_float32_operands_and_restores_the_tf32_setting(precision):
+    bench = load_recipe("bench_layers")
+    before = torch.backends.cuda.matmul.allow_tf32
+    row = bench.bench_boundary("unfused", "eager", batch=3, tokens=8, dim=32, device="cpu", calls=2, repeats=2,
+                               precision=precision)
+    assert row["precision"] == precision and row["forward_backward_us"] > 0
+    row = bench.bench_attention("sdpa", "eager", batch=2, queries=8, keys=9, heads=2, head_dim=8, device="cpu",
+                                calls=2, repeats=2, precision=precision)
+    assert (row["precision"], row["library"]) == (precision, "sdpa")
+    assert torch.backends.cuda.matmul.allow_tf32 == before
+    with bench.tf32_products(precision), bench.autocast(precision, "cpu"):
+        assert torch.backends.cuda.matmul.allow_tf32 == (precision == "tf32")
+        assert not torch.is_autocast_enabled("cpu")
+    with bench.tf32_products("bf16"), bench.autocast("bf16", "cpu"):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        assert not torch.backends.cuda.matmul.allow_tf32
+    with pytest.raises(SystemExit, match="unknown precision 'fp8'"):
+        with bench.tf32_products("fp8"):
+            pass
+
+
 def test_bench_layers_says_why_the_fused_path_cannot_run_on_the_cpu():
     with pytest.raises(SystemExit, match="needs a CUDA device"):
         load_recipe("bench_layers").bench_boundary("fused", "eager", batch=3, tokens=8, dim=32, device="cpu", calls=2, repeats=2)
