@@ -81,7 +81,9 @@ class GatedKernelMixture(nn.Module):
         Routing of the latest forward pass (for inspection and the load-balance loss).
     chunk : int or None
         Samples per weight group of the attention path's chunked products (`mixed_attention`);
-        None: the gathered-weight kernels on a CUDA device, else chosen by batch size.
+        None: the gathered-weight kernels on a CUDA device, else chosen by batch size
+        (`gno_ext.layers.attention.default_chunk`); 0: the chunked products at that size on
+        every device.
 
     Examples
     --------

@@ -224,6 +224,28 @@ def test_chunked_attention_mixture_equals_each_samples_kernel_with_gradients(bat
     assert all(g.abs().max() == 0 for g in got[3])
 
 
+def test_chunk_zero_takes_the_chunked_products_where_the_gathered_ones_could_run(monkeypatch):
+    """``chunk=None`` takes the gathered-weight products where they can run; ``chunk=0`` the
+    chunked products at their default size, with the same result."""
+    from gno_ext.layers import AttentionKernelBank, _gathered
+
+    torch.manual_seed(8)
+    bank = AttentionKernelBank(3, 16, 4)
+    x, ctx, index = torch.randn(9, 5, 16), torch.randn(9, 3, 16), torch.tensor([0, 2, 2, 1, 0, 0, 1, 2, 2])
+    want = bank(x, index, ctx, chunk=None)  # on the CPU: chunked
+    calls = []
+
+    def gathered(t, index, weight, bias=None, plan=None):
+        calls.append(t.shape)
+        return torch.einsum("bti,bio->bto", t, weight[index]) + (0 if bias is None else bias[index][:, None])
+
+    monkeypatch.setattr(_gathered, "usable", lambda x: True)
+    monkeypatch.setattr(_gathered, "run_plan", lambda index, n_kernels: None)
+    monkeypatch.setattr(_gathered, "gathered_linear", gathered)
+    assert torch.allclose(bank(x, index, ctx, chunk=0), want, atol=1e-6) and calls == []
+    assert torch.allclose(bank(x, index, ctx, chunk=None), want, atol=1e-5) and len(calls) == 3
+
+
 def test_chunk_plan_groups_samples_of_one_kernel_per_chunk():
     from gno_ext.layers.attention import chunk_plan, default_chunk
 
