@@ -343,3 +343,42 @@ def test_gpu_float64_model_takes_the_exact_pytorch_paths():
     for a, b in zip(*runs):
         assert a.dtype == b.dtype == torch.float64
         torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_autocast_step_is_within_rounding_of_float64():
+    """Under the recipes' two autocast types, bf16 and fp16, a GNO on a GPU (its Triton
+    kernels: attention, gathered products and boundary operator) gives the float64 model's
+    output and gradients to within that type's rounding: below 3e-2 in bf16, and closer still
+    in fp16, which keeps three more bits. The routing is the float64 model's in both."""
+    import copy
+
+    torch.manual_seed(11)
+    model = tiny(latent=64).cuda()
+    u = torch.randn(6, 1, 1, 32, 32, device="cuda")
+    theta = torch.linspace(0.1, 2.0, 6, device="cuda")[:, None]
+    bc = bc_mixed(6).to("cuda")
+
+    def run(net, dtype):
+        net.zero_grad()
+        own = next(net.parameters()).dtype
+        with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+            y = net(u.to(own), theta=theta.to(own), bc=bc)
+        y.double().square().mean().backward()
+        routes = [blk.mixture.last_routing.index.tolist() for blk in net.blocks]
+        grads = torch.cat([p.grad.double().flatten() for p in net.parameters() if p.grad is not None])
+        return y.detach().double(), grads, routes
+
+    y64, g64, routes64 = run(copy.deepcopy(model).double(), None)
+    errors = {}
+    from gno_ext.layers import _gathered
+
+    edge = torch.empty(6, 16, 64, device="cuda")
+    for dtype in (torch.bfloat16, torch.float16):
+        with torch.autocast("cuda", dtype=dtype):  # the kernels run
+            assert model.blocks[0].boundary.fusable(edge) and _gathered.usable(edge)
+        y, g, routes = run(model, dtype)
+        assert routes == routes64, dtype
+        errors[dtype] = [((y - y64).norm() / y64.norm()).item(), ((g - g64).norm() / g64.norm()).item()]
+    assert all(e < 3e-2 for e in errors[torch.bfloat16]), errors
+    assert all(h < b / 2 for h, b in zip(errors[torch.float16], errors[torch.bfloat16])), errors
