@@ -382,3 +382,31 @@ def test_gpu_autocast_step_is_within_rounding_of_float64():
         errors[dtype] = [((y - y64).norm() / y64.norm()).item(), ((g - g64).norm() / g64.norm()).item()]
     assert all(e < 3e-2 for e in errors[torch.bfloat16]), errors
     assert all(h < b / 2 for h, b in zip(errors[torch.float16], errors[torch.bfloat16])), errors
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_inference_mode_runs_the_kernels_and_training_goes_on():
+    """Under ``torch.inference_mode`` (as evaluation code often runs) the GNO on a GPU, eager
+    and compiled, gives what it gives under ``no_grad``, with its Triton kernels; a training
+    step afterwards still gets every gradient (nothing made in inference mode is kept)."""
+    from gno_ext.layers import embeddings
+
+    embeddings._FREQUENCIES.clear()  # made first inside inference mode below
+    torch.manual_seed(12)
+    model = tiny(latent=64).cuda()
+    u = torch.randn(6, 1, 1, 32, 32, device="cuda")
+    theta = torch.linspace(0.1, 2.0, 6, device="cuda")[:, None]
+    bc = bc_mixed(6).to("cuda")
+    compiled = torch.compile(model)
+    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+        eager, traced = model(u, theta=theta, bc=bc), compiled(u, theta=theta, bc=bc)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        want = model(u, theta=theta, bc=bc)
+    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+        assert model.blocks[0].boundary.fusable(torch.empty(6, 16, 64, device="cuda"))
+    assert eager.is_inference() and torch.equal(eager, want)
+    assert ((traced.float() - want.float()).norm() / want.float().norm()) < 1e-2
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(u, theta=theta, bc=bc).float().square().mean()
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.blocks[0].boundary.parameters())
