@@ -274,8 +274,7 @@ def bench_products(path: str, mode: str, batch: int, rows: int, dim_in: int, dim
     t_fwd, t_both = _time_both(forward, forward_backward, device, calls, repeats, mode == "compiled")
     per_kernel = torch.bincount(index, minlength=n_kernels).tolist() if n > 1 else [batch]
     return {"layer": "products", "path": path, "mode": mode, "precision": precision, "batch": batch, "rows": rows,
-            "dim_in": dim_in,
-            "dim_out": dim_out, "kernels": n_kernels, "samples_per_kernel": per_kernel,
+            "dim_in": dim_in, "dim_out": dim_out, "kernels": n_kernels, "samples_per_kernel": per_kernel,
             "forward_us": 1e6 * t_fwd, "forward_backward_us": 1e6 * t_both}
 
 
