@@ -3,6 +3,7 @@ run: a CUDA device, or Triton's interpreter in the tests)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -250,9 +251,37 @@ def _grouped_wgrad(x: Tensor, dy: Tensor, plan: Tensor, n_kernels: int, has_bias
     return dw, dbias
 
 
-def _launch(kernel):
-    """The kernel wrapped so that `torch.compile` traces it."""
-    return torch.library.wrap_triton(kernel)
+def _on_device(t: Tensor):
+    """A context that makes ``t``'s CUDA device the current one where it is not already.
+
+    Triton launches on the current device, and a Python custom operator gets no device guard
+    of its own (ATen's CUDA operators do): with a model on ``cuda:1`` and ``cuda:0`` current,
+    the launch would fail ("cannot be accessed from Triton") or run on the wrong device.
+    Under `torch.compile` the generated code guards the device itself."""
+    if t.device.type != "cuda" or torch.compiler.is_compiling() or t.device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(t.device)
+
+
+class _Launcher:
+    """``_launch(kernel)[grid](*args, **kwargs)``: the kernel wrapped so that `torch.compile`
+    traces it, launched on the device of its first tensor argument (`_on_device`)."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = torch.library.wrap_triton(kernel)
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            with _on_device(next(a for a in args if isinstance(a, Tensor))):
+                return launch(*args, **kwargs)
+        return run
+
+
+def _launch(kernel) -> _Launcher:
+    """The kernel wrapped so that `torch.compile` traces it, launched on its tensors' device."""
+    return _Launcher(kernel)
 
 
 @torch.library.triton_op("gno_ext::gathered_mm", mutates_args={})

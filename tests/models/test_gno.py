@@ -410,3 +410,27 @@ def test_gpu_inference_mode_runs_the_kernels_and_training_goes_on():
         loss = model(u, theta=theta, bc=bc).float().square().mean()
     loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.blocks[0].boundary.parameters())
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_gpu_model_on_a_second_device_runs_its_kernels_there():
+    """A GNO on ``cuda:1`` while ``cuda:0`` is current (a notebook's ``model.to("cuda:1")``)
+    runs its Triton kernels on its own device, in eager mode: the output and gradients equal
+    those of the same model on ``cuda:0``."""
+    import copy
+
+    torch.manual_seed(13)
+    model = tiny(latent=64)
+    u, theta, bc = torch.randn(6, 1, 1, 32, 32), torch.linspace(0.1, 2.0, 6)[:, None], bc_mixed(6)
+    runs = []
+    for device in ("cuda:0", "cuda:1"):
+        assert torch.cuda.current_device() == 0
+        net = copy.deepcopy(model).to(device)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            assert net.blocks[0].boundary.fusable(torch.empty(6, 16, 64, device=device))
+            y = net(u.to(device), theta=theta.to(device), bc=bc.to(device))
+        y.float().square().mean().backward()
+        runs.append([y.float().cpu()] + [p.grad.cpu() for p in net.parameters() if p.grad is not None])
+    assert len(runs[0]) == len(runs[1]) > 2
+    for a, b in zip(*runs):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
