@@ -1,3 +1,4 @@
+import copy
 from pathlib import Path
 
 import pytest
@@ -351,8 +352,6 @@ def test_gpu_autocast_step_is_within_rounding_of_float64():
     kernels: attention, gathered products and boundary operator) gives the float64 model's
     output and gradients to within that type's rounding: below 3e-2 in bf16, and closer still
     in fp16, which keeps three more bits. The routing is the float64 model's in both."""
-    import copy
-
     torch.manual_seed(11)
     model = tiny(latent=64).cuda()
     u = torch.randn(6, 1, 1, 32, 32, device="cuda")
@@ -417,8 +416,6 @@ def test_gpu_model_on_a_second_device_runs_its_kernels_there():
     """A GNO on ``cuda:1`` while ``cuda:0`` is current (a notebook's ``model.to("cuda:1")``)
     runs its Triton kernels on its own device, in eager mode: the output and gradients equal
     those of the same model on ``cuda:0``."""
-    import copy
-
     torch.manual_seed(13)
     model = tiny(latent=64)
     u, theta, bc = torch.randn(6, 1, 1, 32, 32), torch.linspace(0.1, 2.0, 6)[:, None], bc_mixed(6)
