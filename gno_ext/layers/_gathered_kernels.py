@@ -12,6 +12,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
+from gno_ext.layers._util import tf32_allowed
+
 __all__ = ["FORWARD", "WGRAD", "gathered_mm", "grouped_wgrad", "wgrad_splits"]
 
 # Launch configurations, chosen by sweeps on an H100 (docs/benchmarks.md). FORWARD: the
@@ -135,8 +137,9 @@ def _grouped_wgrad_kernel(x_ptr, dy_ptr, order_ptr, run_kernel_ptr, run_start_pt
 
 def _precision() -> str:
     """How `tl.dot` multiplies float32 operands: as torch's float32 products do (TF32 only
-    where ``torch.backends.cuda.matmul.allow_tf32`` permits it). Other types are unaffected."""
-    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    where PyTorch's settings permit it, `gno_ext.layers._util.tf32_allowed`). Other types are
+    unaffected."""
+    return "tf32" if tf32_allowed() else "ieee"
 
 
 def _tile(n: int, largest: int) -> int:

@@ -20,6 +20,22 @@ def may_read_device() -> bool:
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
+@torch.compiler.assume_constant_result
+def tf32_allowed() -> bool:
+    """Whether float32 products on CUDA may round their operands to TF32, as PyTorch's settings
+    say: ``torch.backends.cuda.matmul.allow_tf32`` (which `torch.set_float32_matmul_precision`
+    sets too) or, once the newer settings have been used (``torch.backends.fp32_precision``,
+    ``torch.backends.cuda.matmul.fp32_precision``), which PyTorch then refuses to mix with
+    the older flag, ``torch.backends.cuda.matmul.fp32_precision == "tf32"``. `torch.compile`
+    cannot trace the newer one; to it the answer is a constant, and its guard on PyTorch's
+    global state recompiles a model when either setting changes."""
+    matmul = torch.backends.cuda.matmul
+    try:
+        return bool(matmul.allow_tf32)
+    except RuntimeError:  # the newer settings were used
+        return matmul.fp32_precision == "tf32"
+
+
 # the operand types of the Triton kernels (products accumulate in float32)
 KERNEL_TYPES = (torch.float16, torch.bfloat16, torch.float32)
 

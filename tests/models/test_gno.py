@@ -286,6 +286,54 @@ def test_operand_type_follows_autocast_and_leaves_float64_alone():
 
 
 
+TF32_SETTINGS = """
+import torch
+from gno_ext.layers._util import tf32_allowed
+
+assert tf32_allowed() is False  # PyTorch's default
+torch.backends.cuda.matmul.allow_tf32 = True
+assert tf32_allowed()
+torch.backends.cuda.matmul.allow_tf32 = False
+assert not tf32_allowed()
+torch.set_float32_matmul_precision("high")
+assert tf32_allowed()
+torch.set_float32_matmul_precision("highest")
+assert not tf32_allowed()
+# the newer setting: PyTorch then refuses to read allow_tf32, even under torch.compile
+torch.backends.cuda.matmul.fp32_precision = "tf32"
+try:
+    torch.backends.cuda.matmul.allow_tf32
+except RuntimeError:
+    pass
+else:
+    raise AssertionError("allow_tf32 was readable: the check below checks nothing")
+assert tf32_allowed()
+compiled = torch.compile(lambda x: x * (2.0 if tf32_allowed() else 3.0), fullgraph=True)
+assert compiled(torch.ones(1)).item() == 2.0
+torch.backends.cuda.matmul.fp32_precision = "ieee"
+assert not tf32_allowed() and compiled(torch.ones(1)).item() == 3.0  # recompiled on the change
+torch.backends.fp32_precision = "tf32"  # the global setting: the matmul's own "ieee" still wins
+assert not tf32_allowed()
+torch.backends.cuda.matmul.fp32_precision = "none"  # unset: the global setting applies
+assert tf32_allowed() and compiled(torch.ones(1)).item() == 2.0
+print("tf32 settings followed")
+"""
+
+
+@pytest.mark.skipif(not hasattr(torch.backends.cuda.matmul, "fp32_precision"), reason="PyTorch without fp32_precision")
+def test_tf32_allowed_follows_both_of_pytorchs_settings():
+    """`tf32_allowed` (which picks the kernels' float32 product precision and the float32
+    attention path) follows ``allow_tf32``, `torch.set_float32_matmul_precision` and the newer
+    ``fp32_precision`` settings, does not fail where PyTorch refuses the older read, and is a
+    constant that `torch.compile` recompiles when a setting changes. In a process of its own:
+    the newer setting would make every later read of ``allow_tf32`` fail."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", TF32_SETTINGS], capture_output=True, text=True, timeout=300)
+    assert "tf32 settings followed" in done.stdout, done.stderr[-3000:]
+
+
 def test_a_float64_model_computes_in_float64():
     """A float64 GNO computes in float64 in both passes: no product, reduction, softmax or
     sine of its forward and backward passes gives a float32 or 16-bit result (the position
