@@ -23,6 +23,8 @@ from importlib.util import find_spec
 import pytest
 import torch
 
+from tests.layers import _targets
+
 pytestmark = pytest.mark.skipif(find_spec("triton") is None, reason="Triton is not installed")
 
 # kernel -> the pointer arguments it writes
@@ -46,23 +48,12 @@ def expected_writes(name: str, kwargs: dict) -> set[str]:
     return OUTPUTS[name] - {out for flag, out in SKIPPED_WHEN_OFF.items() if kwargs.get(flag) is False}
 
 
-class _Recorder:
-    """Stands in for `_launch(kernel)[grid](...)`: records the launch instead of running it."""
-
-    def __init__(self, launches: list, kernel):
-        self.launches, self.kernel = launches, kernel
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.launches.append((self.kernel, args, kwargs))
-
-
 @pytest.fixture
-def launches(monkeypatch):
-    recorded = []
-    for name in MODULES:
-        module = importlib.import_module(f"gno_ext.layers.{name}")
-        monkeypatch.setattr(module, "_launch", lambda kernel: _Recorder(recorded, kernel))
-    return recorded
+def launches():
+    """The launches of the kernel modules' operators, ``(kernel, args, kwargs)``, recorded
+    instead of run (`tests.layers._targets.recording`)."""
+    with _targets.recording(*(importlib.import_module(f"gno_ext.layers.{name}") for name in MODULES)) as recorded:
+        yield recorded
 
 
 @pytest.fixture
