@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gno_ext.layers import _gathered, attention
+from gno_ext.layers import _gathered, _util, attention
 from gno_ext.layers.boundary import BoundaryTransfer
 from gno_ext.training import capture_step
 
@@ -86,12 +86,8 @@ def tf32_products(precision: str):
     (forward and backward passes alike; restored afterwards)."""
     if precision not in PRECISIONS:
         raise SystemExit(f"unknown precision {precision!r}; choose from {PRECISIONS}")
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-    try:
+    with _util.tf32_products(precision == "tf32"):
         yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def autocast(precision: str, device: str):

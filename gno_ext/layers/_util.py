@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+from collections.abc import Iterator
 from types import ModuleType
 
 import torch
@@ -34,6 +36,24 @@ def tf32_allowed() -> bool:
         return bool(matmul.allow_tf32)
     except RuntimeError:  # the newer settings were used
         return matmul.fp32_precision == "tf32"
+
+
+@contextlib.contextmanager
+def tf32_products(allowed: bool) -> Iterator[None]:
+    """Within the block, float32 products on CUDA may use TF32 (``allowed``) or not, whichever
+    of PyTorch's two settings is in use (see `tf32_allowed`); the precision in effect before
+    is restored after the block, also where it raises. For benchmarks and tests that compare
+    the two."""
+    matmul = torch.backends.cuda.matmul
+    try:
+        setting, saved, value = "allow_tf32", matmul.allow_tf32, allowed
+    except RuntimeError:  # the newer settings were used: the older flag may not be touched
+        setting, saved, value = "fp32_precision", matmul.fp32_precision, "tf32" if allowed else "ieee"
+    setattr(matmul, setting, value)
+    try:
+        yield
+    finally:
+        setattr(matmul, setting, saved)
 
 
 # the operand types of the Triton kernels (products accumulate in float32)

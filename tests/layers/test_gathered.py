@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gno_ext.layers import _gathered
+from gno_ext.layers._util import tf32_products
 from tests.layers import _targets
 from tests.layers._interpreter import run_interpreted
 
@@ -309,13 +310,9 @@ def test_gpu_gathered_linear_in_float32_at_the_paper_size():
     c = torch.randn(4, 512, device="cuda", requires_grad=True)
     index = torch.arange(24, device="cuda") % 4
     probe = torch.randn(24, 97, 512, device="cuda")
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with tf32_products(False):
         y = _gathered.gathered_linear(x, index, w, c)
         got = [y.detach(), *torch.autograd.grad((y * probe).sum(), (x, w, c))]
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
     exact = torch.einsum("bti,bio->bto", x.double(), w.double()[index]) + c.double()[index][:, None]
     want = [exact.detach(), *torch.autograd.grad((exact * probe.double()).sum(), (x, w, c))]
     errors = [((g.double() - r).norm() / r.norm()).item() for g, r in zip(got, want)]

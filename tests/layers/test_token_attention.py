@@ -2,7 +2,6 @@
 the PyTorch path on any machine, the Triton kernels in Triton's interpreter on the CPU (when
 Triton is installed), and on a GPU (when there is one)."""
 
-import contextlib
 import copy
 from importlib.util import find_spec
 
@@ -10,6 +9,7 @@ import pytest
 import torch
 
 from gno_ext.layers import attention
+from gno_ext.layers._util import tf32_products
 from gno_ext.layers.attention import AttentionKernel, AttentionKernelBank, attend_tokens, tokens_fusable
 from tests.layers import _targets
 from tests.layers._interpreter import run_interpreted
@@ -89,17 +89,6 @@ def test_float32_takes_the_kernels_only_where_they_fit(monkeypatch):
         assert compiled(torch.ones(3, 16)).unique().tolist() == [factor]
         assert compiled(torch.ones(3, 128)).unique().tolist() == [3.0]
     torch._dynamo.reset()
-
-
-@contextlib.contextmanager
-def tf32_products(allowed: bool):
-    """``torch.backends.cuda.matmul.allow_tf32`` set to ``allowed`` within the block."""
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = allowed
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def test_float32_takes_the_kernels_only_with_tf32_products(monkeypatch):

@@ -288,9 +288,26 @@ def test_operand_type_follows_autocast_and_leaves_float64_alone():
 
 TF32_SETTINGS = """
 import torch
-from gno_ext.layers._util import tf32_allowed
+from gno_ext.layers._util import tf32_allowed, tf32_products
+
+
+def check_tf32_products(before):
+    # tf32_products sets either value within its block and restores before after it, also
+    # when the block raises
+    for allowed in (True, False):
+        with tf32_products(allowed):
+            assert tf32_allowed() == allowed
+        assert tf32_allowed() == before
+    try:
+        with tf32_products(not before):
+            raise KeyError
+    except KeyError:
+        pass
+    assert tf32_allowed() == before
+
 
 assert tf32_allowed() is False  # PyTorch's default
+check_tf32_products(False)
 torch.backends.cuda.matmul.allow_tf32 = True
 assert tf32_allowed()
 torch.backends.cuda.matmul.allow_tf32 = False
@@ -308,6 +325,7 @@ except RuntimeError:
 else:
     raise AssertionError("allow_tf32 was readable: the check below checks nothing")
 assert tf32_allowed()
+check_tf32_products(True)  # through the newer setting (the older one would raise)
 compiled = torch.compile(lambda x: x * (2.0 if tf32_allowed() else 3.0), fullgraph=True)
 assert compiled(torch.ones(1)).item() == 2.0
 torch.backends.cuda.matmul.fp32_precision = "ieee"
@@ -316,6 +334,7 @@ torch.backends.fp32_precision = "tf32"  # the global setting: the matmul's own "
 assert not tf32_allowed()
 torch.backends.cuda.matmul.fp32_precision = "none"  # unset: the global setting applies
 assert tf32_allowed() and compiled(torch.ones(1)).item() == 2.0
+check_tf32_products(True)
 print("tf32 settings followed")
 """
 
@@ -325,7 +344,8 @@ def test_tf32_allowed_follows_both_of_pytorchs_settings():
     """`tf32_allowed` (which picks the kernels' float32 product precision and the float32
     attention path) follows ``allow_tf32``, `torch.set_float32_matmul_precision` and the newer
     ``fp32_precision`` settings, does not fail where PyTorch refuses the older read, and is a
-    constant that `torch.compile` recompiles when a setting changes. In a process of its own:
+    constant that `torch.compile` recompiles when a setting changes; `tf32_products` sets and
+    restores whichever setting is in use. In a process of its own:
     the newer setting would make every later read of ``allow_tf32`` fail."""
     import subprocess
     import sys
@@ -459,11 +479,70 @@ def test_gpu_inference_mode_runs_the_kernels_and_training_goes_on():
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.blocks[0].boundary.parameters())
 
 
+NEWER_TF32_SETTING_ON_A_GPU = """
+import copy
+import torch
+from gno_ext.layers import attention
+from tests.models.test_gno import bc_mixed, tiny
+
+torch.backends.cuda.matmul.fp32_precision = "ieee"  # from here on allow_tf32 cannot be read
+torch.manual_seed(14)
+model = tiny(latent=64).cuda()
+u, theta, bc = (torch.randn(6, 1, 1, 32, 32, device="cuda"), torch.linspace(0.1, 2.0, 6, device="cuda")[:, None],
+                bc_mixed(6).to("cuda"))
+
+
+def run(net, params):
+    own = params[0].dtype
+    net.zero_grad()
+    y = net(u.to(own), theta=theta.to(own), bc=bc)
+    y.double().square().mean().backward()
+    return y.detach().double(), torch.cat([p.grad.double().flatten() for p in params if p.grad is not None])
+
+
+reference = copy.deepcopy(model).double()
+y64, g64 = run(reference, list(reference.parameters()))
+q, kv = torch.zeros(6, 16, 4, 16, device="cuda"), torch.zeros(6, 33, 2, 4, 16, device="cuda")
+compiled = torch.compile(model)
+errors = {}
+for precision in ("ieee", "tf32"):
+    torch.backends.cuda.matmul.fp32_precision = precision
+    fits = attention._kernels.float32_fits(16, 0)
+    assert attention.tokens_fusable(q, kv) == (precision == "tf32" and fits), precision
+    for name, net in (("eager", model), ("compiled", compiled)):
+        y, g = run(net, list(model.parameters()))
+        errors[precision, name] = [((y - y64).norm() / y64.norm()).item(), ((g - g64).norm() / g64.norm()).item()]
+print(errors)
+assert all(e < 2e-5 for key, es in errors.items() if key[0] == "ieee" for e in es), errors
+assert all(e < 2e-2 for es in errors.values() for e in es), errors
+assert all(max(es) > 5e-5 for key, es in errors.items() if key[0] == "tf32"), errors  # TF32 did run
+print("newer setting followed")
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_kernels_follow_the_newer_tf32_setting():
+    """A float32 GNO on a GPU, where the program sets TF32 with PyTorch's newer
+    ``fp32_precision`` setting (which makes the older flag unreadable): with ``"ieee"`` its
+    Triton kernels and the rest of the step give the float64 model's output and gradients to
+    float32 rounding, with ``"tf32"`` to TF32 rounding (and not better: TF32 ran), eager and
+    compiled, and float32 attention takes the kernels only with ``"tf32"``. In a process of
+    its own, as the newer setting stays in force."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", NEWER_TF32_SETTING_ON_A_GPU], capture_output=True, text=True,
+                          timeout=600, cwd=Path(__file__).parents[2])
+    assert "newer setting followed" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
-def test_gpu_model_on_a_second_device_runs_its_kernels_there():
+@pytest.mark.parametrize("compiled", [False, True])
+def test_gpu_model_on_a_second_device_runs_its_kernels_there(compiled):
     """A GNO on ``cuda:1`` while ``cuda:0`` is current (a notebook's ``model.to("cuda:1")``)
-    runs its Triton kernels on its own device, in eager mode: the output and gradients equal
-    those of the same model on ``cuda:0``."""
+    runs its Triton kernels on its own device, eager and compiled: the output and gradients
+    equal those of the same model on ``cuda:0``."""
     torch.manual_seed(13)
     model = tiny(latent=64)
     u, theta, bc = torch.randn(6, 1, 1, 32, 32), torch.linspace(0.1, 2.0, 6)[:, None], bc_mixed(6)
@@ -471,6 +550,7 @@ def test_gpu_model_on_a_second_device_runs_its_kernels_there():
     for device in ("cuda:0", "cuda:1"):
         assert torch.cuda.current_device() == 0
         net = copy.deepcopy(model).to(device)
+        net = torch.compile(net) if compiled else net
         with torch.autocast("cuda", dtype=torch.bfloat16):
             assert net.blocks[0].boundary.fusable(torch.empty(6, 16, 64, device=device))
             y = net(u.to(device), theta=theta.to(device), bc=bc.to(device))
