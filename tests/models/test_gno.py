@@ -542,7 +542,10 @@ def test_gpu_kernels_follow_the_newer_tf32_setting():
 def test_gpu_model_on_a_second_device_runs_its_kernels_there(compiled):
     """A GNO on ``cuda:1`` while ``cuda:0`` is current (a notebook's ``model.to("cuda:1")``)
     runs its Triton kernels on its own device, eager and compiled: the output and gradients
-    equal those of the same model on ``cuda:0``."""
+    equal those of the same model on ``cuda:0`` (compiled: to a few bf16 roundings, as two
+    compilations of one model on two GPUs of one kind gave outputs one bf16 step apart in 10
+    of 4096 elements on two H200s). Without `_on_device` the eager case fails; the compiled
+    one passes, as inductor's generated code sets the device of every launch itself."""
     torch.manual_seed(13)
     model = tiny(latent=64)
     u, theta, bc = torch.randn(6, 1, 1, 32, 32), torch.linspace(0.1, 2.0, 6)[:, None], bc_mixed(6)
@@ -558,4 +561,7 @@ def test_gpu_model_on_a_second_device_runs_its_kernels_there(compiled):
         runs.append([y.float().cpu()] + [p.grad.cpu() for p in net.parameters() if p.grad is not None])
     assert len(runs[0]) == len(runs[1]) > 2
     for a, b in zip(*runs):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+        if compiled:
+            assert ((b - a).norm() / a.norm()) < 1e-3
+        else:
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
