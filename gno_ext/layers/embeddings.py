@@ -127,7 +127,9 @@ class ParameterNormalizer(nn.Module):
     $\tilde\theta_i = (f_i(\theta_i) - \mu_i) / \sigma_i$ with $f_i = \log$ for parameters
     marked ``log_scale`` (positive quantities such as a diffusivity or viscosity spanning
     decades) and the identity otherwise. ``mu`` and ``sigma`` are buffers (saved with the
-    model), set by `fit` from training data.
+    model), set by `fit` from training data. Outside `torch.compile` and CUDA graph capture,
+    `forward` and `fit` raise a `ValueError` that names the entry (``theta[i, j] = value``)
+    where a parameter is not finite or a log-scaled one is not positive.
 
     Parameters
     ----------
@@ -147,8 +149,13 @@ class ParameterNormalizer(nn.Module):
         self.register_buffer("sigma", torch.ones(n_params))
 
     def _transform(self, theta: Tensor) -> Tensor:
-        if may_read_device() and ((theta <= 0) & self.log_scale).any():
-            raise ValueError("theta: a log-scaled parameter must be positive")
+        if may_read_device():  # one device read: a NaN parameter would silently give a NaN model
+            bad = ~torch.isfinite(theta) | ((theta <= 0) & self.log_scale)
+            if bad.any():
+                i, j = bad.nonzero()[0].tolist()
+                value = theta[i, j].item()
+                why = "a log-scaled parameter must be positive" if math.isfinite(value) else "parameters must be finite"
+                raise ValueError(f"theta[{i}, {j}] = {value}: {why}")
         theta = torch.where(self.log_scale, theta.clamp_min(1e-30).log(), theta)
         return theta
 

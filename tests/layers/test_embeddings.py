@@ -48,8 +48,13 @@ def test_parameter_normalizer_checks_log_scaled_values_unless_capturing(monkeypa
 
     norm = ParameterNormalizer(2, log_scale=[True, False])
     assert torch.isfinite(norm(torch.tensor([[0.5, -1.0]]))).all()  # only the log-scaled one must be positive
-    with pytest.raises(ValueError, match="log-scaled parameter must be positive"):
+    with pytest.raises(ValueError, match=r"theta\[0, 0\] = 0.0: a log-scaled parameter must be positive"):
         norm(torch.tensor([[0.0, 1.0]]))
+    for value in (float("nan"), float("inf")):  # either parameter: a non-finite one would give a NaN model
+        with pytest.raises(ValueError, match=rf"theta\[1, 1\] = {value}: parameters must be finite"):
+            norm(torch.tensor([[0.5, 1.0], [0.5, value]]))
+        with pytest.raises(ValueError, match="parameters must be finite"):  # fit checks its data too
+            ParameterNormalizer(2).fit(torch.tensor([[0.5, 1.0], [value, 2.0]]))
     # during a CUDA graph capture the check (a device read) is skipped rather than breaking it
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
