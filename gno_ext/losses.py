@@ -77,6 +77,8 @@ def group_sums(per_sample_loss: Tensor, groups: Tensor, n_groups: int | None = N
     if per_sample_loss.ndim != 1 or groups.shape != per_sample_loss.shape:
         raise ValueError(f"per_sample_loss and groups: expected matching shapes (B,), got "
                          f"{tuple(per_sample_loss.shape)} and {tuple(groups.shape)}")
+    if groups.dtype.is_floating_point or groups.dtype.is_complex or groups.dtype == torch.bool:
+        raise ValueError(f"groups: expected integer group ids, got {groups.dtype}")
     if groups.numel() and (n_groups is None or _host_checks(groups)) and groups.min() < 0:
         raise ValueError("groups: ids must be >= 0")
     n = int(n_groups if n_groups is not None else (int(groups.max()) + 1 if groups.numel() else 0))

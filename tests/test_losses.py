@@ -61,6 +61,9 @@ def test_bad_group_dro_input():
         group_sums(torch.rand(3), torch.tensor([0, 3, 1]), 3)
     with pytest.raises(ValueError, match="no group has a sample"):
         dro_from_group_sums(torch.zeros(4), torch.zeros(4), 1.0)
+    for dtype in (torch.float32, torch.bool):  # (a float bin value passed instead of its id)
+        with pytest.raises(ValueError, match=f"groups: expected integer group ids, got {dtype}"):
+            group_dro_loss(torch.rand(3), torch.tensor([0, 1, 1]).to(dtype), 1.0)
 
 
 @pytest.mark.parametrize("tau", [0.7, 5.0])  # every deviation below 1 (expm1 form), and not (logsumexp)
