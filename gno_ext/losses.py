@@ -149,12 +149,23 @@ def bin_parameters(theta: Tensor, edges: Sequence[Sequence[float]], boundary_typ
     n_boundary_types : int
         Number of boundary-type ids.
 
+    On CPU tensors (outside `torch.compile`) a non-finite parameter or a boundary-type id
+    outside ``[0, n_boundary_types)`` raises a `ValueError` that names it; GPU tensors are
+    not read on the host.
+
     Returns
     -------
     Tensor, shape (B,), long
     """
     if theta.ndim != 2 or theta.shape[1] != len(edges):
         raise ValueError(f"theta: expected shape (B, {len(edges)}) to match edges, got {tuple(theta.shape)}")
+    if theta.numel() and _host_checks(theta) and not torch.isfinite(theta).all():
+        i, p = (~torch.isfinite(theta)).nonzero()[0].tolist()
+        raise ValueError(f"theta[{i}, {p}] = {theta[i, p].item()}: parameters must be finite to be binned")
+    if boundary_type is not None and boundary_type.numel() and _host_checks(boundary_type) and (
+            boundary_type.min() < 0 or boundary_type.max() >= n_boundary_types):
+        raise ValueError(f"boundary_type: ids must lie in [0, n_boundary_types = {n_boundary_types}), got "
+                         f"{int(boundary_type.min())} to {int(boundary_type.max())}")
     group = torch.zeros(theta.shape[0], dtype=torch.long, device=theta.device)
     for p, e in enumerate(edges):
         e_t = torch.as_tensor(e, dtype=theta.dtype, device=theta.device)

@@ -123,6 +123,12 @@ def test_bin_parameters():
     assert typed.tolist() == [1, 4 + 2, 8 + 3, 2]
     with pytest.raises(ValueError, match="increasing edges"):
         bin_parameters(theta[:, :1], [[1.0, 0.5]])
+    theta[2, 1] = float("nan")  # bucketize would put it in the last bin without a word
+    with pytest.raises(ValueError, match=r"theta\[2, 1\] = nan: parameters must be finite"):
+        bin_parameters(theta, [[0.01, 0.1, 1.0], [0.0, 5.0, 10.0]])
+    for bad in (-1, 6):  # an id past the last type would give groups beyond the declared count
+        with pytest.raises(ValueError, match=r"boundary_type: ids must lie in \[0, n_boundary_types = 6\)"):
+            bin_parameters(theta[:, :1], [[0.01, 0.1, 1.0]], boundary_type=torch.tensor([0, bad, 2, 0]))
 
 
 def test_curriculum_switches_to_dro_after_warmup():
