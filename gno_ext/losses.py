@@ -135,6 +135,10 @@ def bin_parameters(theta: Tensor, edges: Sequence[Sequence[float]], boundary_typ
                    n_boundary_types: int = 6) -> Tensor:
     """Group ids from continuous parameters: one bin per parameter, combined, per boundary type.
 
+    On CPU tensors (outside `torch.compile`) a non-finite parameter or a boundary-type id
+    outside ``[0, n_boundary_types)`` raises a `ValueError` that names it; GPU tensors are
+    not read on the host.
+
     Parameters
     ----------
     theta : Tensor, shape (B, P)
@@ -148,10 +152,6 @@ def bin_parameters(theta: Tensor, edges: Sequence[Sequence[float]], boundary_typ
         type, as in the paper's curriculum.
     n_boundary_types : int
         Number of boundary-type ids.
-
-    On CPU tensors (outside `torch.compile`) a non-finite parameter or a boundary-type id
-    outside ``[0, n_boundary_types)`` raises a `ValueError` that names it; GPU tensors are
-    not read on the host.
 
     Returns
     -------
