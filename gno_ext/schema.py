@@ -331,8 +331,10 @@ class BoundarySpec:
         """
         return face_view(self.values[..., time_index, :], face, grid)
 
-    def check_grid(self, grid: Grid) -> None:
-        """Raise ``ValueError`` unless the spec fits ``grid`` (faces and data lengths)."""
+    def check_grid(self, grid: Grid, *, kinds: bool = True) -> None:
+        """Raise ``ValueError`` unless the spec fits ``grid``: its faces and data lengths, and
+        (``kinds``) that periodic faces come in opposite pairs, which reads ``kind``'s values
+        (a device-to-host copy for a spec on a GPU)."""
         if self.n_faces != grid.n_faces:
             raise ValueError(f"BoundarySpec: {self.n_faces} faces do not fit a {grid.ndim}-D grid "
                              f"({grid.n_faces} faces)")
@@ -340,6 +342,8 @@ class BoundarySpec:
         if n_face not in (1, grid.n_face_max):
             raise ValueError(f"BoundarySpec.values: N_face must be 1 or {grid.n_face_max} for grid "
                              f"{grid.shape}, got {n_face}")
+        if not kinds:
+            return
         # A periodic face needs a periodic partner: periodicity is a property of an axis.
         per = self.kind == BCType.PERIODIC
         lo, hi = per[..., 0::2], per[..., 1::2]
@@ -588,7 +592,10 @@ def model_inputs(u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_fie
                  check: Callable[[Tensor, Tensor | None, Tensor | None], None] | None = None,
                  ) -> tuple[Tensor, Tensor | None, Tensor | None, BoundarySpec, Grid]:
     """A model's ``forward`` arguments, from a `PDEBatch` or as given, with the defaults filled
-    in: all faces periodic (on ``u_in``'s device) and the unit box of ``u_in``'s shape.
+    in: all faces periodic (on ``u_in``'s device) and the unit box of ``u_in``'s shape. A
+    ``bc`` without a batch axis applies to every sample. A ``bc`` or ``grid`` that does not
+    fit ``u_in`` (batch size, number of faces, face data length, grid shape) raises a
+    `ValueError`; nothing here reads tensor values.
 
     Parameters
     ----------
@@ -611,7 +618,16 @@ def model_inputs(u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_fie
         u_in, theta, theta_field, bc, grid = u_in.u_in, u_in.theta, u_in.theta_field, u_in.bc, u_in.grid
     if check is not None:
         check(u_in, theta, theta_field)
-    bc = bc if bc is not None else BoundarySpec.periodic(ndim, u_in.shape[0])
+    batch, shape = u_in.shape[0], tuple(u_in.shape[3:])
+    grid = grid or Grid(shape)
+    if tuple(grid.shape) != shape:
+        raise ValueError(f"grid: shape {tuple(grid.shape)} does not match u_in's spatial shape {shape}")
+    bc = bc if bc is not None else BoundarySpec.periodic(ndim, batch)
+    if not bc.batched:
+        bc = bc.expand(batch)
+    elif bc.kind.shape[0] != batch:
+        raise ValueError(f"bc: batch size {bc.kind.shape[0]} does not match u_in's {batch}")
+    bc.check_grid(grid, kinds=False)
     if bc.kind.device != u_in.device:
         bc = bc.to(u_in.device)
-    return u_in, theta, theta_field, bc, grid or Grid(tuple(u_in.shape[3:]))
+    return u_in, theta, theta_field, bc, grid

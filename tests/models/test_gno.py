@@ -172,6 +172,31 @@ def test_bad_input():
         GNO(n_params=0, n_kernels=2)
 
 
+@pytest.mark.parametrize("name", ["gno", "vit"])  # the GNO and a baseline share the input checks
+def test_a_boundary_or_grid_that_does_not_fit_the_input_is_named(name):
+    """A boundary spec or grid that does not fit ``u_in`` gets a `ValueError` naming it
+    (before, some ran silently: extra faces ignored, longer face data cut); a spec without a
+    batch axis applies to every sample."""
+    from gno_ext.models import get_model
+
+    torch.manual_seed(3)
+    model = tiny() if name == "gno" else get_model("vit", in_channels=1, n_params=1, ndim=2, t_in=1, latent=32, patch=8,
+                                                    depth=1, heads=2)
+    u, theta = torch.randn(2, 1, 1, 32, 32), torch.rand(2, 1)
+    one = BoundarySpec.from_types(["dirichlet", "neumann", "dirichlet", "neumann"], [1.0, -2.0, 0.0, 0.5])
+    torch.testing.assert_close(model(u, theta=theta, bc=one), model(u, theta=theta, bc=one.expand(2)))
+    cases = [
+        (dict(bc=one.expand(3)), r"bc: batch size 3 does not match u_in's 2"),
+        (dict(bc=BoundarySpec.from_types(["dirichlet"] * 6, batch_size=2)), r"6 faces do not fit a 2-D grid"),
+        (dict(bc=BoundarySpec(torch.ones(2, 4, dtype=torch.long), torch.zeros(2, 4, 1, 64))),
+         r"N_face must be 1 or 32 for grid \(32, 32\), got 64"),
+        (dict(grid=Grid((64, 64))), r"grid: shape \(64, 64\) does not match u_in's spatial shape \(32, 32\)"),
+    ]
+    for kwargs, match in cases:
+        with pytest.raises(ValueError, match=match):
+            model(u, theta=theta, **kwargs)
+
+
 def reference_case():
     torch.manual_seed(1234)
     model = tiny(n_params=1).eval()
