@@ -69,6 +69,14 @@ def operand_type(dtype: torch.dtype, device_type: str) -> torch.dtype:
     return dtype
 
 
+def require_at_least(minimum: float, **values: float) -> None:
+    """Raise a `ValueError` naming the first of ``values`` (constructor arguments, by name)
+    that is below ``minimum``."""
+    for name, value in values.items():
+        if value < minimum:
+            raise ValueError(f"{name}: must be >= {minimum}, got {value}")
+
+
 def one_hot(index: Tensor, n: int, dtype: torch.dtype = torch.long) -> Tensor:
     """``index`` (any shape, values in ``[0, n)``) as one-hot vectors along a new last axis.
 

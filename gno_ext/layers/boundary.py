@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gno_ext.layers._util import one_hot, operand_type, triton_module
+from gno_ext.layers._util import one_hot, operand_type, require_at_least, triton_module
 from gno_ext.layers.attention import attend
 from gno_ext.schema import BCType, BoundarySpec, Grid, face_view
 
@@ -146,7 +146,10 @@ class BoundaryTransfer(nn.Module):
 
     def __init__(self, dim: int, ndim: int, width: int | None = None, hidden_ratio: float = 2.0) -> None:
         super().__init__()
-        w = width or max(dim // 4, 16)
+        w = width if width is not None else max(dim // 4, 16)
+        require_at_least(1, dim=dim, ndim=ndim, width=w)
+        if int(hidden_ratio * w) < 1:
+            raise ValueError(f"hidden_ratio: the MLP needs at least one unit, got {hidden_ratio} at width {w}")
         self.ndim = ndim
         self.type_embedding = nn.Embedding(len(BCType), w)
         self.face_embedding = nn.Embedding(2 * ndim, w)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from gno_ext.layers._util import require_at_least
 from gno_ext.layers.attention import AttentionKernel, AttentionKernelBank
 from gno_ext.layers.boundary import BoundaryTransfer, boundary_features, edge_tokens
 from gno_ext.layers.embeddings import (
@@ -148,6 +149,15 @@ class GNO(nn.Module):
                  gate_hidden: int = 32, gate_noise: float = 0.0, boundary_transfer: bool = True,
                  log_params: Sequence[bool] | None = None) -> None:
         super().__init__()
+        if ndim not in (1, 2, 3):
+            raise ValueError(f"ndim: expected 1, 2 or 3, got {ndim}")
+        require_at_least(1, in_channels=in_channels, t_in=t_in, latent=latent, patch=patch, depth=depth,
+                         heads=heads, n_kernels=n_kernels, gate_hidden=gate_hidden)
+        require_at_least(0, n_params=n_params, field_channels=field_channels, gate_noise=gate_noise)
+        if out_channels is not None:
+            require_at_least(1, out_channels=out_channels)
+        if int(mlp_ratio * latent) < 1:
+            raise ValueError(f"mlp_ratio: the MLP needs at least one unit, got {mlp_ratio} at latent {latent}")
         out_channels = out_channels or in_channels
         gate_inputs = n_params + 2 * field_channels
         if n_kernels > 1 and gate_inputs == 0:

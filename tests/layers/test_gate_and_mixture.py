@@ -29,6 +29,20 @@ def test_routing_outputs():
         gate(torch.randn(3, 3))
 
 
+def test_layers_reject_sizes_that_build_an_empty_or_broken_module():
+    from gno_ext.layers import BoundaryTransfer
+
+    cases = [(lambda: ParameterGate(0, 2), "n_params: the gate needs at least one input, got 0"),
+             (lambda: ParameterGate(1, 0), "n_kernels: expected >= 1, got 0"),
+             (lambda: ParameterGate(1, 2, hidden=0), "hidden: must be >= 1, got 0"),
+             (lambda: ParameterGate(1, 2, noise_std=-0.1), "noise_std: must be >= 0, got -0.1"),
+             (lambda: BoundaryTransfer(64, 2, width=0), "width: must be >= 1, got 0"),  # was: the default width
+             (lambda: BoundaryTransfer(64, 2, hidden_ratio=0.01), "hidden_ratio: the MLP needs at least one unit")]
+    for build, match in cases:
+        with pytest.raises(ValueError, match=match):
+            build()
+
+
 def test_balance_loss_is_k_when_all_samples_pick_one_kernel():
     gate = ParameterGate(1, 4)
     with torch.no_grad():

@@ -170,6 +170,13 @@ def test_bad_input():
         model(torch.randn(2, 1, 1, 30, 32), theta=torch.rand(2, 1))
     with pytest.raises(ValueError, match="needs something to gate on"):
         GNO(n_params=0, n_kernels=2)
+    for kwargs, match in [(dict(ndim=4), "ndim: expected 1, 2 or 3, got 4"), (dict(patch=0), "patch: must be >= 1"),
+                          (dict(n_kernels=0), "n_kernels: must be >= 1"), (dict(heads=0), "heads: must be >= 1"),
+                          (dict(out_channels=0), "out_channels: must be >= 1"),
+                          (dict(n_params=-1), "n_params: must be >= 0"),
+                          (dict(mlp_ratio=0.1), "mlp_ratio: the MLP needs at least one unit, got 0.1 at latent 8")]:
+        with pytest.raises(ValueError, match=match):
+            GNO(**{"latent": 8, "patch": 4, "depth": 1, "heads": 2, **kwargs})
 
 
 @pytest.mark.parametrize("name", ["gno", "vit"])  # the GNO and a baseline share the input checks
