@@ -147,12 +147,31 @@ def save_checkpoint(model: nn.Module, path: str | Path, extra: dict[str, Any] | 
 
 
 def from_checkpoint(path: str | Path, device: str = "cpu") -> nn.Module:
-    """Rebuild a model from a folder written by `save_checkpoint` (no other input needed)."""
+    """Rebuild a model from a folder written by `save_checkpoint` (no other input needed).
+
+    A folder that is not a complete checkpoint raises an error that names the file at fault:
+    `FileNotFoundError` for a missing file, `ValueError` for a ``config.json`` that is not
+    JSON or lacks ``name`` or ``kwargs``, for weights that safetensors cannot read, and for
+    weights that do not fit the model the config describes.
+    """
     path = Path(path)
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (path / name).is_file():
             raise FileNotFoundError(f"{path}: not a checkpoint folder (missing {name})")
-    config = json.loads((path / CONFIG_FILE).read_text())
+    config_file, weights_file = path / CONFIG_FILE, path / WEIGHTS_FILE
+    try:
+        config = json.loads(config_file.read_text())
+    except ValueError as err:  # JSONDecodeError, or text that is not UTF-8
+        raise ValueError(f"{config_file}: not valid JSON ({err})") from err
+    if not (isinstance(config, dict) and isinstance(config.get("name"), str) and isinstance(config.get("kwargs"), dict)):
+        raise ValueError(f"{config_file}: expected an object with a model 'name' (string) and its 'kwargs' (object)")
     model = get_model(config["name"], **config["kwargs"])
-    model.load_state_dict(safetensors.torch.load_file(str(path / WEIGHTS_FILE), device=device), strict=True)
+    try:
+        state = safetensors.torch.load_file(str(weights_file), device=device)
+    except Exception as err:  # safetensors raises its own error type for a damaged file
+        raise ValueError(f"{weights_file}: cannot be read as safetensors ({err})") from err
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        raise ValueError(f"{weights_file}: does not fit the {config['name']!r} model of {config_file}: {err}") from err
     return model.to(device)

@@ -144,6 +144,23 @@ def test_checkpoint_round_trip(tmp_path):
         from_checkpoint(tmp_path)
 
 
+def test_a_damaged_checkpoint_names_the_file_at_fault(tmp_path):
+    path = save_checkpoint(tiny(), tmp_path / "ckpt")
+    config, weights = path / "config.json", path / "model.safetensors"
+    text, data = config.read_text(), weights.read_bytes()
+    damaged = [(config, "{bad json", r"config.json: not valid JSON"),
+               (config, '{"name": "gno"}', r"config.json: expected an object with a model 'name'"),
+               (config, text.replace('"depth": 2', '"depth": 3'), r"model.safetensors: does not fit the 'gno' model"),
+               (weights, data[: len(data) // 2], r"model.safetensors: cannot be read as safetensors")]
+    for file, content, match in damaged:
+        file.write_bytes(content.encode() if isinstance(content, str) else content)
+        with pytest.raises(ValueError, match=match):
+            from_checkpoint(path)
+        config.write_text(text)
+        weights.write_bytes(data)
+    assert isinstance(from_checkpoint(path), GNO)  # restored: it loads again
+
+
 def test_registry():
     assert {"gno", "gated_fno"} <= set(available_models())
     assert isinstance(get_model("gno", latent=32, patch=8, depth=1, heads=4), GNO)
