@@ -166,12 +166,19 @@ def from_checkpoint(path: str | Path, device: str = "cpu") -> nn.Module:
     if not (isinstance(config, dict) and isinstance(config.get("name"), str) and isinstance(config.get("kwargs"), dict)):
         raise ValueError(f"{config_file}: expected an object with a model 'name' (string) and its 'kwargs' (object)")
     model = get_model(config["name"], **config["kwargs"])
-    try:
-        state = safetensors.torch.load_file(str(weights_file), device=device)
-    except Exception as err:  # safetensors raises its own error type for a damaged file
-        raise ValueError(f"{weights_file}: cannot be read as safetensors ({err})") from err
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as err:
-        raise ValueError(f"{weights_file}: does not fit the {config['name']!r} model of {config_file}: {err}") from err
+    load_weights(model, weights_file, f"the {config['name']!r} model of {config_file}", device)
     return model.to(device)
+
+
+def load_weights(module: nn.Module, file: str | Path, what: str = "the model", device: str = "cpu") -> None:
+    """Load a safetensors file into ``module`` (strict), with errors that name ``file``: a
+    `ValueError` where safetensors cannot read it or where it does not fit ``module``
+    (``what`` names the module in that message)."""
+    try:
+        state = safetensors.torch.load_file(str(file), device=device)
+    except Exception as err:  # safetensors raises its own error type for a damaged file
+        raise ValueError(f"{file}: cannot be read as safetensors ({err})") from err
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        raise ValueError(f"{file}: does not fit {what}: {err}") from err

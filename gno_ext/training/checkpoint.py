@@ -29,7 +29,7 @@ import torch
 import yaml
 from torch import nn
 
-from gno_ext.models.registry import _tensor_state, save_checkpoint
+from gno_ext.models.registry import _tensor_state, load_weights, save_checkpoint
 
 __all__ = ["save_training_checkpoint", "load_training_checkpoint", "latest_checkpoint", "list_checkpoints"]
 
@@ -112,12 +112,11 @@ def load_training_checkpoint(path: str | Path, model: nn.Module, optimizer: Any 
     path = Path(path)
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"{path}: not a complete training checkpoint (no {STATE_FILE})")
-    weights = safetensors.torch.load_file(str(path / "model.safetensors"))
-    model.load_state_dict(weights, strict=True)
+    load_weights(model, path / "model.safetensors", "the model built from the run's config")
     if ema is not None:
         if not (path / "ema.safetensors").is_file():
             raise FileNotFoundError(f"{path}: trainer.ema is on but the checkpoint has no ema.safetensors")
-        ema.load_state_dict(safetensors.torch.load_file(str(path / "ema.safetensors")), strict=True)
+        load_weights(ema, path / "ema.safetensors", "the model's exponential average")
     state = torch.load(path / "training_state.pt", map_location="cpu", weights_only=True)
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])

@@ -130,6 +130,21 @@ def test_interrupted_save_is_not_a_checkpoint(tmp_path):
     assert latest_checkpoint(run).name == "step_00000004"
 
 
+def test_a_damaged_training_checkpoint_names_its_weights_file(tmp_path):
+    from gno_ext.models import get_model
+    from gno_ext.training.checkpoint import load_training_checkpoint, save_training_checkpoint
+
+    model = get_model("gno", latent=16, patch=8, depth=1, heads=2, n_kernels=2)
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    path = save_training_checkpoint(tmp_path / "run", 3, model, opt, sched, {"epoch": 0}, {})
+    assert load_training_checkpoint(path, model, opt, sched)["step"] == 3
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ValueError, match=r"model.safetensors: cannot be read as safetensors"):
+        load_training_checkpoint(path, model, opt, sched)
+
+
 def test_two_processes_train_like_one(tmp_path, cache):
     """torchrun with 2 CPU processes (gloo) and batch 2 each trains like 1 process with batch 4:
     the same global batches, the objective reduced across processes, one run folder."""
