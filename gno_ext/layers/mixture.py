@@ -58,8 +58,11 @@ def dispatch(kernels: Sequence[nn.Module], routing: Routing, x: Tensor, **kernel
         if counts[k] == 0:
             continue
         kw = {name: v[k] if isinstance(v, tuple) else v for name, v in kws.items()}
-        outputs.append(scale(kernel(xs[k], **kw), ws[k]))
-    return torch.cat(outputs).index_select(0, inverse)
+        outputs.append((k, scale(kernel(xs[k], **kw), ws[k])))
+    if any(y.shape[1:] != outputs[0][1].shape[1:] for _, y in outputs[1:]):
+        shapes = {k: tuple(y.shape[1:]) for k, y in outputs}
+        raise ValueError(f"kernels: their outputs must have one shape per sample, got {shapes} (kernel: shape)")
+    return torch.cat([y for _, y in outputs]).index_select(0, inverse)
 
 
 class GatedKernelMixture(nn.Module):

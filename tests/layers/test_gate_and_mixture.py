@@ -43,6 +43,19 @@ def test_layers_reject_sizes_that_build_an_empty_or_broken_module():
             build()
 
 
+def test_kernels_whose_outputs_differ_in_shape_are_named():
+    """User kernels must agree on the output shape per sample; where a batch runs two that do
+    not, the error names each kernel's shape (not a bare size mismatch of a concatenation)."""
+    from gno_ext.layers import dispatch
+    from gno_ext.layers.gate import Routing
+
+    kernels = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 5)]
+    index = torch.tensor([0, 1, 0, 1])
+    routing = Routing(torch.full((4, 2), 0.5), index, torch.ones(4), torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"one shape per sample, got \{0: \(3, 4\), 1: \(3, 5\)\}"):
+        dispatch(kernels, routing, torch.randn(4, 3, 4))
+
+
 def test_balance_loss_is_k_when_all_samples_pick_one_kernel():
     gate = ParameterGate(1, 4)
     with torch.no_grad():
