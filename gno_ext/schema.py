@@ -36,6 +36,7 @@ __all__ = [
     "collate",
     "face_view",
     "model_inputs",
+    "check_model_inputs",
 ]
 
 FACE_NAMES: tuple[str, ...] = ("x-", "x+", "y-", "y+", "z-", "z+")
@@ -585,6 +586,23 @@ def collate(samples: Sequence[PDESample] | PDEBatch) -> PDEBatch:
         group=torch.tensor([int(s.group) for s in samples], dtype=torch.long),
         meta=[dict(s.meta) for s in samples],
     )
+
+
+def check_model_inputs(u_in: Tensor, theta: Tensor | None, theta_field: Tensor | None, *, t_in: int,
+                       in_channels: int, ndim: int, n_params: int, field_channels: int) -> None:
+    """Raise a `ValueError` naming the argument whose shape does not fit a model with these
+    sizes: ``u_in`` ``(B, t_in, in_channels, *S)`` with ``ndim`` spatial axes, ``theta``
+    ``(B, n_params)`` where ``n_params > 0``, ``theta_field`` ``(B, field_channels, *S)`` where
+    ``field_channels > 0``. Shapes only: no tensor value is read."""
+    want = f"(B, {t_in}, {in_channels}, *S) with {ndim} spatial axes"
+    if u_in.ndim != 3 + ndim or u_in.shape[1] != t_in or u_in.shape[2] != in_channels:
+        raise ValueError(f"u_in: expected shape {want}, got {tuple(u_in.shape)}")
+    batch, space = u_in.shape[0], tuple(u_in.shape[3:])
+    if n_params and (theta is None or theta.shape != (batch, n_params)):
+        raise ValueError(f"theta: expected shape ({batch}, {n_params}), got {None if theta is None else tuple(theta.shape)}")
+    if field_channels and (theta_field is None or tuple(theta_field.shape) != (batch, field_channels, *space)):
+        raise ValueError(f"theta_field: expected shape {(batch, field_channels, *space)} (B, C_f and u_in's grid), "
+                         f"got {None if theta_field is None else tuple(theta_field.shape)}")
 
 
 def model_inputs(u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,

@@ -36,7 +36,7 @@ from gno_ext.layers.gate import ParameterGate, Routing, route_all
 from gno_ext.layers.mixture import GatedKernelMixture
 from gno_ext.models.registry import register_model
 from gno_ext.models.rollout import rollout
-from gno_ext.schema import BoundarySpec, Grid, PDEBatch, model_inputs
+from gno_ext.schema import BoundarySpec, Grid, PDEBatch, check_model_inputs, model_inputs
 
 __all__ = ["GNO", "GNOBlock"]
 
@@ -198,15 +198,8 @@ class GNO(nn.Module):
         return self
 
     def _inputs(self, u_in: Tensor, theta: Tensor | None, theta_field: Tensor | None) -> None:
-        want = f"(B, {self.t_in}, {self.in_channels}, *S) with {self.ndim} spatial axes"
-        if u_in.ndim != 3 + self.ndim or u_in.shape[1] != self.t_in or u_in.shape[2] != self.in_channels:
-            raise ValueError(f"u_in: expected shape {want}, got {tuple(u_in.shape)}")
-        if self.n_params and (theta is None or theta.shape != (u_in.shape[0], self.n_params)):
-            got = None if theta is None else tuple(theta.shape)
-            raise ValueError(f"theta: expected shape ({u_in.shape[0]}, {self.n_params}), got {got}")
-        if self.field_channels and (theta_field is None or theta_field.shape[:2] != (u_in.shape[0], self.field_channels)):
-            got = None if theta_field is None else tuple(theta_field.shape)
-            raise ValueError(f"theta_field: expected shape ({u_in.shape[0]}, {self.field_channels}, *S), got {got}")
+        check_model_inputs(u_in, theta, theta_field, t_in=self.t_in, in_channels=self.in_channels, ndim=self.ndim,
+                           n_params=self.n_params, field_channels=self.field_channels)
 
     def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
                 bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:

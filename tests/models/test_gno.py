@@ -198,9 +198,10 @@ def test_bad_input():
 
 @pytest.mark.parametrize("name", ["gno", "vit"])  # the GNO and a baseline share the input checks
 def test_a_boundary_or_grid_that_does_not_fit_the_input_is_named(name):
-    """A boundary spec or grid that does not fit ``u_in`` gets a `ValueError` naming it
-    (before, some ran silently: extra faces ignored, longer face data cut); a spec without a
-    batch axis applies to every sample."""
+    """A boundary spec, grid or parameter field that does not fit ``u_in`` gets a `ValueError`
+    naming it (before, some ran silently: extra faces ignored, longer face data cut; a field on
+    another grid failed inside the model); a spec without a batch axis applies to every
+    sample."""
     from gno_ext.models import get_model
 
     torch.manual_seed(3)
@@ -219,6 +220,11 @@ def test_a_boundary_or_grid_that_does_not_fit_the_input_is_named(name):
     for kwargs, match in cases:
         with pytest.raises(ValueError, match=match):
             model(u, theta=theta, **kwargs)
+    field_model = tiny(field_channels=2) if name == "gno" else get_model(
+        "vit", in_channels=1, n_params=1, field_channels=2, ndim=2, t_in=1, latent=32, patch=8, depth=1, heads=2)
+    for field in (torch.randn(2, 2, 16, 16), torch.randn(2, 2, 32, 32, 1)):  # another grid, an extra axis
+        with pytest.raises(ValueError, match=r"theta_field: expected shape \(2, 2, 32, 32\)"):
+            field_model(u, theta=theta, theta_field=field)
 
 
 def reference_case():

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gno_ext.layers.embeddings import ParameterNormalizer
-from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, face_view, model_inputs
+from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, check_model_inputs, face_view, model_inputs
 
 __all__ = ["SchemaModel", "TransformerBlock", "boundary_summary", "boundary_channels", "neuralop_fno", "N_TYPES"]
 
@@ -122,15 +122,9 @@ class SchemaModel(nn.Module):
         return self.u_std.view(1, 1, -1, *([1] * self.ndim))
 
     def check(self, u_in: Tensor, theta: Tensor | None, theta_field: Tensor | None) -> None:
-        want = f"(B, {self.t_in}, {self.in_channels}, *S) with {self.ndim} spatial axes"
-        if u_in.ndim != 3 + self.ndim or u_in.shape[1] != self.t_in or u_in.shape[2] != self.in_channels:
-            raise ValueError(f"u_in: expected shape {want}, got {tuple(u_in.shape)}")
-        if self.n_params and (theta is None or theta.shape != (u_in.shape[0], self.n_params)):
-            raise ValueError(f"theta: expected shape ({u_in.shape[0]}, {self.n_params}), got "
-                             f"{None if theta is None else tuple(theta.shape)}")
-        if self.field_channels and (theta_field is None or theta_field.shape[:2] != (u_in.shape[0], self.field_channels)):
-            raise ValueError(f"theta_field: expected shape ({u_in.shape[0]}, {self.field_channels}, *S), got "
-                             f"{None if theta_field is None else tuple(theta_field.shape)}")
+        """Raise a `ValueError` naming the input whose shape does not fit (`check_model_inputs`)."""
+        check_model_inputs(u_in, theta, theta_field, t_in=self.t_in, in_channels=self.in_channels, ndim=self.ndim,
+                           n_params=self.n_params, field_channels=self.field_channels)
 
     def normalized_input(self, u_in: Tensor) -> Tensor:
         """Input frames, normalised, stacked on channels: ``(B, T_in * C, *S)``."""
