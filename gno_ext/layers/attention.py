@@ -19,8 +19,8 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gno_ext.layers import _gathered
-from gno_ext.layers._util import (KERNEL_TYPES, kernel_ranks, one_hot, operand_type, segment_of, tf32_allowed,
-                                  triton_module)
+from gno_ext.layers._util import (KERNEL_TYPES, kernel_ranks, one_hot, operand_type, require_at_least, segment_of,
+                                  tf32_allowed, triton_module)
 
 __all__ = ["AttentionKernel", "AttentionKernelBank", "SDPA_BACKENDS", "attend", "attend_tokens", "chunk_plan",
            "default_chunk", "mixed_attention", "tokens_fusable"]
@@ -132,6 +132,7 @@ class AttentionKernel(nn.Module):
 
     def __init__(self, dim: int, heads: int = 8, bias: bool = True) -> None:
         super().__init__()
+        require_at_least(1, dim=dim, heads=heads)
         if dim % heads:
             raise ValueError(f"dim={dim} is not divisible by heads={heads}")
         self.heads = heads
@@ -153,6 +154,7 @@ class AttentionKernel(nn.Module):
         -------
         Tensor, shape (B, N, D)
         """
+        check_tokens(x, context, self.q.in_features, x.shape[0])
         b, n, d = x.shape
         source = x if context is None else torch.cat([x, context], 1)
         q = self.q(x).view(b, n, self.heads, -1)
@@ -161,6 +163,15 @@ class AttentionKernel(nn.Module):
 
 
 PROJECTIONS = ("q", "kv", "out")
+
+
+def check_tokens(x: Tensor, context: Tensor | None, dim: int, batch: int) -> None:
+    """Raise a `ValueError` naming ``x`` or ``context`` where it is not ``(batch, N, dim)`` and
+    ``(batch, M, dim)`` (shapes only)."""
+    if x.ndim != 3 or x.shape[0] != batch or x.shape[2] != dim:
+        raise ValueError(f"x: expected shape ({batch}, N, {dim}), got {tuple(x.shape)}")
+    if context is not None and (context.ndim != 3 or context.shape[0] != batch or context.shape[2] != dim):
+        raise ValueError(f"context: expected shape ({batch}, M, {dim}) like x, got {tuple(context.shape)}")
 
 
 def _select(stacks: dict[str, tuple[Tensor, Tensor | None]], select: Tensor) -> dict[str, tuple[Tensor, Tensor | None]]:
@@ -402,6 +413,7 @@ class AttentionKernelBank(nn.Module):
         chunk : int, optional
             Samples per weight group of the chunked products (see `mixed_attention`).
         """
+        check_tokens(x, context, self.dim, index.shape[0])
         stacks = {name: (getattr(self, f"{name}_weight"), getattr(self, f"{name}_bias")) for name in PROJECTIONS}
         return _mixed(stacks, self.heads, index, x, context, chunk, self.fused_attention)
 

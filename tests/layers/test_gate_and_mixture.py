@@ -201,6 +201,25 @@ def test_attention_kernel_uses_context_and_is_batch_independent():
     assert torch.allclose(y[0], att(x[:1], ctx[:1])[0], atol=1e-6)
     with pytest.raises(ValueError, match="not divisible"):
         AttentionKernel(10, 3)
+    with pytest.raises(ValueError, match="heads: must be >= 1, got 0"):  # (was a ZeroDivisionError)
+        AttentionKernel(16, 0)
+
+
+def test_attention_kernels_name_tokens_of_the_wrong_shape():
+    from gno_ext.layers.attention import AttentionKernelBank
+
+    att, bank, index = AttentionKernel(16, 4), AttentionKernelBank(2, 16, 4), torch.tensor([0, 1, 0])
+    x = torch.randn(3, 7, 16)
+    cases = [(dict(x=torch.randn(3, 7, 12)), r"x: expected shape \(3, N, 16\), got \(3, 7, 12\)"),
+             (dict(x=x, context=torch.randn(2, 5, 16)), r"context: expected shape \(3, M, 16\) like x, got \(2, 5, 16\)"),
+             (dict(x=x, context=torch.randn(3, 5, 8)), r"context: expected shape \(3, M, 16\) like x, got \(3, 5, 8\)")]
+    for kwargs, match in cases:
+        with pytest.raises(ValueError, match=match):
+            att(**kwargs)
+        with pytest.raises(ValueError, match=match):
+            bank(index=index, **kwargs)
+    with pytest.raises(ValueError, match=r"x: expected shape \(3, N, 16\), got \(4, 7, 16\)"):
+        bank(torch.randn(4, 7, 16), index)  # one kernel index per sample
 
 
 def test_static_attention_mixture_equals_dispatch_with_gradients():
