@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._util import may_read_device
+from ._util import may_read_device, require_at_least
 
 __all__ = ["PatchEmbed", "PatchProject", "sincos_position", "ParameterNormalizer", "token_shape"]
 
@@ -25,6 +25,12 @@ def token_shape(spatial: Sequence[int], patch: int) -> tuple[int, ...]:
     if any(n % patch for n in spatial):
         raise ValueError(f"grid {tuple(spatial)} is not divisible by the patch size {patch}")
     return tuple(n // patch for n in spatial)
+
+
+def _check_sizes(ndim: int, **sizes: int) -> None:
+    if ndim not in (1, 2, 3):
+        raise ValueError(f"ndim: expected 1, 2 or 3, got {ndim}")
+    require_at_least(1, **sizes)
 
 
 class PatchEmbed(nn.Module):
@@ -47,12 +53,16 @@ class PatchEmbed(nn.Module):
 
     def __init__(self, in_channels: int, dim: int, patch: int, ndim: int) -> None:
         super().__init__()
+        _check_sizes(ndim, in_channels=in_channels, dim=dim, patch=patch)
         conv = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[ndim]
         self.proj = conv(in_channels, dim, kernel_size=patch, stride=patch)
         self.patch, self.ndim = patch, ndim
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, C, *S)`` to tokens ``(B, N, D)`` with ``N = prod(S) / patch^d``."""
+        if x.ndim != 2 + self.ndim or x.shape[1] != self.proj.in_channels:
+            raise ValueError(f"x: expected shape (B, {self.proj.in_channels}, *S) with {self.ndim} spatial axes, "
+                             f"got {tuple(x.shape)}")
         grid, p, d = token_shape(x.shape[2:], self.patch), self.patch, self.ndim
         b, c = x.shape[:2]
         # (B, C, g1, p1, .., gd, pd) -> (B, g1, .., gd, C, p1, .., pd): one row per patch
@@ -66,12 +76,16 @@ class PatchProject(nn.Module):
 
     def __init__(self, dim: int, out_channels: int, patch: int, ndim: int) -> None:
         super().__init__()
+        _check_sizes(ndim, dim=dim, out_channels=out_channels, patch=patch)
         self.norm = nn.LayerNorm(dim)
         self.proj = nn.Linear(dim, out_channels * patch ** ndim)
         self.out_channels, self.patch, self.ndim = out_channels, patch, ndim
 
     def forward(self, tokens: Tensor, grid_tokens: Sequence[int]) -> Tensor:
         """Tokens ``(B, N, D)`` on the token grid ``grid_tokens`` to ``(B, C_out, *S)``."""
+        if len(grid_tokens) != self.ndim or tokens.ndim != 3 or tokens.shape[1] != math.prod(grid_tokens):
+            raise ValueError(f"tokens: expected shape (B, {math.prod(grid_tokens)}, D) on the {self.ndim}-D token grid "
+                             f"{tuple(grid_tokens)}, got {tuple(tokens.shape)}")
         b, p, d = tokens.shape[0], self.patch, self.ndim
         y = self.proj(self.norm(tokens)).view(b, *grid_tokens, self.out_channels, *([p] * d))
         # (B, g1, .., gd, C, p1, .., pd) -> (B, C, g1, p1, .., gd, pd)

@@ -43,6 +43,17 @@ def test_patch_embed_rejects_a_grid_not_divisible_by_the_patch():
         PatchEmbed(1, 8, 4, 2)(torch.randn(1, 1, 10, 12))
 
 
+def test_patch_layers_name_bad_sizes_and_inputs():
+    with pytest.raises(ValueError, match="patch: must be >= 1, got 0"):  # (was built, then failed in forward)
+        PatchEmbed(1, 8, 0, 2)
+    with pytest.raises(ValueError, match="ndim: expected 1, 2 or 3, got 4"):  # (was a KeyError)
+        PatchProject(8, 1, 4, 4)
+    with pytest.raises(ValueError, match=r"x: expected shape \(B, 2, \*S\) with 2 spatial axes, got \(1, 3, 16, 16\)"):
+        PatchEmbed(2, 8, 4, 2)(torch.randn(1, 3, 16, 16))
+    with pytest.raises(ValueError, match=r"tokens: expected shape \(B, 16, D\) on the 2-D token grid \(4, 4\)"):
+        PatchProject(8, 1, 4, 2)(torch.randn(1, 15, 8), (4, 4))
+
+
 def test_parameter_normalizer_checks_log_scaled_values_unless_capturing(monkeypatch):
     from gno_ext.layers.embeddings import ParameterNormalizer
 
