@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -64,6 +67,35 @@ def env_with_cache(cache: Path) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def free_port() -> int:
+    """A TCP port that is free now (for torchrun's rendezvous: a fixed port can be held by
+    another run on the same machine)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(nproc: int, args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run --nproc_per_node nproc args`` on a free port, its output
+    captured. On a timeout the launcher gets SIGTERM, on which it stops its workers (they run in
+    sessions of their own, so killing the launcher outright would leave them waiting in a
+    collective for ever), then SIGKILL, and the test fails with the output so far."""
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(free_port()),
+           *args]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"torchrun did not finish within {timeout} s: {' '.join(cmd)}\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 QUIET = ["trainer.progress=false", "trainer.tensorboard=false"]  # recipe overrides for quiet test runs
 
 

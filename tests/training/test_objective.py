@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import numpy as np
 import pytest
 import torch
@@ -17,7 +15,7 @@ from gno_ext.training.objective import (
     global_objective,
 )
 
-from .conftest import PYTHON, ROOT, env_with_cache
+from .conftest import ROOT, env_with_cache, torchrun
 
 
 def _simulated_processes(losses: torch.Tensor, groups: torch.Tensor, world: int, dro: bool):
@@ -67,9 +65,7 @@ def test_two_gloo_processes_match_one(tmp_path, cache):
     out = {}
     for n in (1, 2):
         path = tmp_path / f"world{n}.pt"
-        cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_port", str(29500 + n),
-               str(script), str(path)]
-        proc = subprocess.run(cmd, env=env_with_cache(cache), capture_output=True, text=True, timeout=300)
+        proc = torchrun(n, [str(script), str(path)], env_with_cache(cache), 300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[n] = torch.load(path, weights_only=True)
     assert float(out[1]["loss"]) == pytest.approx(float(out[2]["loss"]), rel=1e-6)

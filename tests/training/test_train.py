@@ -18,7 +18,7 @@ from gno_ext.training.checkpoint import list_checkpoints
 
 from tests._recipes import load_recipe
 
-from .conftest import PYTHON, QUIET, TRAIN_PY, env_with_cache, run_weights
+from .conftest import PYTHON, QUIET, TRAIN_PY, env_with_cache, run_weights, torchrun
 
 def test_heat_param_smoke_end_to_end(train_module, tmp_path):
     result = train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}",
@@ -155,9 +155,7 @@ def test_two_processes_train_like_one(tmp_path, cache):
     one = subprocess.run([PYTHON, str(TRAIN_PY), *common, "trainer.batch_size=4", f"run_dir={tmp_path / 'one'}"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert one.returncode == 0, one.stderr[-2000:]
-    two = subprocess.run([PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
-                          str(TRAIN_PY), *common, "trainer.batch_size=2", f"run_dir={tmp_path / 'two'}"],
-                         env=env, capture_output=True, text=True, timeout=600)
+    two = torchrun(2, [str(TRAIN_PY), *common, "trainer.batch_size=2", f"run_dir={tmp_path / 'two'}"], env, 600)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "2 process(es)" in two.stdout
     rows = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
@@ -214,10 +212,8 @@ def test_a_failing_process_names_its_root_cause_to_torchrun(tmp_path, cache):
     """recipes/train.py records a failing process's exception for the launcher, so torchrun's
     summary shows the traceback of the root cause, not only an exit code."""
     missing = tmp_path / "missing.npz"
-    out = subprocess.run([PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", "29557",
-                          str(TRAIN_PY), "--recipe", "custom", "size=smoke", f"data.root={missing}",
-                          "trainer.device=cpu", f"output_root={tmp_path}", *QUIET],
-                         env=env_with_cache(cache), capture_output=True, text=True, timeout=300)
+    out = torchrun(1, [str(TRAIN_PY), "--recipe", "custom", "size=smoke", f"data.root={missing}", "trainer.device=cpu",
+                       f"output_root={tmp_path}", *QUIET], env_with_cache(cache), 300)
     assert out.returncode != 0
     summary = out.stderr[out.stderr.index("Root Cause"):]
     assert "error_file: <N/A>" not in summary
@@ -328,14 +324,12 @@ def test_ddp_with_kernels_a_batch_does_not_select(tmp_path, cache):
     gradient; with find_unused_parameters=auto the 2-process run trains, and (checked here so the
     test means something) with it forced off DDP fails."""
     env = env_with_cache(cache)
-    common = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29544", str(TRAIN_PY),
-              "--recipe", "heat-joint", "size=smoke", "model=gated_fno", "trainer.max_steps=4", "trainer.batch_size=2",
-              "eval.enabled=false", "trainer.device=cpu", *QUIET]  # gloo, also where there is one GPU
-    ok = subprocess.run([*common, f"run_dir={tmp_path / 'auto'}"], env=env, capture_output=True, text=True, timeout=600)
+    common = [str(TRAIN_PY), "--recipe", "heat-joint", "size=smoke", "model=gated_fno", "trainer.max_steps=4",
+              "trainer.batch_size=2", "eval.enabled=false", "trainer.device=cpu", *QUIET]  # gloo, also where there is one GPU
+    ok = torchrun(2, [*common, f"run_dir={tmp_path / 'auto'}"], env, 600)
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert json.loads((latest_checkpoint(tmp_path / "auto") / "trainer_state.json").read_text())["step"] == 4
-    off = subprocess.run([*common, f"run_dir={tmp_path / 'off'}", "trainer.find_unused_parameters=false"], env=env,
-                         capture_output=True, text=True, timeout=600)
+    off = torchrun(2, [*common, f"run_dir={tmp_path / 'off'}", "trainer.find_unused_parameters=false"], env, 600)
     assert off.returncode != 0 and "were not used in producing loss" in off.stderr
 
 
