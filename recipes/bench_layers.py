@@ -47,7 +47,7 @@ import contextlib
 import itertools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -95,6 +95,24 @@ def autocast(precision: str, device: str):
     return torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
+def passes(call: Callable[[], Tensor], inputs: Sequence[Tensor], grad_out: Tensor, precision: str,
+           device: str) -> tuple[Callable[[], None], Callable[[], None]]:
+    """The two timed functions of a layer at ``precision``: the forward pass ``call()`` (no
+    grad) and forward + backward (gradients of ``inputs`` for ``grad_out``), TF32 set over both
+    passes."""
+    def forward() -> None:
+        with torch.no_grad(), tf32_products(precision), autocast(precision, device):
+            call()
+
+    def forward_backward() -> None:
+        with tf32_products(precision):
+            with autocast(precision, device):
+                y = call()
+            torch.autograd.grad(y, inputs, grad_out)
+
+    return forward, forward_backward
+
+
 def _time_both(forward: Callable[[], None], forward_backward: Callable[[], None], device: str, calls: int,
                repeats: int, compiled: bool) -> tuple[float, float]:
     """Seconds per call of ``forward`` and ``forward_backward``: CUDA graphs of ``calls`` calls on a
@@ -123,15 +141,7 @@ def bench_boundary(path: str, mode: str, batch: int, tokens: int, dim: int, devi
     leaves = [state, *layer.parameters()]
     net = torch.compile(layer) if mode == "compiled" else layer
 
-    def forward() -> None:
-        with torch.no_grad(), tf32_products(precision), autocast(precision, device):
-            net(features, state)
-
-    def forward_backward() -> None:
-        with tf32_products(precision):
-            with autocast(precision, device):
-                y = net(features, state)
-            torch.autograd.grad(y, leaves, grad_out)
+    forward, forward_backward = passes(lambda: net(features, state), leaves, grad_out, precision, device)
 
     t_fwd, t_both = _time_both(forward, forward_backward, device, calls, repeats, mode == "compiled")
     return {"layer": "boundary_transfer", "path": path, "mode": mode, "precision": precision, "batch": batch,
@@ -159,15 +169,7 @@ def bench_attention(path: str, mode: str, batch: int, queries: int, keys: int, h
     torch._dynamo.reset()
     fn = torch.compile(attention.attend_tokens) if mode == "compiled" else attention.attend_tokens
 
-    def forward() -> None:
-        with torch.no_grad(), tf32_products(precision), autocast(precision, device):
-            fn(q, kv, fused=fused)
-
-    def forward_backward() -> None:
-        with tf32_products(precision):
-            with autocast(precision, device):
-                y = fn(q, kv, fused=fused)
-            torch.autograd.grad(y, (q, kv), grad_out)
+    forward, forward_backward = passes(lambda: fn(q, kv, fused=fused), (q, kv), grad_out, precision, device)
 
     # the module settings that force a path, restored afterwards (the fused paths: the kernels,
     # whatever `tokens_fusable` says)
@@ -257,15 +259,8 @@ def bench_products(path: str, mode: str, batch: int, rows: int, dim_in: int, dim
     torch._dynamo.reset()
     fn = torch.compile(PRODUCTS[path]) if mode == "compiled" else PRODUCTS[path]
 
-    def forward() -> None:
-        with torch.no_grad(), tf32_products(precision), autocast(precision, device):
-            fn(x, index, weight, bias)
-
-    def forward_backward() -> None:
-        with tf32_products(precision):
-            with autocast(precision, device):
-                y = fn(x, index, weight, bias)
-            torch.autograd.grad(y, (x, weight, bias), grad_out)
+    forward, forward_backward = passes(lambda: fn(x, index, weight, bias), (x, weight, bias), grad_out, precision,
+                                       device)
 
     t_fwd, t_both = _time_both(forward, forward_backward, device, calls, repeats, mode == "compiled")
     per_kernel = torch.bincount(index, minlength=n_kernels).tolist() if n > 1 else [batch]
