@@ -149,8 +149,7 @@ class GNO(nn.Module):
                  gate_hidden: int = 32, gate_noise: float = 0.0, boundary_transfer: bool = True,
                  log_params: Sequence[bool] | None = None) -> None:
         super().__init__()
-        if ndim not in (1, 2, 3):
-            raise ValueError(f"ndim: expected 1, 2 or 3, got {ndim}")
+        # (ndim is checked by PatchEmbed, built before anything that depends on it)
         require_at_least(1, in_channels=in_channels, t_in=t_in, latent=latent, patch=patch, depth=depth,
                          heads=heads, n_kernels=n_kernels, gate_hidden=gate_hidden)
         require_at_least(0, n_params=n_params, field_channels=field_channels, gate_noise=gate_noise)
