@@ -341,6 +341,17 @@ def test_operand_type_follows_autocast_and_leaves_float64_alone():
 
 
 
+def run_in_own_process(source: str, marker: str, timeout: float) -> None:
+    """Run ``source`` in a Python process of its own, from the repository root (so that it can
+    import the tests' helpers), and assert that it printed ``marker``."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, timeout=timeout,
+                          cwd=Path(__file__).parents[2])
+    assert marker in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
+
+
 TF32_SETTINGS = """
 import torch
 from gno_ext.layers._util import tf32_allowed, tf32_products
@@ -402,11 +413,7 @@ def test_tf32_allowed_follows_both_of_pytorchs_settings():
     constant that `torch.compile` recompiles when a setting changes; `tf32_products` sets and
     restores whichever setting is in use. In a process of its own:
     the newer setting would make every later read of ``allow_tf32`` fail."""
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", TF32_SETTINGS], capture_output=True, text=True, timeout=300)
-    assert "tf32 settings followed" in done.stdout, done.stderr[-3000:]
+    run_in_own_process(TF32_SETTINGS, "tf32 settings followed", timeout=300)
 
 
 def test_a_float64_model_computes_in_float64():
@@ -583,13 +590,7 @@ def test_gpu_kernels_follow_the_newer_tf32_setting():
     float32 rounding, with ``"tf32"`` to TF32 rounding (and not better: TF32 ran), eager and
     compiled, and float32 attention takes the kernels only with ``"tf32"``. In a process of
     its own, as the newer setting stays in force."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    done = subprocess.run([sys.executable, "-c", NEWER_TF32_SETTING_ON_A_GPU], capture_output=True, text=True,
-                          timeout=600, cwd=Path(__file__).parents[2])
-    assert "newer setting followed" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
+    run_in_own_process(NEWER_TF32_SETTING_ON_A_GPU, "newer setting followed", timeout=600)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
