@@ -377,8 +377,7 @@ class AttentionKernelBank(nn.Module):
 
     def __init__(self, n_kernels: int, dim: int, heads: int = 8, bias: bool = True) -> None:
         super().__init__()
-        if n_kernels < 1:
-            raise ValueError(f"n_kernels: expected >= 1, got {n_kernels}")
+        require_at_least(1, n_kernels=n_kernels)
         kernels = [AttentionKernel(dim, heads, bias) for _ in range(n_kernels)]
         self.n_kernels, self.dim, self.heads = n_kernels, dim, heads
         for name in PROJECTIONS:

@@ -93,9 +93,7 @@ class ParameterGate(nn.Module):
         super().__init__()
         if n_params < 1:
             raise ValueError(f"n_params: the gate needs at least one input, got {n_params}")
-        if n_kernels < 1:
-            raise ValueError(f"n_kernels: expected >= 1, got {n_kernels}")
-        require_at_least(1, hidden=hidden)
+        require_at_least(1, n_kernels=n_kernels, hidden=hidden)
         require_at_least(0, noise_std=noise_std)
         self.n_params, self.n_kernels, self.noise_std = n_params, n_kernels, noise_std
         self.score = nn.Sequential(nn.Linear(n_params, hidden), nn.GELU(), nn.Linear(hidden, n_kernels))

@@ -33,7 +33,7 @@ def test_layers_reject_sizes_that_build_an_empty_or_broken_module():
     from gno_ext.layers import BoundaryTransfer
 
     cases = [(lambda: ParameterGate(0, 2), "n_params: the gate needs at least one input, got 0"),
-             (lambda: ParameterGate(1, 0), "n_kernels: expected >= 1, got 0"),
+             (lambda: ParameterGate(1, 0), "n_kernels: must be >= 1, got 0"),
              (lambda: ParameterGate(1, 2, hidden=0), "hidden: must be >= 1, got 0"),
              (lambda: ParameterGate(1, 2, noise_std=-0.1), "noise_std: must be >= 0, got -0.1"),
              (lambda: BoundaryTransfer(64, 2, width=0), "width: must be >= 1, got 0"),  # was: the default width
@@ -390,7 +390,7 @@ def test_kernel_bank_initialises_and_loads_like_separate_kernels():
     assert torch.equal(bank.out_bias[0], kernels[0].out.bias + 1.0)
     assert sum(p.numel() for p in bank.parameters()) == sum(p.numel() for k in kernels for p in k.parameters())
     assert len(list(bank.parameters())) == 6
-    with pytest.raises(ValueError, match="n_kernels: expected >= 1, got 0"):
+    with pytest.raises(ValueError, match="n_kernels: must be >= 1, got 0"):
         AttentionKernelBank(0, 16, 4)
 
 
