@@ -89,6 +89,14 @@ def group_sums(per_sample_loss: Tensor, groups: Tensor, n_groups: int | None = N
     return sums, counts
 
 
+def _check_tau(tau: float, name: str = "tau") -> None:
+    """Raise a `ValueError` naming ``name`` unless the DRO temperature ``tau`` is positive and
+    finite."""
+    if not (tau > 0 and math.isfinite(tau)):
+        raise ValueError(f"{name}: must be positive and finite, got {tau} (the objective tends to the worst group's "
+                         "mean as tau grows; a large finite tau approaches it)")
+
+
 def dro_from_group_sums(sums: Tensor, counts: Tensor, tau: float) -> Tensor:
     """Log-sum-exp group DRO from group sums and counts; empty groups are left out of ``|G|``.
 
@@ -99,8 +107,7 @@ def dro_from_group_sums(sums: Tensor, counts: Tensor, tau: float) -> Tensor:
     ``logsumexp - log |G|``; otherwise through ``logsumexp``. With no group present the result
     is NaN (on CPU tensors, an error).
     """
-    if not tau > 0:
-        raise ValueError(f"tau: must be positive, got {tau}")
+    _check_tau(tau)
     present = counts > 0
     if _host_checks(counts) and not present.any():
         raise ValueError("group DRO: no group has a sample")
@@ -125,7 +132,7 @@ def group_dro_loss(per_sample_loss: Tensor, groups: Tensor, tau: float) -> Tenso
     groups : Tensor, shape (B,), long
         Group id of each sample.
     tau : float
-        Temperature, > 0.
+        Temperature, positive and finite.
     """
     sums, counts = group_sums(per_sample_loss, groups)
     return dro_from_group_sums(sums, counts, tau)
@@ -204,8 +211,7 @@ class Curriculum:
     def __post_init__(self) -> None:
         if self.warmup_epochs < 0:
             raise ValueError(f"warmup_epochs: must be >= 0, got {self.warmup_epochs}")
-        if not self.tau > 0:
-            raise ValueError(f"tau: must be positive, got {self.tau}")
+        _check_tau(self.tau)
         if len(self.boundary_types) == 0:
             raise ValueError("boundary_types: expected at least one type")
 

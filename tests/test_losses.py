@@ -51,8 +51,11 @@ def test_group_sums_are_additive_across_shards():
 
 
 def test_bad_group_dro_input():
-    with pytest.raises(ValueError, match="tau: must be positive"):
-        group_dro_loss(torch.rand(3), torch.zeros(3, dtype=torch.long), 0.0)
+    for tau in (0.0, -1.0, math.inf, math.nan):  # (inf gave NaN)
+        with pytest.raises(ValueError, match=f"tau: must be positive and finite, got {tau}"):
+            group_dro_loss(torch.rand(3), torch.zeros(3, dtype=torch.long), tau)
+        with pytest.raises(ValueError, match=f"tau: must be positive and finite, got {tau}"):
+            Curriculum(warmup_epochs=1, tau=tau)
     with pytest.raises(ValueError, match="matching shapes"):
         group_dro_loss(torch.rand(3), torch.zeros(4, dtype=torch.long), 1.0)
     with pytest.raises(ValueError, match="ids must be >= 0"):

@@ -44,7 +44,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 
 from gno_ext.layers.mixture import has_dispatch
-from gno_ext.losses import mse_per_sample, nmse
+from gno_ext.losses import _check_tau, mse_per_sample, nmse
 from gno_ext.models.registry import get_model, model_class, save_checkpoint
 from gno_ext.schema import collate
 from gno_ext.training.captured import CapturedSteps, check_capture_settings
@@ -313,6 +313,23 @@ def _wait_for_everyone(state) -> None:
         state.wait_for_everyone()
 
 
+def _curriculum(tr: Mapping[str, Any]) -> tuple[int, float]:
+    """The epochs of plain MSE before group DRO and the DRO temperature, from ``trainer``,
+    each checked (the error names the key)."""
+    epochs = int(tr["epochs"])
+    warmup_epochs = tr["curriculum"].get("warmup_epochs")
+    if warmup_epochs is None:
+        fraction = float(tr["curriculum"].get("warmup_fraction", 0.7))
+        if not 0 <= fraction <= 1:
+            raise ValueError(f"trainer.curriculum.warmup_fraction: must be in [0, 1], got {fraction}")
+        warmup_epochs = int(round(fraction * epochs))
+    elif isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, int) or warmup_epochs < 0:
+        raise ValueError(f"trainer.curriculum.warmup_epochs: expected an integer >= 0 or null, got {warmup_epochs!r}")
+    tau = float(tr["dro"]["tau"])
+    _check_tau(tau, "trainer.dro.tau")
+    return warmup_epochs, tau
+
+
 def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """Run one recipe (training, evaluation, report) from its resolved configuration.
 
@@ -333,6 +350,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     device_req = tr.get("device", "auto")
     if device_req not in ("auto", "cpu"):
         raise ValueError(f"trainer.device: expected auto or cpu, got {device_req!r} (GPUs are chosen by the launcher)")
+    warmup_epochs, tau = _curriculum(tr)  # checked now, not at the first DRO epoch
     # Accelerate sets up several CPU processes (gloo) only when told cpu=True
     use_cpu = device_req == "cpu" or not torch.cuda.is_available()
     _fresh_accelerate_state()
@@ -436,10 +454,6 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
         ema = AveragedModel(raw, multi_avg_fn=get_ema_multi_avg_fn(float(tr["ema"]["decay"])), use_buffers=True)
 
-    warmup_epochs = tr["curriculum"].get("warmup_epochs")
-    if warmup_epochs is None:
-        warmup_epochs = int(round(float(tr["curriculum"].get("warmup_fraction", 0.7)) * epochs))
-    tau = float(tr["dro"]["tau"])
     guard = NonFiniteGuard(int(tr.get("max_nonfinite", 5)))
     step, epoch0, batch0, seen = 0, 0, 0, 0
     if checkpoint is not None:

@@ -87,6 +87,21 @@ def test_existing_run_and_resume_checks(train_module, tmp_path):
     assert fresh["step"] == 4
 
 
+def test_bad_curriculum_settings_are_refused_before_a_run_is_touched(train_module, tmp_path):
+    args = ["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}", "trainer.epochs=1", *QUIET]
+    done = train_module.main(args)
+    kept = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    bad = [("trainer.dro.tau=0", "trainer.dro.tau: must be positive and finite, got 0.0"),  # (was: at the first DRO epoch)
+           ("trainer.dro.tau=inf", "trainer.dro.tau: must be positive and finite, got inf"),  # (was: a NaN loss)
+           ("trainer.curriculum.warmup_fraction=1.5", r"trainer.curriculum.warmup_fraction: must be in \[0, 1\], got 1.5"),
+           ("trainer.curriculum.warmup_epochs=-1", "trainer.curriculum.warmup_epochs: expected an integer >= 0 or null, got -1")]
+    for override, message in bad:
+        with pytest.raises(ValueError, match=message):
+            train_module.main([*args, "overwrite=true", override])
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == kept  # the finished run is untouched
+    assert latest_checkpoint(Path(done["run_dir"])) is not None
+
+
 def test_kill_and_resume_reaches_the_samerun_weights(tmp_path, cache):
     """A run killed (SIGKILL) mid-training and resumed with resume=auto ends with exactly the
     weights of an uninterrupted run (CPU, deterministic)."""
