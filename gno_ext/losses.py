@@ -89,11 +89,9 @@ def group_sums(per_sample_loss: Tensor, groups: Tensor, n_groups: int | None = N
     return sums, counts
 
 
-def _check_tau(tau: float, name: str = "tau") -> None:
-    """Raise a `ValueError` naming ``name`` unless the DRO temperature ``tau`` is positive and
-    finite."""
+def _check_tau(tau: float) -> None:
     if not (tau > 0 and math.isfinite(tau)):
-        raise ValueError(f"{name}: must be positive and finite, got {tau} (the objective tends to the worst group's "
+        raise ValueError(f"tau: must be positive and finite, got {tau} (the objective tends to the worst group's "
                          "mean as tau grows; a large finite tau approaches it)")
 
 

@@ -44,7 +44,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 
 from gno_ext.layers.mixture import has_dispatch
-from gno_ext.losses import _check_tau, mse_per_sample, nmse
+from gno_ext.losses import mse_per_sample, nmse
 from gno_ext.models.registry import get_model, model_class, save_checkpoint
 from gno_ext.schema import collate
 from gno_ext.training.captured import CapturedSteps, check_capture_settings
@@ -313,21 +313,57 @@ def _wait_for_everyone(state) -> None:
         state.wait_for_everyone()
 
 
-def _curriculum(tr: Mapping[str, Any]) -> tuple[int, float]:
-    """The epochs of plain MSE before group DRO and the DRO temperature, from ``trainer``,
-    each checked (the error names the key)."""
-    epochs = int(tr["epochs"])
-    warmup_epochs = tr["curriculum"].get("warmup_epochs")
+# Numeric settings checked when a run starts, before anything is generated, trained or
+# overwritten (many would otherwise fail late, or train wrongly without a word):
+# key, default, lowest, highest, integer, null allowed; "> 0": above zero.
+SETTINGS = (
+    ("trainer.epochs", None, 1, math.inf, True, False),
+    ("trainer.grad_accum", 1, 1, math.inf, True, False),
+    ("trainer.log_every", 10, 1, math.inf, True, False),
+    ("trainer.val_every", 1, 1, math.inf, True, False),
+    ("trainer.val_batches", 4, 0, math.inf, True, False),
+    ("trainer.checkpoint_every", 0, 0, math.inf, True, True),
+    ("trainer.keep_checkpoints", 3, 0, math.inf, True, False),
+    ("trainer.max_steps", None, 1, math.inf, True, True),
+    ("trainer.clip_grad", None, "> 0", math.inf, False, True),  # (a negative norm reversed the gradients)
+    ("trainer.ema.decay", 0.999, 0, 1, False, False),
+    ("trainer.curriculum.warmup_fraction", 0.7, 0, 1, False, False),
+    ("trainer.curriculum.warmup_epochs", None, 0, math.inf, True, True),
+    ("optimizer.lr", None, 0, math.inf, False, False),
+    ("optimizer.weight_decay", 0.0, 0, math.inf, False, False),
+    ("optimizer.warmup_fraction", 0.05, 0, 1, False, False),
+    ("optimizer.min_lr_ratio", 0.0, 0, 1, False, False),
+    ("trainer.dro.tau", 1.0, "> 0", math.inf, False, False),  # (infinity gave a NaN loss)
+)
+
+
+def _setting(cfg: Mapping[str, Any], key: str, default: Any, low: float | str, high: float, integer: bool,
+             nullable: bool) -> Any:
+    """The value of the dotted ``key`` of ``cfg`` (``default`` where it is absent), checked."""
+    *path, leaf = key.split(".")
+    section = cfg
+    for part in path:
+        section = section.get(part) or {}
+    value = section.get(leaf, default)
+    if value is None and nullable:
+        return None
+    wanted = "an integer" if integer else "a number"
+    bounds = "above 0" if low == "> 0" else f"in [{low}, {high}]" if high < math.inf else f">= {low}"
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or (integer and value != int(value)) or value > high \
+            or (value <= 0 if low == "> 0" else value < low):
+        raise ValueError(f"{key}: expected {wanted} {bounds}{' or null' if nullable else ''}, got {value!r}")
+    return int(value) if integer else float(value)
+
+
+def _check_settings(cfg: Mapping[str, Any]) -> tuple[int, float]:
+    """Check `SETTINGS`; return the epochs of plain MSE before group DRO and the DRO
+    temperature."""
+    values = {key: _setting(cfg, key, *rule) for key, *rule in SETTINGS}
+    warmup_epochs = values["trainer.curriculum.warmup_epochs"]
     if warmup_epochs is None:
-        fraction = float(tr["curriculum"].get("warmup_fraction", 0.7))
-        if not 0 <= fraction <= 1:
-            raise ValueError(f"trainer.curriculum.warmup_fraction: must be in [0, 1], got {fraction}")
-        warmup_epochs = int(round(fraction * epochs))
-    elif isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, int) or warmup_epochs < 0:
-        raise ValueError(f"trainer.curriculum.warmup_epochs: expected an integer >= 0 or null, got {warmup_epochs!r}")
-    tau = float(tr["dro"]["tau"])
-    _check_tau(tau, "trainer.dro.tau")
-    return warmup_epochs, tau
+        warmup_epochs = int(round(values["trainer.curriculum.warmup_fraction"] * values["trainer.epochs"]))
+    return warmup_epochs, values["trainer.dro.tau"]
 
 
 def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -350,7 +386,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     device_req = tr.get("device", "auto")
     if device_req not in ("auto", "cpu"):
         raise ValueError(f"trainer.device: expected auto or cpu, got {device_req!r} (GPUs are chosen by the launcher)")
-    warmup_epochs, tau = _curriculum(tr)  # checked now, not at the first DRO epoch
+    warmup_epochs, tau = _check_settings(cfg)
     # Accelerate sets up several CPU processes (gloo) only when told cpu=True
     use_cpu = device_req == "cpu" or not torch.cuda.is_available()
     _fresh_accelerate_state()

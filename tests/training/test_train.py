@@ -87,14 +87,27 @@ def test_existing_run_and_resume_checks(train_module, tmp_path):
     assert fresh["step"] == 4
 
 
-def test_bad_curriculum_settings_are_refused_before_a_run_is_touched(train_module, tmp_path):
+def test_bad_settings_are_refused_before_a_run_is_touched(train_module, tmp_path):
     args = ["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}", "trainer.epochs=1", *QUIET]
     done = train_module.main(args)
     kept = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    bad = [("trainer.dro.tau=0", "trainer.dro.tau: must be positive and finite, got 0.0"),  # (was: at the first DRO epoch)
-           ("trainer.dro.tau=inf", "trainer.dro.tau: must be positive and finite, got inf"),  # (was: a NaN loss)
-           ("trainer.curriculum.warmup_fraction=1.5", r"trainer.curriculum.warmup_fraction: must be in \[0, 1\], got 1.5"),
-           ("trainer.curriculum.warmup_epochs=-1", "trainer.curriculum.warmup_epochs: expected an integer >= 0 or null, got -1")]
+    bad = [  # (what each did before)
+        ("trainer.dro.tau=0", "trainer.dro.tau: expected a number above 0, got 0"),  # an error at the first DRO epoch
+        ("trainer.dro.tau=inf", "trainer.dro.tau: expected a number above 0, got inf"),  # a NaN loss
+        ("trainer.curriculum.warmup_fraction=1.5", r"trainer.curriculum.warmup_fraction: expected a number in \[0, 1\], "
+                                                   "got 1.5"),  # no DRO at all
+        ("trainer.curriculum.warmup_epochs=-1", "trainer.curriculum.warmup_epochs: expected an integer >= 0 or null, "
+                                                "got -1"),
+        ("trainer.log_every=0", "trainer.log_every: expected an integer >= 1, got 0"),  # ZeroDivisionError
+        ("trainer.val_every=0", "trainer.val_every: expected an integer >= 1, got 0"),  # ZeroDivisionError
+        ("trainer.grad_accum=0", "trainer.grad_accum: expected an integer >= 1, got 0"),  # ZeroDivisionError
+        ("trainer.clip_grad=-1", "trainer.clip_grad: expected a number above 0 or null, got -1"),  # reversed gradients
+        ("trainer.checkpoint_every=-1", "trainer.checkpoint_every: expected an integer >= 0 or null, got -1"),
+        ("trainer.epochs=1.5", "trainer.epochs: expected an integer >= 1, got 1.5"),
+        ("trainer.ema.decay=2", r"trainer.ema.decay: expected a number in \[0, 1\], got 2"),
+        ("optimizer.lr=-1", "optimizer.lr: expected a number >= 0, got -1"),
+        ("optimizer.warmup_fraction=abc", "optimizer.warmup_fraction: expected a number in .*, got 'abc'"),
+    ]
     for override, message in bad:
         with pytest.raises(ValueError, match=message):
             train_module.main([*args, "overwrite=true", override])
