@@ -16,6 +16,7 @@ from gno_ext.layers.embeddings import (
     ParameterNormalizer,
     PatchEmbed,
     PatchProject,
+    field_statistics,
     sincos_position,
     token_shape,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "default_chunk",
     "dispatch",
     "edge_tokens",
+    "field_statistics",
     "mixed_attention",
     "plan_all",
     "route_all",

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from ._util import may_read_device, require_at_least
 
-__all__ = ["PatchEmbed", "PatchProject", "sincos_position", "ParameterNormalizer", "token_shape"]
+__all__ = ["PatchEmbed", "PatchProject", "sincos_position", "ParameterNormalizer", "field_statistics", "token_shape"]
 
 
 def token_shape(spatial: Sequence[int], patch: int) -> tuple[int, ...]:
@@ -133,6 +133,45 @@ def sincos_position(grid_tokens: Sequence[int], dim: int, device: torch.device |
     angles = coords[:, :, None] * freqs
     enc = torch.cat([angles.sin(), angles.cos()], -1).reshape(coords.shape[0], -1)
     return enc[:, :dim].to(dtype)
+
+
+@torch.no_grad()
+def field_statistics(u: Tensor, channels: int, ndim: int) -> tuple[Tensor, Tensor]:
+    """Per-channel mean and standard deviation (at least 1e-6) of field samples, for a model's
+    input normalisation.
+
+    Parameters
+    ----------
+    u : Tensor, shape (N, T, C, *S) or (N, C, *S)
+        Samples: the channels are the axis before the ``ndim`` spatial ones.
+    channels : int
+        ``C``.
+    ndim : int
+        Spatial dimension.
+
+    Returns
+    -------
+    mean, std : Tensor, shape (C,)
+
+    Raises
+    ------
+    ValueError
+        Naming the shape where the channel axis does not hold ``C`` channels, and (outside
+        `torch.compile`) the first entry that is not finite, which would make every
+        statistic, and so every prediction, NaN.
+    """
+    axis = u.ndim - ndim - 1
+    if axis < 1 or u.shape[axis] != channels:
+        raise ValueError(f"u: expected {channels} channel(s) at axis {-ndim - 1}, after a sample axis, "
+                         f"got shape {tuple(u.shape)}")
+    if may_read_device():
+        bad = ~torch.isfinite(u)
+        if bad.any():
+            index = tuple(bad.nonzero()[0].tolist())
+            raise ValueError(f"u{list(index)} = {u[index].item()}: field samples must be finite "
+                             f"({int(bad.sum())} entries are not)")
+    flat = u.transpose(0, axis).reshape(channels, -1)
+    return flat.mean(1), flat.std(1).clamp_min(1e-6)
 
 
 class ParameterNormalizer(nn.Module):

@@ -29,6 +29,7 @@ from gno_ext.layers.embeddings import (
     ParameterNormalizer,
     PatchEmbed,
     PatchProject,
+    field_statistics,
     sincos_position,
     token_shape,
 )
@@ -186,12 +187,9 @@ class GNO(nn.Module):
         theta : Tensor, shape (N, P), optional
             Parameter samples.
         """
-        c = self.in_channels
-        flat = u.transpose(0, -self.ndim - 1).reshape(c, -1) if u.shape[-self.ndim - 1] == c else None
-        if flat is None:
-            raise ValueError(f"u: expected {c} channels at axis {-self.ndim - 1}, got shape {tuple(u.shape)}")
-        self.u_mean.copy_(flat.mean(1))
-        self.u_std.copy_(flat.std(1).clamp_min(1e-6))
+        mean, std = field_statistics(u, self.in_channels, self.ndim)
+        self.u_mean.copy_(mean)
+        self.u_std.copy_(std)
         if theta is not None and self.param_norm is not None:
             self.param_norm.fit(theta)
         return self

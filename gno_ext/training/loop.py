@@ -43,6 +43,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 
+from gno_ext.layers.embeddings import field_statistics
 from gno_ext.layers.mixture import has_dispatch
 from gno_ext.losses import mse_per_sample, nmse
 from gno_ext.models.registry import get_model, model_class, save_checkpoint
@@ -256,6 +257,17 @@ def _spread(n: int, k: int) -> list[int]:
     return list(range(n)) if k >= n else [int(i) for i in np.linspace(0, n - 1, k).round()]
 
 
+def _check_finite_windows(fields: torch.Tensor, windows: list[int], root: Any) -> None:
+    """Raise a `ValueError` naming the first training window (of those read to set the
+    normalisation) whose fields are not all finite: with it the statistics, and so every
+    prediction, would be NaN."""
+    bad = ~torch.isfinite(fields).flatten(1).all(1)
+    if bad.any():
+        first = int(bad.nonzero()[0])
+        raise ValueError(f"data under {root}: training window {windows[first]} holds non-finite field values "
+                         f"({int(bad.sum())} of the {len(windows)} windows read to set the normalisation do)")
+
+
 @torch.no_grad()
 def _validate(model: nn.Module, ds: Dataset, scale: torch.Tensor, device: torch.device, batch_size: int,
               n_batches: int, rank: int, world: int, autocast: Any) -> float:
@@ -443,12 +455,13 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     name = cfg["model"]["name"]
     kwargs = model_kwargs_from_data(model_class(name), spec, cfg["model"].get("kwargs") or {})
     model = get_model(name, **kwargs)
-    fit_batch = _fetch(train_ds, _spread(len(train_ds), 256))
+    fit_windows = _spread(len(train_ds), 256)
+    fit_batch = _fetch(train_ds, fit_windows)
     fields = torch.cat([fit_batch.u_in, fit_batch.u_out], 1)
+    _check_finite_windows(fields, fit_windows, data_cfg["root"])
     if hasattr(model, "fit_normalization"):
         model.fit_normalization(fields, values)
-    dims = [d for d in range(fields.ndim) if d != 2]
-    scale = fields.float().std(dim=dims).clamp_min(1e-6) if tr.get("loss_normalization", True) \
+    scale = field_statistics(fields.float(), spec.channels, spec.ndim)[1] if tr.get("loss_normalization", True) \
         else torch.ones(spec.channels)
     scale = scale.view(1, 1, -1, *([1] * spec.ndim)).to(device)
     n_params = sum(p.numel() for p in model.parameters())

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from gno_ext.layers import PatchEmbed, PatchProject
+from gno_ext.layers import PatchEmbed, PatchProject, field_statistics
 
 
 @pytest.mark.parametrize("ndim,shape", [(1, (24,)), (2, (8, 12)), (3, (4, 8, 4))])
@@ -96,3 +96,33 @@ def test_sincos_frequencies_are_made_once_per_device_in_eager_mode():
     assert embeddings._frequencies(5, torch.device("cpu")) is freqs
     assert embeddings._frequencies(6, "cpu") is not freqs and freqs.shape == (5,)
     assert torch.equal(embeddings.sincos_position((5,), 10), embeddings.sincos_position((5,), 10))
+
+
+def test_field_statistics_per_channel_and_bad_samples():
+    torch.manual_seed(0)
+    u = torch.randn(6, 2, 3, 8, 8) * torch.tensor([1.0, 5.0, 0.0])[:, None, None] + torch.tensor([0.0, -2.0, 7.0])[:, None, None]
+    mean, std = field_statistics(u, 3, 2)
+    want = u.transpose(0, 2).reshape(3, -1)
+    assert torch.allclose(mean, want.mean(1)) and torch.allclose(std[:2], want[:2].std(1))
+    assert std[2] == 1e-6  # a constant channel: floored, not zero
+    assert torch.equal(field_statistics(u[:, 0], 3, 2)[0], u[:, 0].transpose(0, 1).reshape(3, -1).mean(1))  # (N, C, *S)
+    with pytest.raises(ValueError, match=r"u: expected 2 channel\(s\) at axis -3, after a sample axis, got shape"):
+        field_statistics(u, 2, 2)
+    with pytest.raises(ValueError, match="after a sample axis, got shape \\(3, 8, 8\\)"):
+        field_statistics(u[0, 0], 3, 2)
+    bad = u.clone()
+    bad[4, 1, 2, 5, 6] = float("nan")
+    bad[5, 0, 0, 0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"u\[4, 1, 2, 5, 6\] = nan: field samples must be finite \(2 entries are not\)"):
+        field_statistics(bad, 3, 2)
+
+
+@pytest.mark.parametrize("name", ["gno", "vit"])
+def test_models_refuse_non_finite_training_fields(name):  # (the GNO and the baselines took NaN statistics)
+    from gno_ext.models import get_model
+    model = get_model(name, latent=32, patch=8, depth=1, heads=4) if name == "gno" else get_model(name)
+    u = torch.randn(4, 1, 1, 16, 16)
+    u[2, 0, 0, 3, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"u\[2, 0, 0, 3, 3\] = nan: field samples must be finite"):
+        model.fit_normalization(u, torch.rand(4, 1))
+    assert torch.equal(model.u_std, torch.ones(1))  # left as it was

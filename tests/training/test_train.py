@@ -275,6 +275,26 @@ def test_a_non_finite_micro_batch_skips_the_whole_update(train_module, tmp_path,
     assert all(torch.isfinite(w).all() for w in run_weights(Path(result["run_dir"])).values())
 
 
+def test_non_finite_training_data_is_named_before_training(train_module, tmp_path, monkeypatch):
+    """(Before, a NaN in the data made the normalisation, and so the loss, NaN: the run stopped
+    after max_nonfinite skipped updates, saying nothing about the data.)"""
+    import gno_ext.training.loop as loop
+
+    fetch = loop._fetch
+
+    def fetch_with_a_nan(ds, indices):
+        batch = fetch(ds, indices)
+        if len(indices) > 3:
+            batch.u_out[3, 0, 0, 1, 2] = float("nan")
+        return batch
+
+    monkeypatch.setattr(loop, "_fetch", fetch_with_a_nan)
+    with pytest.raises(ValueError, match=r"data under .*: training window 3 holds non-finite field values "
+                                         r"\(1 of the \d+ windows read to set the normalisation do\)"):
+        train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}", *QUIET])
+    assert not any(tmp_path.rglob("*.safetensors"))
+
+
 def test_dataloader_workers_give_the_losses_of_the_main_process(train_module, tmp_path):
     """Workers (kept alive across epochs) read the batches the sampler chose for each epoch:
     two epochs with 2 workers log exactly the losses of reading in the main process."""

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gno_ext.layers.embeddings import ParameterNormalizer
+from gno_ext.layers.embeddings import ParameterNormalizer, field_statistics
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, check_model_inputs, face_view, model_inputs
 
 __all__ = ["SchemaModel", "TransformerBlock", "boundary_summary", "boundary_channels", "neuralop_fno", "N_TYPES"]
@@ -111,9 +111,9 @@ class SchemaModel(nn.Module):
     def fit_normalization(self, u: Tensor, theta: Tensor | None = None) -> SchemaModel:
         """Set the field statistics from samples ``u`` (N, T, C, *S) and the parameter
         normalisation from ``theta`` (N, P)."""
-        flat = u.transpose(0, 2).reshape(self.in_channels, -1)
-        self.u_mean.copy_(flat.mean(1))
-        self.u_std.copy_(flat.std(1).clamp_min(1e-6))
+        mean, std = field_statistics(u, self.in_channels, self.ndim)
+        self.u_mean.copy_(mean)
+        self.u_std.copy_(std)
         if theta is not None and self.n_params:
             self.param_norm.fit(theta)
         return self
