@@ -110,21 +110,29 @@ class GatedKernelMixture(nn.Module):
         # dispatch leaves the kernels no sample selected out of the graph (DDP must be told)
         self.dispatches = not self.stacked
 
-    def forward(self, x: Tensor, theta: Tensor, routing: Routing | None = None, **kernel_kwargs: Any) -> Tensor:
+    def forward(self, x: Tensor, theta: Tensor | None, routing: Routing | None = None, **kernel_kwargs: Any) -> Tensor:
         """Apply the mixture.
 
         Parameters
         ----------
         x : Tensor, shape (B, ...)
             Kernel input.
-        theta : Tensor, shape (B, n_params)
-            Gate input (ignored if ``routing`` is given).
+        theta : Tensor, shape (B, n_params), or None
+            Gate input (ignored, and may be None, if ``routing`` is given). Its batch size must
+            be ``x``'s (a `ValueError` otherwise: a smaller one used to cut the batch).
         routing : Routing, optional
             A precomputed routing to reuse.
         **kernel_kwargs
             Passed to the kernels (batch tensors are split per kernel).
         """
-        routing = routing if routing is not None else self.gate(theta)
+        given = "theta" if routing is None else "routing"
+        if routing is None:
+            if theta is None:
+                raise ValueError(f"theta: the gate needs the parameters, shape (B, {self.gate.n_params}), "
+                                 "or pass routing=")
+            routing = self.gate(theta)
+        if routing.index.shape[0] != x.shape[0]:
+            raise ValueError(f"{given}: batch size {routing.index.shape[0]} does not match x's {x.shape[0]}")
         self.last_routing = routing
         if self.stacked:
             if isinstance(self.kernels, AttentionKernelBank):

@@ -56,6 +56,23 @@ def test_kernels_whose_outputs_differ_in_shape_are_named():
         dispatch(kernels, routing, torch.randn(4, 3, 4))
 
 
+@pytest.mark.parametrize("attention", [False, True])
+def test_mixture_names_a_theta_that_does_not_fit_x(attention):
+    """(A theta of fewer samples than x cut the batch to theta's size; None was an
+    AttributeError deep inside.)"""
+    kernels = [AttentionKernel(8, 2) if attention else torch.nn.Linear(8, 8) for _ in range(3)]
+    mix = GatedKernelMixture(kernels, ParameterGate(2, 3))
+    x = torch.randn(5, 4, 8)
+    assert mix(x, torch.rand(5, 2)).shape == x.shape
+    for b in (4, 6):
+        with pytest.raises(ValueError, match=f"theta: batch size {b} does not match x's 5"):
+            mix(x, torch.rand(b, 2))
+        with pytest.raises(ValueError, match=f"routing: batch size {b} does not match x's 5"):
+            mix(x, None, routing=mix.gate(torch.rand(b, 2)))
+    with pytest.raises(ValueError, match=r"theta: the gate needs the parameters, shape \(B, 2\), or pass routing="):
+        mix(x, None)
+
+
 def test_balance_loss_is_k_when_all_samples_pick_one_kernel():
     gate = ParameterGate(1, 4)
     with torch.no_grad():
