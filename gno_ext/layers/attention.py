@@ -174,6 +174,16 @@ def check_tokens(x: Tensor, context: Tensor | None, dim: int, batch: int) -> Non
         raise ValueError(f"context: expected shape ({batch}, M, {dim}) like x, got {tuple(context.shape)}")
 
 
+def check_index(index: Tensor, batch: int) -> None:
+    """Raise a `ValueError` naming ``index`` where it is not an integer tensor of shape
+    ``(batch,)`` (dtype and shape only: the ids' range is not read, which would make the host
+    wait for the device; the gate's arg-max is always in range)."""
+    if index.ndim != 1 or index.shape[0] != batch or index.dtype.is_floating_point or index.dtype.is_complex \
+            or index.dtype == torch.bool:
+        raise ValueError(f"index: expected integer kernel ids of shape ({batch},), one per sample of x, got "
+                         f"{index.dtype} of shape {tuple(index.shape)}")
+
+
 def _select(stacks: dict[str, tuple[Tensor, Tensor | None]], select: Tensor) -> dict[str, tuple[Tensor, Tensor | None]]:
     """Weights ``(G, in, out)`` and biases ``(G, 1, out)`` of the kernel chosen for each of
     ``G`` groups, for every projection, from the stacked ``stacks[name] = (weight (K, in, out),
@@ -291,8 +301,8 @@ def mixed_attention(kernels: Sequence[AttentionKernel], index: Tensor, x: Tensor
     kernels : sequence of AttentionKernel
         Kernels of identical shape.
     index : Tensor, shape (B,), long
-        Selected kernel per sample, in ``[0, K)`` (not checked: a check would wait for the
-        device; the gate's arg-max is always in range).
+        Selected kernel per sample, in ``[0, K)`` (the range is not checked: a check would wait
+        for the device; the gate's arg-max is always in range).
     x : Tensor, shape (B, N, D)
     context : Tensor, shape (B, M, D), optional
     chunk : int, optional
@@ -313,8 +323,9 @@ def _mixed(stacks: dict[str, tuple[Tensor, Tensor | None]], heads: int, index: T
     """`mixed_attention` on stacked weights: ``stacks[name] = (weight (K, in, out), bias (K, out))``;
     ``fused``: the attention itself through `attend_tokens`' Triton kernels where they run."""
     b, n, d = x.shape
-    source = x if context is None else torch.cat([x, context], 1)
     n_kernels = stacks["q"][0].shape[0]
+    check_index(index, b)
+    source = x if context is None else torch.cat([x, context], 1)
     if n_kernels == 1 or chunk is None and _gathered.usable(x):
         if n_kernels == 1:  # one kernel for every sample: plain products
             def project(t, weight, bias):
@@ -412,7 +423,7 @@ class AttentionKernelBank(nn.Module):
         chunk : int, optional
             Samples per weight group of the chunked products (see `mixed_attention`).
         """
-        check_tokens(x, context, self.dim, index.shape[0])
+        check_tokens(x, context, self.dim, x.shape[0] if x.ndim == 3 else index.shape[0])
         stacks = {name: (getattr(self, f"{name}_weight"), getattr(self, f"{name}_bias")) for name in PROJECTIONS}
         return _mixed(stacks, self.heads, index, x, context, chunk, self.fused_attention)
 

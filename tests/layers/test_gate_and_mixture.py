@@ -235,7 +235,8 @@ def test_attention_kernels_name_tokens_of_the_wrong_shape():
             att(**kwargs)
         with pytest.raises(ValueError, match=match):
             bank(index=index, **kwargs)
-    with pytest.raises(ValueError, match=r"x: expected shape \(3, N, 16\), got \(4, 7, 16\)"):
+    with pytest.raises(ValueError, match=r"index: expected integer kernel ids of shape \(4,\), one per sample of x, "
+                                         r"got torch.int64 of shape \(3,\)"):
         bank(torch.randn(4, 7, 16), index)  # one kernel index per sample
 
 
@@ -388,6 +389,24 @@ def test_chunked_kernel_bank_compiles_into_one_graph_with_gradients():
         grads.append((y.detach(), x.grad.clone(), bank.kv_weight.grad.clone()))
     for eager, compiled in zip(*grads):
         assert torch.allclose(eager, compiled, atol=1e-5)
+
+
+def test_kernel_ids_of_the_bank_and_mixed_attention_must_be_one_integer_per_sample():
+    """(Float ids gave an output without a word; an index of another length was reported as
+    a wrong x. The ids' range is not checked: that would read the device.)"""
+    from gno_ext.layers.attention import AttentionKernelBank, mixed_attention
+
+    torch.manual_seed(0)
+    bank, x = AttentionKernelBank(2, 16, 2), torch.randn(3, 5, 16)
+    kernels = [bank.kernel(k) for k in range(2)]
+    assert bank(x, torch.tensor([0, 1, 1])).shape == x.shape
+    for run in (bank, lambda x, index: mixed_attention(kernels, index, x)):
+        for index, match in [(torch.tensor([0, 1]), r"of shape \(3,\), one per sample of x, got torch.int64 of shape \(2,\)"),
+                             (torch.tensor([0.0, 1.0, 1.0]), r"of shape \(3,\), one per sample of x, got torch.float32"),
+                             (torch.tensor([[0], [1], [1]]), r"of shape \(3,\), one per sample of x, got torch.int64 "
+                                                             r"of shape \(3, 1\)")]:
+            with pytest.raises(ValueError, match="index: .*" + match):
+                run(x, index)
 
 
 def test_kernel_bank_initialises_and_loads_like_separate_kernels():
