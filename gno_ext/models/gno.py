@@ -188,10 +188,10 @@ class GNO(nn.Module):
             Parameter samples.
         """
         mean, std = field_statistics(u, self.in_channels, self.ndim)
+        if theta is not None and self.param_norm is not None:
+            self.param_norm.fit(theta)  # (checked before any statistic is set)
         self.u_mean.copy_(mean)
         self.u_std.copy_(std)
-        if theta is not None and self.param_norm is not None:
-            self.param_norm.fit(theta)
         return self
 
     def _inputs(self, u_in: Tensor, theta: Tensor | None, theta_field: Tensor | None) -> None:

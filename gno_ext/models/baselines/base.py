@@ -112,10 +112,10 @@ class SchemaModel(nn.Module):
         """Set the field statistics from samples ``u`` (N, T, C, *S) and the parameter
         normalisation from ``theta`` (N, P)."""
         mean, std = field_statistics(u, self.in_channels, self.ndim)
+        if theta is not None and self.n_params:
+            self.param_norm.fit(theta)  # (checked before any statistic is set)
         self.u_mean.copy_(mean)
         self.u_std.copy_(std)
-        if theta is not None and self.n_params:
-            self.param_norm.fit(theta)
         return self
 
     def _std(self) -> Tensor:
