@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -77,25 +78,51 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _children(pid: int) -> list[int]:
+    """Process ids whose parent is ``pid`` (from /proc; none where there is no /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def torchrun(nproc: int, args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     """``python -m torch.distributed.run --nproc_per_node nproc args`` on a free port, its output
-    captured. On a timeout the launcher gets SIGTERM, on which it stops its workers (they run in
-    sessions of their own, so killing the launcher outright would leave them waiting in a
-    collective for ever), then SIGKILL, and the test fails with the output so far."""
+    captured. On a timeout every worker still running gets SIGABRT, on which Python's fault
+    handler (enabled here) writes each thread's stack to the output, so the test's failure shows
+    where the workers waited; then the launcher gets SIGTERM, on which it stops its workers
+    (they run in sessions of their own, so killing the launcher outright would leave them
+    waiting in a collective for ever), then SIGKILL, and the test fails with the output so far."""
     cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(free_port()),
            *args]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
+        workers = _children(proc.pid)
+        for worker in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGABRT)
         try:
-            out, err = proc.communicate(timeout=60)
+            out, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        pytest.fail(f"torchrun did not finish within {timeout} s: {' '.join(cmd)}\n{err[-3000:]}")
+            proc.send_signal(signal.SIGTERM)
+            try:
+                out, err = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+        pytest.fail(f"torchrun did not finish within {timeout} s (workers {workers} were sent SIGABRT for their "
+                    f"stacks): {' '.join(cmd)}\n{err[-12000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 QUIET = ["trainer.progress=false", "trainer.tensorboard=false"]  # recipe overrides for quiet test runs
 
 

@@ -183,7 +183,7 @@ def test_two_processes_train_like_one(tmp_path, cache):
     one = subprocess.run([PYTHON, str(TRAIN_PY), *common, "trainer.batch_size=4", f"run_dir={tmp_path / 'one'}"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert one.returncode == 0, one.stderr[-2000:]
-    two = torchrun(2, [str(TRAIN_PY), *common, "trainer.batch_size=2", f"run_dir={tmp_path / 'two'}"], env, 600)
+    two = torchrun(2, [str(TRAIN_PY), *common, "trainer.batch_size=2", f"run_dir={tmp_path / 'two'}"], env, 300)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "2 process(es)" in two.stdout
     rows = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
@@ -374,10 +374,10 @@ def test_ddp_with_kernels_a_batch_does_not_select(tmp_path, cache):
     env = env_with_cache(cache)
     common = [str(TRAIN_PY), "--recipe", "heat-joint", "size=smoke", "model=gated_fno", "trainer.max_steps=4",
               "trainer.batch_size=2", "eval.enabled=false", "trainer.device=cpu", *QUIET]  # gloo, also where there is one GPU
-    ok = torchrun(2, [*common, f"run_dir={tmp_path / 'auto'}"], env, 600)
+    ok = torchrun(2, [*common, f"run_dir={tmp_path / 'auto'}"], env, 300)
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert json.loads((latest_checkpoint(tmp_path / "auto") / "trainer_state.json").read_text())["step"] == 4
-    off = torchrun(2, [*common, f"run_dir={tmp_path / 'off'}", "trainer.find_unused_parameters=false"], env, 600)
+    off = torchrun(2, [*common, f"run_dir={tmp_path / 'off'}", "trainer.find_unused_parameters=false"], env, 300)
     assert off.returncode != 0 and "were not used in producing loss" in off.stderr
 
 
