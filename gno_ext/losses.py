@@ -14,6 +14,7 @@ means, tends to the mean as $\tau \to 0$ and to the worst group as $\tau \to \in
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -87,6 +88,15 @@ def group_sums(per_sample_loss: Tensor, groups: Tensor, n_groups: int | None = N
     sums = per_sample_loss.new_zeros(n).index_add(0, groups, per_sample_loss)
     counts = per_sample_loss.new_zeros(n).index_add(0, groups, torch.ones_like(per_sample_loss))
     return sums, counts
+
+
+def _is_int(value: object) -> bool:
+    """Whether ``value`` is an integer (Python's, NumPy's or a 0-d integer tensor), not a bool."""
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return not isinstance(value, bool)
 
 
 def _check_tau(tau: float) -> None:
@@ -174,7 +184,7 @@ def bin_parameters(theta: Tensor, edges: Sequence[Sequence[float]], boundary_typ
     group = torch.zeros(theta.shape[0], dtype=torch.long, device=theta.device)
     for p, e in enumerate(edges):
         e_t = torch.as_tensor(e, dtype=theta.dtype, device=theta.device)
-        if e_t.numel() < 2 or (e_t[1:] <= e_t[:-1]).any():
+        if e_t.numel() < 2 or not (e_t[1:] > e_t[:-1]).all():  # (also where an edge is NaN)
             raise ValueError(f"edges[{p}]: expected at least two increasing edges, got {list(e)}")
         n_bins = e_t.numel() - 1
         idx = (torch.bucketize(theta[:, p].contiguous(), e_t[1:-1], right=True)).clamp(0, n_bins - 1)
@@ -207,11 +217,13 @@ class Curriculum:
     boundary_types: Sequence[int] = (0,)
 
     def __post_init__(self) -> None:
-        if self.warmup_epochs < 0:
-            raise ValueError(f"warmup_epochs: must be >= 0, got {self.warmup_epochs}")
+        if not _is_int(self.warmup_epochs) or self.warmup_epochs < 0:
+            raise ValueError(f"warmup_epochs: must be an integer >= 0, got {self.warmup_epochs!r}")
         _check_tau(self.tau)
         if len(self.boundary_types) == 0:
             raise ValueError("boundary_types: expected at least one type")
+        if not all(_is_int(t) and t >= 0 for t in self.boundary_types):
+            raise ValueError(f"boundary_types: expected integer ids >= 0, got {list(self.boundary_types)}")
 
     def uses_dro(self, epoch: int) -> bool:
         """Whether epoch ``epoch`` (counted from 0) trains with group DRO."""

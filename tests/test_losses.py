@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -126,6 +127,9 @@ def test_bin_parameters():
     assert typed.tolist() == [1, 4 + 2, 8 + 3, 2]
     with pytest.raises(ValueError, match="increasing edges"):
         bin_parameters(theta[:, :1], [[1.0, 0.5]])
+    with pytest.raises(ValueError, match=r"edges\[0\]: expected at least two increasing edges, got \[0.0, nan, 1.0\]"):
+        bin_parameters(theta[:, :1], [[0.0, float("nan"), 1.0]])  # (was taken: NaN compares false)
+    assert torch.equal(bin_parameters(theta[:, :1], [[-math.inf, 0.1, math.inf]]), torch.tensor([0, 1, 1, 1]))
     theta[2, 1] = float("nan")  # bucketize would put it in the last bin without a word
     with pytest.raises(ValueError, match=r"theta\[2, 1\] = nan: parameters must be finite"):
         bin_parameters(theta, [[0.01, 0.1, 1.0], [0.0, 5.0, 10.0]])
@@ -141,6 +145,14 @@ def test_curriculum_switches_to_dro_after_warmup():
     assert torch.isclose(cur.loss(loss, groups, 0), loss.mean())
     assert torch.isclose(cur.loss(loss, groups, 2), group_dro_loss(loss, groups, 1.0))
     assert cur.boundary_order(0) == [1, 2, 0]
+    assert Curriculum(warmup_epochs=np.int64(2), boundary_types=(np.int64(1),)).uses_dro(2)
+    for kwargs, match in [(dict(warmup_epochs=1.5), r"warmup_epochs: must be an integer >= 0, got 1.5"),
+                          (dict(warmup_epochs=-1), r"warmup_epochs: must be an integer >= 0, got -1"),
+                          (dict(warmup_epochs=1, boundary_types=(0, -1)), r"boundary_types: expected integer ids >= 0, "
+                                                                           r"got \[0, -1\]"),
+                          (dict(warmup_epochs=1, boundary_types=(0.5,)), r"boundary_types: expected integer ids")]:
+        with pytest.raises(ValueError, match=match):
+            Curriculum(**kwargs)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

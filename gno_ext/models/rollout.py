@@ -7,6 +7,8 @@ A model of this package predicts the next frame with
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import Tensor, nn
 
@@ -27,8 +29,16 @@ def rollout(model: nn.Module, batch: PDEBatch, steps: int) -> Tensor:
     -------
     Tensor, shape (B, steps, C, *S)
     """
-    if steps < 1:
-        raise ValueError(f"steps: must be >= 1, got {steps}")
+    if not isinstance(batch, PDEBatch):
+        raise TypeError(f"batch: expected a PDEBatch (u_in, theta, bc, ... of the trajectories' start), got "
+                        f"{type(batch).__name__}")
+    try:
+        count = operator.index(steps)  # (Python's, NumPy's or a 0-d tensor's integers)
+    except TypeError:
+        count = None
+    if count is None or isinstance(steps, bool) or count < 1:
+        raise ValueError(f"steps: must be an integer >= 1, got {steps!r}")
+    steps = count
     u, frames = batch.u_in, []
     t_bc = batch.bc.values.shape[2]
     for k in range(steps):

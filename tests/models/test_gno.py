@@ -1,6 +1,7 @@
 import copy
 from pathlib import Path
 
+import numpy as np
 import pytest
 import safetensors.torch
 import torch
@@ -50,6 +51,12 @@ def test_forward_accepts_a_batch_and_rolls_out():
     assert torch.equal(y, model(batch.u_in, batch.theta, None, batch.bc, grid))
     roll = model.rollout(batch, 3)
     assert roll.shape == (2, 3, 1, 32, 32) and torch.equal(roll[:, :1], y)
+    assert torch.equal(model.rollout(batch, np.int64(3)), roll)
+    for steps in (0, 2.5, True, "3"):
+        with pytest.raises(ValueError, match=f"steps: must be an integer >= 1, got {steps!r}"):
+            model.rollout(batch, steps)
+    with pytest.raises(TypeError, match="batch: expected a PDEBatch .*, got Tensor"):  # (was an AttributeError)
+        model.rollout(batch.u_in, 3)
 
 
 def test_every_parameter_gets_a_gradient_except_unselected_kernels():
