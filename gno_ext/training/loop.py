@@ -330,6 +330,7 @@ def _wait_for_everyone(state) -> None:
 # key, default, lowest, highest, integer, null allowed; "> 0": above zero.
 SETTINGS = (
     ("trainer.epochs", None, 1, math.inf, True, False),
+    ("trainer.batch_size", None, 1, math.inf, True, False),
     ("trainer.grad_accum", 1, 1, math.inf, True, False),
     ("trainer.log_every", 10, 1, math.inf, True, False),
     ("trainer.val_every", 1, 1, math.inf, True, False),
@@ -346,6 +347,10 @@ SETTINGS = (
     ("optimizer.warmup_fraction", 0.05, 0, 1, False, False),
     ("optimizer.min_lr_ratio", 0.0, 0, 1, False, False),
     ("trainer.dro.tau", 1.0, "> 0", math.inf, False, False),  # (infinity gave a NaN loss)
+    ("trainer.dro.bins", 8, 1, math.inf, True, False),
+    ("trainer.max_nonfinite", 5, 1, math.inf, True, False),
+    ("trainer.num_workers", 0, 0, math.inf, True, False),
+    ("trainer.dist_timeout_minutes", 120, "> 0", math.inf, False, False),
 )
 
 

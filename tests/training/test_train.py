@@ -107,6 +107,8 @@ def test_bad_settings_are_refused_before_a_run_is_touched(train_module, tmp_path
         ("trainer.ema.decay=2", r"trainer.ema.decay: expected a number in \[0, 1\], got 2"),
         ("optimizer.lr=-1", "optimizer.lr: expected a number >= 0, got -1"),
         ("optimizer.warmup_fraction=abc", "optimizer.warmup_fraction: expected a number in .*, got 'abc'"),
+        ("trainer.batch_size=0", "trainer.batch_size: expected an integer >= 1, got 0"),  # after an overwrite
+        ("trainer.dro.bins=0", "trainer.dro.bins: expected an integer >= 1, got 0"),  # after an overwrite
     ]
     for override, message in bad:
         with pytest.raises(ValueError, match=message):
