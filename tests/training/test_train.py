@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -18,7 +19,7 @@ from gno_ext.training.checkpoint import list_checkpoints
 
 from tests._recipes import load_recipe
 
-from .conftest import PYTHON, QUIET, TRAIN_PY, env_with_cache, run_weights, torchrun
+from .conftest import PYTHON, QUIET, ROOT, TRAIN_PY, env_with_cache, run_weights, torchrun
 
 def test_heat_param_smoke_end_to_end(train_module, tmp_path):
     result = train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}",
@@ -87,7 +88,7 @@ def test_existing_run_and_resume_checks(train_module, tmp_path):
     assert fresh["step"] == 4
 
 
-def test_bad_settings_are_refused_before_a_run_is_touched(train_module, tmp_path):
+def test_a_failing_overwrite_leaves_the_old_run_and_bad_settings_are_named(train_module, tmp_path):
     args = ["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}", "trainer.epochs=1", *QUIET]
     done = train_module.main(args)
     kept = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
@@ -107,11 +108,20 @@ def test_bad_settings_are_refused_before_a_run_is_touched(train_module, tmp_path
         ("trainer.ema.decay=2", r"trainer.ema.decay: expected a number in \[0, 1\], got 2"),
         ("optimizer.lr=-1", "optimizer.lr: expected a number >= 0, got -1"),
         ("optimizer.warmup_fraction=abc", "optimizer.warmup_fraction: expected a number in .*, got 'abc'"),
-        ("trainer.batch_size=0", "trainer.batch_size: expected an integer >= 1, got 0"),  # after an overwrite
-        ("trainer.dro.bins=0", "trainer.dro.bins: expected an integer >= 1, got 0"),  # after an overwrite
+        ("trainer.batch_size=0", "trainer.batch_size: expected an integer >= 1, got 0"),
+        ("trainer.dro.bins=0", "trainer.dro.bins: expected an integer >= 1, got 0"),
+    ]
+    late = [  # errors found once the data and the model are set up (each deleted the old run first)
+        ("+model.kwargs.foo=1", TypeError, "unexpected keyword argument 'foo'"),
+        ("model.kwargs.latent=-3", ValueError, "latent: must be >= 1, got -3"),
+        ("optimizer.schedule=linear", ValueError, "optimizer.schedule: expected cosine or constant"),
+        ("trainer.compile=maybe", ValueError, "compile mode 'maybe': unknown"),
     ]
     for override, message in bad:
         with pytest.raises(ValueError, match=message):
+            train_module.main([*args, "overwrite=true", override])
+    for override, error, message in late:
+        with pytest.raises(error, match=message):
             train_module.main([*args, "overwrite=true", override])
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == kept  # the finished run is untouched
     assert latest_checkpoint(Path(done["run_dir"])) is not None
@@ -381,6 +391,20 @@ def test_ddp_with_kernels_a_batch_does_not_select(tmp_path, cache):
     assert json.loads((latest_checkpoint(tmp_path / "auto") / "trainer_state.json").read_text())["step"] == 4
     off = torchrun(2, [*common, f"run_dir={tmp_path / 'off'}", "trainer.find_unused_parameters=false"], env, 300)
     assert off.returncode != 0 and "were not used in producing loss" in off.stderr
+
+
+def test_the_process_group_is_destroyed_after_the_ddp_model(tmp_path, cache):
+    """Destroyed while the DDP model was alive, gloo's process group could lose its last
+    reference in DDP's reducer, whose destructor joins gloo's worker thread while holding the
+    GIL that the thread may need: about 1 in 25 two-process runs hung at exit. Each process
+    reports the DDP models alive when its group is destroyed: none."""
+    script = ROOT / "tests" / "training" / "ddp_teardown.py"
+    out = torchrun(2, [str(script), "--recipe", "heat-param", "size=smoke", "trainer.max_steps=2", "trainer.batch_size=2",
+                       "eval.enabled=false", "trainer.device=cpu", f"run_dir={tmp_path / 'run'}", *QUIET],
+                   env_with_cache(cache), 300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    alive = re.findall(r"rank (\d): DDP models alive at destroy_process_group: (\d+)", out.stdout)
+    assert sorted(alive) == [("0", "0"), ("1", "0")], out.stdout[-3000:]
 
 
 def test_custom_recipe_on_a_users_file(train_module, tmp_path, custom_file):
