@@ -399,7 +399,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     # (`free_memory` drops the accelerator's own references). Destroyed before the model, gloo's
     # group lost its last reference in DDP's reducer, whose destructor holds the GIL while it
     # joins gloo's worker thread, and that thread may need the GIL to free the tensors of the
-    # last collective: a process then hung at exit (about 1 in 25 two-process CPU runs).
+    # last collective: a process then hung at exit (4 of 71 two-process CPU runs).
     accelerator.free_memory()
     accelerator.end_training()
     return result

@@ -396,7 +396,7 @@ def test_ddp_with_kernels_a_batch_does_not_select(tmp_path, cache):
 def test_the_process_group_is_destroyed_after_the_ddp_model(tmp_path, cache):
     """Destroyed while the DDP model was alive, gloo's process group could lose its last
     reference in DDP's reducer, whose destructor joins gloo's worker thread while holding the
-    GIL that the thread may need: about 1 in 25 two-process runs hung at exit. Each process
+    GIL that the thread may need: 4 of 71 two-process runs hung at exit. Each process
     reports the DDP models alive when its group is destroyed: none."""
     script = ROOT / "tests" / "training" / "ddp_teardown.py"
     out = torchrun(2, [str(script), "--recipe", "heat-param", "size=smoke", "trainer.max_steps=2", "trainer.batch_size=2",
