@@ -108,8 +108,10 @@ def save_checkpoint(model: nn.Module, path: str | Path, extra: dict[str, Any] | 
     """Write ``model`` to the folder ``path`` atomically.
 
     The folder is written under a temporary name and renamed into place, so an interrupted
-    save never leaves a folder that looks complete. An existing checkpoint at ``path`` is
-    replaced.
+    save never leaves a folder that looks complete. An existing checkpoint at ``path`` (a
+    folder holding only what this function writes) is replaced; anything else there (a file,
+    a run folder, a training checkpoint with its optimizer state) is left as it is and the
+    save raises `FileExistsError`.
 
     Parameters
     ----------
@@ -128,6 +130,12 @@ def save_checkpoint(model: nn.Module, path: str | Path, extra: dict[str, Any] | 
     except TypeError as err:
         raise ValueError(f"model_config of {config['name']!r} is not JSON-serialisable: {err}") from err
     path = Path(path)
+    if path.exists():
+        held = sorted(p.name for p in path.iterdir()) if path.is_dir() else None
+        if held is None or not set(held) <= {CONFIG_FILE, WEIGHTS_FILE}:
+            what = "a file" if held is None else f"a folder holding {', '.join(held[:4])}{', ...' if len(held) > 4 else ''}"
+            raise FileExistsError(f"{path}: is {what}, not a model checkpoint; not replaced (remove it or save "
+                                  "elsewhere)")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:

@@ -147,6 +147,21 @@ def test_checkpoint_round_trip(tmp_path):
     assert torch.equal(loaded.u_std, model.u_std)
     save_checkpoint(model, path)  # overwriting keeps one complete folder
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_10"]
+    # anything else at the path is left alone (a file was moved aside, a folder deleted)
+    (tmp_path / "notes.txt").write_text("mine")
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("seed: 0")
+    trained = tmp_path / "trained"
+    save_checkpoint(model, trained)
+    (trained / "training_state.pt").write_bytes(b"optimizer")
+    for target, what in [(tmp_path / "notes.txt", "a file"), (run, "a folder holding checkpoints, config.yaml"),
+                         (trained, "a folder holding config.json, model.safetensors, training_state.pt")]:
+        with pytest.raises(FileExistsError, match=f"is {what}, not a model checkpoint; not replaced"):
+            save_checkpoint(model, target)
+    assert (tmp_path / "notes.txt").read_text() == "mine" and (run / "config.yaml").is_file()
+    assert (trained / "training_state.pt").read_bytes() == b"optimizer"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "run", "step_10", "trained"]  # no temporaries
     with pytest.raises(FileNotFoundError, match="missing config.json"):
         from_checkpoint(tmp_path)
 
