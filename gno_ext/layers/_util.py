@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import numbers
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -71,8 +72,10 @@ def operand_type(dtype: torch.dtype, device_type: str) -> torch.dtype:
 
 def require_at_least(minimum: float, **values: float) -> None:
     """Raise a `ValueError` naming the first of ``values`` (constructor arguments, by name)
-    that is below ``minimum``."""
+    that is not a number or is below ``minimum``."""
     for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{name}: expected a number >= {minimum}, got {value!r}")
         if value < minimum:
             raise ValueError(f"{name}: must be >= {minimum}, got {value}")
 

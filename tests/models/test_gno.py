@@ -210,7 +210,9 @@ def test_bad_input():
     with pytest.raises(ValueError, match="needs something to gate on"):
         GNO(n_params=0, n_kernels=2)
     for kwargs, match in [(dict(ndim=4), "ndim: expected 1, 2 or 3, got 4"), (dict(patch=0), "patch: must be >= 1"),
-                          (dict(n_kernels=0), "n_kernels: must be >= 1"), (dict(heads=0), "heads: must be >= 1"),
+                          (dict(n_kernels=0), "n_kernels: must be >= 1"),
+                          (dict(latent="256"), "latent: expected a number >= 1, got '256'"),  # (was a TypeError on <)
+                          (dict(heads=None), "heads: expected a number >= 1, got None"), (dict(heads=0), "heads: must be >= 1"),
                           (dict(out_channels=0), "out_channels: must be >= 1"),
                           (dict(n_params=-1), "n_params: must be >= 0"),
                           (dict(mlp_ratio=0.1), "mlp_ratio: the MLP needs at least one unit, got 0.1 at latent 8")]:
