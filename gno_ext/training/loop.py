@@ -230,10 +230,8 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def _schedule(opt_cfg: Mapping[str, Any], total_steps: int):
-    warmup = int(round(float(opt_cfg.get("warmup_fraction", 0.05)) * total_steps))
-    floor = float(opt_cfg.get("min_lr_ratio", 0.0))
-    kind = opt_cfg.get("schedule", "cosine")
+def _schedule(kind: str, warmup_fraction: float, floor: float, total_steps: int):
+    warmup = int(round(warmup_fraction * total_steps))
     if kind not in ("cosine", "constant"):
         raise ValueError(f"optimizer.schedule: expected cosine or constant, got {kind!r}")
 
@@ -373,14 +371,15 @@ def _setting(cfg: Mapping[str, Any], key: str, default: Any, low: float | str, h
     return int(value) if integer else float(value)
 
 
-def _check_settings(cfg: Mapping[str, Any]) -> tuple[int, float]:
-    """Check `SETTINGS`; return the epochs of plain MSE before group DRO and the DRO
-    temperature."""
+def _check_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The values of `SETTINGS`, checked, by key (the training loop reads them from here, so
+    their defaults are written once); ``trainer.curriculum.warmup_epochs`` is resolved from
+    ``warmup_fraction`` where it is null."""
     values = {key: _setting(cfg, key, *rule) for key, *rule in SETTINGS}
-    warmup_epochs = values["trainer.curriculum.warmup_epochs"]
-    if warmup_epochs is None:
-        warmup_epochs = int(round(values["trainer.curriculum.warmup_fraction"] * values["trainer.epochs"]))
-    return warmup_epochs, values["trainer.dro.tau"]
+    if values["trainer.curriculum.warmup_epochs"] is None:
+        values["trainer.curriculum.warmup_epochs"] = int(round(values["trainer.curriculum.warmup_fraction"]
+                                                               * values["trainer.epochs"]))
+    return values
 
 
 def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -416,12 +415,13 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     device_req = tr.get("device", "auto")
     if device_req not in ("auto", "cpu"):
         raise ValueError(f"trainer.device: expected auto or cpu, got {device_req!r} (GPUs are chosen by the launcher)")
-    warmup_epochs, tau = _check_settings(cfg)
+    settings = _check_settings(cfg)
+    warmup_epochs, tau = settings["trainer.curriculum.warmup_epochs"], settings["trainer.dro.tau"]
     # Accelerate sets up several CPU processes (gloo) only when told cpu=True
     use_cpu = device_req == "cpu" or not torch.cuda.is_available()
     _fresh_accelerate_state()
     # the other processes wait while the main one generates data or evaluates: a long timeout
-    timeout = datetime.timedelta(minutes=float(tr.get("dist_timeout_minutes", 120)))
+    timeout = datetime.timedelta(minutes=settings["trainer.dist_timeout_minutes"])
     state = PartialState(cpu=use_cpu, timeout=timeout)
     precision = choose_precision(tr.get("precision", "auto"), state.device.type, state.num_processes)
     run_dir = run_dir_of(cfg)
@@ -447,7 +447,7 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     main, rank, world, device = state.is_main_process, state.process_index, state.num_processes, state.device
     capture = bool(tr.get("capture", False))
     if capture:  # refused before any work is done
-        check_capture_settings(device, world, int(tr.get("grad_accum", 1)), precision, tr.get("compile", False),
+        check_capture_settings(device, world, settings["trainer.grad_accum"], precision, tr.get("compile", False),
                                bool(tr.get("flat_parameters", True)))
     set_seed(int(cfg["seed"]))
     say = state.print
@@ -460,9 +460,9 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     train_ds = open_split(data_cfg, "train", t_in, 1)
     spec, values, kinds, binner = training_groups(cfg, train_ds)
     configs = binner.configuration_ids(torch.as_tensor(np.ascontiguousarray(kinds))).numpy()
-    sampler = CurriculumBatchSampler(configs, int(tr["batch_size"]), rank, world, int(cfg["seed"]),
+    sampler = CurriculumBatchSampler(configs, settings["trainer.batch_size"], rank, world, int(cfg["seed"]),
                                      tr["curriculum"].get("order", "interleave"))
-    workers = int(tr.get("num_workers", 0))
+    workers = settings["trainer.num_workers"]
     loader = DataLoader(train_ds, batch_sampler=sampler, collate_fn=collate, num_workers=workers,
                         pin_memory=device.type == "cuda", persistent_workers=workers > 0,  # no restart per epoch
                         generator=torch.Generator().manual_seed(int(cfg["seed"])))
@@ -482,11 +482,11 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     scale = scale.view(1, 1, -1, *([1] * spec.ndim)).to(device)
     n_params = sum(p.numel() for p in model.parameters())
 
-    epochs, accum = int(tr["epochs"]), int(tr.get("grad_accum", 1))
+    epochs, accum = settings["trainer.epochs"], settings["trainer.grad_accum"]
     steps_per_epoch = math.ceil(len(sampler.global_batches(0)) / accum)
     total_steps = epochs * steps_per_epoch
-    if tr.get("max_steps"):
-        total_steps = min(total_steps, int(tr["max_steps"]))
+    if settings["trainer.max_steps"] is not None:
+        total_steps = min(total_steps, settings["trainer.max_steps"])
     raw = model
     compile_mode = tr.get("compile", False)
     if compile_mode:  # compiled forward (and backward); the weights stay those of `raw`
@@ -499,27 +499,29 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
         project_dir=str(run_dir),
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=bool(find_unused))])
     model = accelerator.prepare(model)
-    groups = _param_groups(raw, float(opt_cfg["weight_decay"]))
+    groups = _param_groups(raw, settings["optimizer.weight_decay"])
     flat = None
     if tr.get("flat_parameters", True):
         # the parameters as views of one buffer per group (FlatParameters): made once the model
         # is on its device and DDP has synchronised it (the other processes' copies get new storage)
         flat = FlatParameters(groups)
         groups = flat.param_groups
-    optimizer = torch.optim.AdamW(groups, lr=float(opt_cfg["lr"]),
+    optimizer = torch.optim.AdamW(groups, lr=settings["optimizer.lr"],
                                   betas=tuple(opt_cfg.get("betas", (0.9, 0.999))),
                                   fused=_fused_adamw(groups, device),
                                   capturable=capture)
     _set_lr_type(optimizer.param_groups, device, capture)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(opt_cfg, total_steps))
+    schedule = _schedule(opt_cfg.get("schedule", "cosine"), settings["optimizer.warmup_fraction"],
+                         settings["optimizer.min_lr_ratio"], total_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     optimizer = accelerator.prepare(optimizer)
     ema = None
     if tr.get("ema", {}).get("enabled", False):
         from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-        ema = AveragedModel(raw, multi_avg_fn=get_ema_multi_avg_fn(float(tr["ema"]["decay"])), use_buffers=True)
+        ema = AveragedModel(raw, multi_avg_fn=get_ema_multi_avg_fn(settings["trainer.ema.decay"]), use_buffers=True)
 
-    guard = NonFiniteGuard(int(tr.get("max_nonfinite", 5)))
+    guard = NonFiniteGuard(settings["trainer.max_nonfinite"])
     step, epoch0, batch0, seen = 0, 0, 0, 0
     if checkpoint is not None:
         st = load_training_checkpoint(checkpoint, raw, optimizer, scheduler, ema)
@@ -550,16 +552,16 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     metrics_file = run_dir / "metrics.jsonl"
     balance_weight = float(cfg["model"].get("balance_weight", 0.0))
     physics_weight = float(cfg["model"].get("physics_weight", 0.0))
-    clip = tr.get("clip_grad")
-    ckpt_every = int(tr.get("checkpoint_every") or 0)
-    log_every = int(tr.get("log_every", 10))
+    clip = settings["trainer.clip_grad"]
+    ckpt_every = settings["trainer.checkpoint_every"] or 0
+    log_every = settings["trainer.log_every"]
     done = step >= total_steps
 
     def checkpoint_now(epoch: int, batch: int) -> None:
         if main:
             save_training_checkpoint(run_dir, step, raw, optimizer, scheduler,
                                      {"epoch": epoch, "batch": batch, "skipped": guard.skipped, "samples": seen},
-                                     cfg, ema=ema, keep=int(tr.get("keep_checkpoints", 3)))
+                                     cfg, ema=ema, keep=settings["trainer.keep_checkpoints"])
         _wait_for_everyone(accelerator)
 
     def log(values: dict[str, float]) -> None:
@@ -658,8 +660,8 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
                     done = True
                     break
             bar.close()
-            if valid_ds is not None and (epoch + 1) % int(tr.get("val_every", 1)) == 0:
-                v = _validate(model, valid_ds, scale, device, int(tr["batch_size"]), int(tr.get("val_batches", 4)),
+            if valid_ds is not None and (epoch + 1) % settings["trainer.val_every"] == 0:
+                v = _validate(model, valid_ds, scale, device, settings["trainer.batch_size"], settings["trainer.val_batches"],
                               rank, world, accelerator.autocast)
                 log({"valid/nmse_one_step": v})
                 say(f"epoch {epoch + 1}: loss {loss_value:.4e}, one-step validation nMSE {v:.4e}")
