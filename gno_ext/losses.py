@@ -14,14 +14,13 @@ means, tends to the mean as $\tau \to 0$ and to the worst group as $\tau \to \in
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from gno_ext.layers._util import may_read_device
+from gno_ext.layers._util import first_entry, is_integer, is_integer_dtype, may_read_device
 
 __all__ = ["mse_per_sample", "nmse", "relative_l2", "group_sums", "dro_from_group_sums", "group_dro_loss",
            "bin_parameters", "Curriculum"]
@@ -78,7 +77,7 @@ def group_sums(per_sample_loss: Tensor, groups: Tensor, n_groups: int | None = N
     if per_sample_loss.ndim != 1 or groups.shape != per_sample_loss.shape:
         raise ValueError(f"per_sample_loss and groups: expected matching shapes (B,), got "
                          f"{tuple(per_sample_loss.shape)} and {tuple(groups.shape)}")
-    if groups.dtype.is_floating_point or groups.dtype.is_complex or groups.dtype == torch.bool:
+    if not is_integer_dtype(groups.dtype):
         raise ValueError(f"groups: expected integer group ids, got {groups.dtype}")
     if groups.numel() and (n_groups is None or _host_checks(groups)) and groups.min() < 0:
         raise ValueError("groups: ids must be >= 0")
@@ -88,15 +87,6 @@ def group_sums(per_sample_loss: Tensor, groups: Tensor, n_groups: int | None = N
     sums = per_sample_loss.new_zeros(n).index_add(0, groups, per_sample_loss)
     counts = per_sample_loss.new_zeros(n).index_add(0, groups, torch.ones_like(per_sample_loss))
     return sums, counts
-
-
-def _is_int(value: object) -> bool:
-    """Whether ``value`` is an integer (Python's, NumPy's or a 0-d integer tensor), not a bool."""
-    try:
-        operator.index(value)
-    except TypeError:
-        return False
-    return not isinstance(value, bool)
 
 
 def _check_tau(tau: float) -> None:
@@ -175,8 +165,7 @@ def bin_parameters(theta: Tensor, edges: Sequence[Sequence[float]], boundary_typ
     if theta.ndim != 2 or theta.shape[1] != len(edges):
         raise ValueError(f"theta: expected shape (B, {len(edges)}) to match edges, got {tuple(theta.shape)}")
     if theta.numel() and _host_checks(theta) and not torch.isfinite(theta).all():
-        i, p = (~torch.isfinite(theta)).nonzero()[0].tolist()
-        raise ValueError(f"theta[{i}, {p}] = {theta[i, p].item()}: parameters must be finite to be binned")
+        raise ValueError(f"{first_entry('theta', theta, ~torch.isfinite(theta))}: parameters must be finite to be binned")
     if boundary_type is not None and boundary_type.numel() and _host_checks(boundary_type) and (
             boundary_type.min() < 0 or boundary_type.max() >= n_boundary_types):
         raise ValueError(f"boundary_type: ids must lie in [0, n_boundary_types = {n_boundary_types}), got "
@@ -217,12 +206,12 @@ class Curriculum:
     boundary_types: Sequence[int] = (0,)
 
     def __post_init__(self) -> None:
-        if not _is_int(self.warmup_epochs) or self.warmup_epochs < 0:
+        if not is_integer(self.warmup_epochs) or self.warmup_epochs < 0:
             raise ValueError(f"warmup_epochs: must be an integer >= 0, got {self.warmup_epochs!r}")
         _check_tau(self.tau)
         if len(self.boundary_types) == 0:
             raise ValueError("boundary_types: expected at least one type")
-        if not all(_is_int(t) and t >= 0 for t in self.boundary_types):
+        if not all(is_integer(t) and t >= 0 for t in self.boundary_types):
             raise ValueError(f"boundary_types: expected integer ids >= 0, got {list(self.boundary_types)}")
 
     def uses_dro(self, epoch: int) -> bool:

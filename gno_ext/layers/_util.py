@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import importlib.util
 import numbers
+import operator
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -68,6 +69,27 @@ def operand_type(dtype: torch.dtype, device_type: str) -> torch.dtype:
     if dtype.is_floating_point and dtype != torch.float64 and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return dtype
+
+
+def first_entry(name: str, t: Tensor, bad: Tensor) -> str:
+    """``name[i, j, ...] = value``: the first entry of ``t`` where the mask ``bad`` (of ``t``'s
+    shape, true somewhere) holds, for error messages. Reads ``t`` on the host."""
+    index = tuple(bad.nonzero()[0].tolist())
+    return f"{name}{list(index)} = {t[index].item()}"
+
+
+def is_integer_dtype(dtype: torch.dtype) -> bool:
+    """Whether tensors of ``dtype`` hold integers (not floating, complex or bool values)."""
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
+def is_integer(value: object) -> bool:
+    """Whether ``value`` is an integer (Python's, NumPy's or a 0-d integer tensor), not a bool."""
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return not isinstance(value, bool)
 
 
 def require_at_least(minimum: float, **values: float) -> None:

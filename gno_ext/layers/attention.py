@@ -19,8 +19,8 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gno_ext.layers import _gathered
-from gno_ext.layers._util import (KERNEL_TYPES, kernel_ranks, one_hot, operand_type, require_at_least, segment_of,
-                                  tf32_allowed, triton_module)
+from gno_ext.layers._util import (KERNEL_TYPES, is_integer_dtype, kernel_ranks, one_hot, operand_type, require_at_least,
+                                  segment_of, tf32_allowed, triton_module)
 
 __all__ = ["AttentionKernel", "AttentionKernelBank", "SDPA_BACKENDS", "attend", "attend_tokens", "chunk_plan",
            "default_chunk", "mixed_attention", "tokens_fusable"]
@@ -178,8 +178,7 @@ def check_index(index: Tensor, batch: int) -> None:
     """Raise a `ValueError` naming ``index`` where it is not an integer tensor of shape
     ``(batch,)`` (dtype and shape only: the ids' range is not read, which would make the host
     wait for the device; the gate's arg-max is always in range)."""
-    if index.ndim != 1 or index.shape[0] != batch or index.dtype.is_floating_point or index.dtype.is_complex \
-            or index.dtype == torch.bool:
+    if index.ndim != 1 or index.shape[0] != batch or not is_integer_dtype(index.dtype):
         raise ValueError(f"index: expected integer kernel ids of shape ({batch},), one per sample of x, got "
                          f"{index.dtype} of shape {tuple(index.shape)}")
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._util import may_read_device, require_at_least
+from ._util import first_entry, may_read_device, require_at_least
 
 __all__ = ["PatchEmbed", "PatchProject", "sincos_position", "ParameterNormalizer", "field_statistics", "token_shape"]
 
@@ -167,9 +167,7 @@ def field_statistics(u: Tensor, channels: int, ndim: int) -> tuple[Tensor, Tenso
     if may_read_device():
         bad = ~torch.isfinite(u)
         if bad.any():
-            index = tuple(bad.nonzero()[0].tolist())
-            raise ValueError(f"u{list(index)} = {u[index].item()}: field samples must be finite "
-                             f"({int(bad.sum())} entries are not)")
+            raise ValueError(f"{first_entry('u', u, bad)}: field samples must be finite ({int(bad.sum())} entries are not)")
     flat = u.transpose(0, axis).reshape(channels, -1)
     return flat.mean(1), flat.std(1).clamp_min(1e-6)
 
@@ -205,10 +203,9 @@ class ParameterNormalizer(nn.Module):
         if may_read_device():  # one device read: a NaN parameter would silently give a NaN model
             bad = ~torch.isfinite(theta) | ((theta <= 0) & self.log_scale)
             if bad.any():
-                i, j = bad.nonzero()[0].tolist()
-                value = theta[i, j].item()
-                why = "a log-scaled parameter must be positive" if math.isfinite(value) else "parameters must be finite"
-                raise ValueError(f"theta[{i}, {j}] = {value}: {why}")
+                why = ("parameters must be finite" if not torch.isfinite(theta[bad][0])
+                       else "a log-scaled parameter must be positive")
+                raise ValueError(f"{first_entry('theta', theta, bad)}: {why}")
         theta = torch.where(self.log_scale, theta.clamp_min(1e-30).log(), theta)
         return theta
 

@@ -12,6 +12,7 @@ import operator
 import torch
 from torch import Tensor, nn
 
+from gno_ext.layers._util import is_integer
 from gno_ext.schema import BoundarySpec, PDEBatch
 
 __all__ = ["rollout"]
@@ -32,13 +33,9 @@ def rollout(model: nn.Module, batch: PDEBatch, steps: int) -> Tensor:
     if not isinstance(batch, PDEBatch):
         raise TypeError(f"batch: expected a PDEBatch (u_in, theta, bc, ... of the trajectories' start), got "
                         f"{type(batch).__name__}")
-    try:
-        count = operator.index(steps)  # (Python's, NumPy's or a 0-d tensor's integers)
-    except TypeError:
-        count = None
-    if count is None or isinstance(steps, bool) or count < 1:
+    if not is_integer(steps) or steps < 1:  # (Python's, NumPy's or a 0-d tensor's integers)
         raise ValueError(f"steps: must be an integer >= 1, got {steps!r}")
-    steps = count
+    steps = operator.index(steps)
     u, frames = batch.u_in, []
     t_bc = batch.bc.values.shape[2]
     for k in range(steps):
