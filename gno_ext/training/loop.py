@@ -352,14 +352,11 @@ SETTINGS = (
 )
 
 
-def _setting(cfg: Mapping[str, Any], key: str, default: Any, low: float | str, high: float, integer: bool,
+def _setting(flat: Mapping[str, Any], key: str, default: Any, low: float | str, high: float, integer: bool,
              nullable: bool) -> Any:
-    """The value of the dotted ``key`` of ``cfg`` (``default`` where it is absent), checked."""
-    *path, leaf = key.split(".")
-    section = cfg
-    for part in path:
-        section = section.get(part) or {}
-    value = section.get(leaf, default)
+    """The value of the dotted ``key`` of the flattened configuration ``flat`` (``default`` where
+    it is absent), checked."""
+    value = flat.get(key, default)
     if value is None and nullable:
         return None
     wanted = "an integer" if integer else "a number"
@@ -375,7 +372,8 @@ def _check_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The values of `SETTINGS`, checked, by key (the training loop reads them from here, so
     their defaults are written once); ``trainer.curriculum.warmup_epochs`` is resolved from
     ``warmup_fraction`` where it is null."""
-    values = {key: _setting(cfg, key, *rule) for key, *rule in SETTINGS}
+    flat = _flatten(cfg)
+    values = {key: _setting(flat, key, *rule) for key, *rule in SETTINGS}
     if values["trainer.curriculum.warmup_epochs"] is None:
         values["trainer.curriculum.warmup_epochs"] = int(round(values["trainer.curriculum.warmup_fraction"]
                                                                * values["trainer.epochs"]))
