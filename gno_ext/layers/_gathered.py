@@ -17,10 +17,10 @@ so the batch keeps its order. The backward pass is two more launches:
 * the input gradient, ``dx_b = dy_b W_{k_b}^T``, is the same kernel on the transposed weights;
 * the weight gradient, ``dW_k = \sum_{b : k_b = k} x_b^T dy_b`` (and the bias gradient, the
   column sums of ``dy_b``), is a grouped reduction: each program accumulates the products of
-  a *run* of at most ``RUN`` (8) samples of one kernel in registers and adds its tile to
-  ``dW_k`` with one atomic addition (float32). Where that gives too few programs to fill the
-  GPU (many rows per sample, a small batch), each program takes a part of the run's rows
-  instead (`gno_ext.layers._gathered_kernels.wgrad_splits`).
+  a *run* of at most 8 samples of one kernel in registers (4 in small batches,
+  `run_length`) and adds its tile to ``dW_k`` with one atomic addition (float32). Where that
+  gives too few programs to fill the GPU (many rows per sample, a small batch), each program
+  takes a part of the run's rows instead (`gno_ext.layers._gathered_kernels.wgrad_splits`).
 
 The atomic additions make the weight gradient's rounding depend on the order in which the
 programs finish; under `torch.use_deterministic_algorithms` the callers use their
@@ -40,10 +40,13 @@ from torch import Tensor
 
 from gno_ext.layers._util import KERNEL_TYPES, kernel_ranks, operand_type, segment_of, triton_module
 
-__all__ = ["RUN", "gathered_linear", "load_kernels", "run_plan", "usable"]
+__all__ = ["MIN_RUNS", "RUN", "SHORT_RUN", "gathered_linear", "load_kernels", "run_length", "run_plan", "usable"]
 
-# samples per run of the weight-gradient kernel (see `run_plan`)
+# samples per run of the weight-gradient kernel (see `run_length`): RUN where that still gives
+# MIN_RUNS runs, SHORT_RUN otherwise
 RUN = 8
+SHORT_RUN = 4
+MIN_RUNS = 32
 
 _kernels = None  # gno_ext.layers._gathered_kernels, once loaded
 
@@ -66,9 +69,24 @@ def usable(x: Tensor) -> bool:
             and operand_type(x.dtype, "cuda") in KERNEL_TYPES)
 
 
+def run_length(batch: int, n_kernels: int) -> int:
+    """Samples per run of the weight-gradient kernel for a batch of ``batch`` samples and
+    ``n_kernels`` kernels: `RUN` (8) where the batch still gives at least `MIN_RUNS` (32) runs
+    (``batch // RUN + n_kernels`` of them, the bound of `run_plan`), else `SHORT_RUN` (4).
+
+    Longer runs add fewer tiles atomically; shorter runs give more programs where a small batch
+    would leave the GPU idle. Measured on an H100 (docs/benchmarks.md, twenty-first round), the
+    weight gradients of a GNO block's three products: at the paper's $128^2$ grid at batch 256
+    (36 runs of 8) 82.8 us with runs of 8 and 84.0 with runs of 4; at the `trl` recipe's grid
+    at batch 32 (8 runs of 8) 63.1 us with runs of 8 and 48.4 with runs of 4, where the whole
+    training step took 2.4 % less time.
+    """
+    return RUN if batch // RUN + n_kernels >= MIN_RUNS else SHORT_RUN
+
+
 def run_plan(index: Tensor, n_kernels: int, run: int | None = None) -> Tensor:
-    """The batch listed by kernel and cut into runs of at most ``run`` (default ``RUN``)
-    samples of one kernel: what the weight-gradient kernel reads.
+    """The batch listed by kernel and cut into runs of at most ``run`` samples of one kernel
+    (default: `run_length`): what the weight-gradient kernel reads.
 
     Returns one int32 tensor, the concatenation of ``counts`` (K,), the number of samples of
     each kernel, ``order`` (B,), the sample indices sorted by kernel (stable), and, for each of
@@ -77,8 +95,8 @@ def run_plan(index: Tensor, n_kernels: int, run: int | None = None) -> Tensor:
     shapes (no host synchronisation). ``counts`` comes first so that its start is aligned as
     the tensor's is: the forward kernel reads it as one vector.
     """
-    run = run or RUN
     b = index.shape[0]
+    run = run or run_length(b, n_kernels)
     counts, rank = kernel_ranks(index, n_kernels)
     starts = counts.cumsum(0) - counts
     order = torch.empty_like(index).index_copy_(0, starts[index] + rank, torch.arange(b, device=index.device))
@@ -104,8 +122,8 @@ def gathered_linear(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | Non
     weight : Tensor, shape (K, in, out)
     bias : Tensor, shape (K, out), optional
     plan : Tensor, optional
-        ``run_plan(index, K)`` (runs of ``RUN`` samples); pass it to share one plan between
-        several products with the same ``index``. Computed here if not given.
+        ``run_plan(index, K)`` (with its default runs, `run_length`); pass it to share one
+        plan between several products with the same ``index``. Computed here if not given.
 
     The product runs in ``x``'s type (under autocast, the autocast type), with float32
     accumulation. The weight and bias are cast to that type inside the operator, once per call,
@@ -116,10 +134,11 @@ def gathered_linear(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | Non
         raise RuntimeError("gathered_linear: the Triton operators are not loaded (they need Triton and a CUDA "
                            "device, or Triton's interpreter); check `usable(x)` first")
     x = x.to(operand_type(x.dtype, x.device.type))
+    run = run_length(x.shape[0], weight.shape[0])
     if plan is None:
-        plan = run_plan(index, weight.shape[0])
+        plan = run_plan(index, weight.shape[0], run)
     with torch.autocast(x.device.type, enabled=False):
-        return _kernels.gathered_mm(x.contiguous(), index, weight, bias, plan, RUN)
+        return _kernels.gathered_mm(x.contiguous(), index, weight, bias, plan, run)
 
 
 if torch.cuda.is_available():  # the operators must exist before torch.compile traces a model

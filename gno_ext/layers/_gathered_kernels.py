@@ -21,7 +21,7 @@ __all__ = ["FORWARD", "WGRAD", "gathered_mm", "grouped_wgrad", "wgrad_splits"]
 # bounds, reduced to the problem's size, BK also to fit the device's shared memory, see
 # `_forward_tiles`); WGRAD: the weight gradient (tile sizes are upper bounds, BD also reduced
 # to fit the shared memory, see `_wgrad_tiles`; its runs of
-# samples: `gno_ext.layers._gathered.RUN`; "programs": below this many programs of whole
+# samples: `gno_ext.layers._gathered.run_length`; "programs": below this many programs of whole
 # samples, each sample's rows are split between programs, see `wgrad_splits`). Read when a
 # model is compiled: after a change, start from a fresh compile cache (see
 # `_attention_kernels.CONFIG`).

@@ -80,7 +80,7 @@ c = kernels.WGRAD
 assert [kernels.wgrad_splits(-(-dout // c["BN"]) * -(-din // c["BD"]), b // run + k, -(-t // c["BT"]), programs)
         for b, t, din, dout, k, run, _, _, programs in cases[1:]] == [(2, 1), (1, 1), (1, 1), (5, 1), (3, 2)]
 for b, t, din, dout, k, run, bias, unused, programs in cases:
-    _gathered.RUN = run
+    _gathered.RUN = _gathered.SHORT_RUN = run
     kernels.WGRAD["programs"] = programs
     x = torch.randn(b, t, din, requires_grad=True)
     index = torch.randint(0, k - 1, (b,))
@@ -110,8 +110,35 @@ for b, t, din, dout, k, run, bias, unused, programs in cases:
     assert y16.dtype == torch.float16 and all(g.dtype == torch.float32 for g in got16)
     for a, r in zip((y16,) + got16, (ref,) + want):
         assert ((a.float() - r).norm() / r.norm()) < 2e-3, ((a.float() - r).norm() / r.norm())
+# runs of the default length (`run_length`): short runs in a small batch, long in a large one
+_gathered.RUN, _gathered.SHORT_RUN = 8, 4
+kernels.WGRAD["programs"] = 256
+for b, k, run in [(40, 3, 4), (232, 3, 8)]:
+    assert _gathered.run_length(b, k) == run
+    x = torch.randn(b, 5, 16, requires_grad=True)
+    index = torch.randint(0, k, (b,))
+    w = torch.randn(k, 16, 24, requires_grad=True)
+    probe = torch.randn(b, 5, 24)
+    got = torch.autograd.grad((_gathered.gathered_linear(x, index, w) * probe).sum(), (x, w))
+    want = torch.autograd.grad((torch.einsum("btd,bde->bte", x, w[index]) * probe).sum(), (x, w))
+    for g, r in zip(got, want):
+        assert torch.allclose(g, r, atol=1e-4), (g - r).abs().max()
 print("interpreted kernels agree")
 """
+
+
+def test_runs_are_long_where_the_batch_gives_enough_of_them():
+    """Runs of 8 samples where they still make `MIN_RUNS` (32) runs (the paper's 128^2 grid at
+    batch 256: 36), of 4 below (the `trl` recipe's batch 32), and `run_plan` cuts by that rule
+    unless told otherwise."""
+    assert (_gathered.RUN, _gathered.SHORT_RUN, _gathered.MIN_RUNS) == (8, 4, 32)
+    assert _gathered.run_length(256, 4) == 8 and _gathered.run_length(32, 4) == 4
+    assert _gathered.run_length(224, 4) == 8 and _gathered.run_length(216, 4) == 4  # 32 and 31 runs of 8
+    assert _gathered.run_length(1, 1) == 4
+    for batch, run in [(256, 8), (32, 4)]:
+        index = torch.arange(batch) % 4
+        lengths = _gathered.run_plan(index, 4)[4 + batch:].view(3, -1)[2]
+        assert lengths.max() == run and lengths.shape[0] == batch // run + 4
 
 
 def test_weight_gradient_splits_rows_only_where_whole_samples_leave_the_gpu_idle():

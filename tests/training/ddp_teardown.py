@@ -18,7 +18,8 @@ destroy = dist.destroy_process_group
 
 def reporting_destroy(*args, **kwargs):
     alive = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
-    print(f"rank {dist.get_rank()}: DDP models alive at destroy_process_group: {alive}", flush=True)
+    print(f"rank {dist.get_rank()}: DDP models alive at destroy_process_group: {alive} (backend {dist.get_backend()})",
+          flush=True)
     return destroy(*args, **kwargs)
 
 
