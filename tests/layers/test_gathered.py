@@ -144,9 +144,11 @@ def test_runs_are_long_where_the_batch_gives_enough_of_them():
 def test_weight_gradient_splits_rows_only_where_whole_samples_leave_the_gpu_idle():
     """At the paper's 128^2 grid at batch 256 (64 and 97 rows, 36 runs) the weight-gradient
     kernel keeps each sample's rows in one program; at the `trl` grid at batch 32 (192 and 257
-    rows, 8 runs) it cuts them into equal parts, at most one per chunk of rows."""
+    rows, 12 runs of 4 or, before `run_length`, 8 runs of 8) it cuts them into equal parts, at
+    most one per chunk of rows."""
     kernels = pytest.importorskip("gno_ext.layers._gathered_kernels", exc_type=ImportError)
     assert kernels.wgrad_splits(4, 36, 1, 256) == (1, 1) and kernels.wgrad_splits(8, 36, 2, 256) == (1, 2)
+    assert kernels.wgrad_splits(4, 12, 3, 256) == (3, 1) and kernels.wgrad_splits(8, 12, 5, 256) == (3, 2)
     assert kernels.wgrad_splits(4, 8, 3, 256) == (3, 1) and kernels.wgrad_splits(8, 8, 5, 256) == (3, 2)
     for tiles, runs, chunks, programs in [(1, 1, 7, 4), (2, 3, 9, 100), (8, 8, 5, 0), (1, 1, 1, 500)]:
         parts, per = kernels.wgrad_splits(tiles, runs, chunks, programs)
