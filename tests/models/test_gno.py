@@ -645,3 +645,85 @@ def test_gpu_model_on_a_second_device_runs_its_kernels_there(compiled):
             assert (b - a).norm() <= 1e-3 * a.norm()
         else:
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("n_kernels", [3, 1])
+def test_folded_context_is_the_same_function(n_kernels):
+    """`GNOBlock.fold_context`: the boundary tokens' keys and values from the operator's state
+    with the projection and context norm folded into the kernels' weights give the unfolded
+    model's output and every parameter's gradient (float64, to rounding)."""
+    torch.manual_seed(21)
+    model = tiny(n_kernels=n_kernels).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    u, theta = torch.randn(5, 1, 1, 32, 32, dtype=torch.float64), torch.rand(5, 1, dtype=torch.float64)
+    runs = []
+    for fold in (True, False):
+        for block in model.blocks:
+            block.fold_context = fold
+        model.zero_grad()
+        y = model(u, theta=theta, bc=bc_mixed(5))
+        y.square().sum().backward()
+        runs.append([y.detach()] + [p.grad for p in model.parameters()])
+    for a, b in zip(*runs):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert torch.allclose(a, b, rtol=1e-10, atol=1e-12 * b.abs().max()), (a - b).abs().max()
+
+
+def test_blocks_fold_by_default_only_where_it_saves_work(monkeypatch):
+    """By default (``fold_context=None``) a block folds where `fold_saves` says so: not for
+    a few samples (the folded weights cost more than they save), at a large batch yes."""
+    from gno_ext.layers import fold
+
+    model = GNO(latent=64, patch=8, depth=1, heads=4, n_kernels=2)
+    block = model.blocks[0]
+    assert block.fold_context is None
+    calls = []
+    real = fold.fold_projection
+    monkeypatch.setattr("gno_ext.models.gno.fold_projection", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    for batch in (2, 64):
+        model(torch.randn(batch, 1, 1, 32, 32), theta=torch.rand(batch, 1), bc=bc_mixed(batch))
+    assert calls == [64]
+    assert not block.folds(2, 16) and block.folds(64, 16)
+    block.fold_context = True
+    assert block.folds(1, 16)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_folded_context_on_the_gathered_and_fused_paths():
+    """On a GPU the folded block runs the fused boundary operator without its projection and
+    writes the keys and values with `gathered_linear_pair`; eager and compiled (full graph) it
+    gives the unfolded model's output and gradients (float32, TF32 off), and under bf16
+    autocast both are within bf16 rounding (1e-2 relative) of the float32 unfolded model."""
+    pytest.importorskip("triton")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(22)
+    assert not torch.backends.cuda.matmul.allow_tf32
+    model = GNO(latent=64, patch=8, depth=2, heads=4, n_kernels=3).cuda()
+    u, theta = torch.randn(24, 1, 1, 64, 64, device="cuda"), torch.rand(24, 1, device="cuda")
+    bc = bc_mixed(24).to("cuda")
+
+    def run(fold, fn=model, autocast=False):
+        for block in model.blocks:
+            block.fold_context = fold
+        model.zero_grad()
+        with torch.autocast("cuda", torch.bfloat16, enabled=autocast):
+            y = fn(u, theta=theta, bc=bc)
+        y.float().square().mean().backward()
+        return [y.detach().float()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    with FlopCounterMode(display=False) as counter:
+        folded = run(True)
+    ops = {str(op) for ops in counter.get_flop_counts().values() for op in ops}
+    assert {"gno_ext.gathered_mm_pair", "gno_ext.boundary_transfer"} <= ops
+    unfolded = run(False)
+    compiled = run(True, torch.compile(model, fullgraph=True))
+    rel = lambda a, b: ((a - b).norm() / b.norm()).item()
+    for a, b, c in zip(folded, unfolded, compiled):
+        assert rel(a, b) < 1e-4 and rel(c, b) < 1e-4, (a.shape, rel(a, b), rel(c, b))
+    low_folded, low_unfolded = run(True, autocast=True), run(False, autocast=True)
+    for a, b, exact in zip(low_folded, low_unfolded, unfolded):
+        assert rel(a, exact) < 1e-2 and rel(b, exact) < 1e-2, (a.shape, rel(a, exact), rel(b, exact))
