@@ -39,13 +39,6 @@ above 128; more boundary tokens per sample than `gno_ext.layers._boundary_kernel
 their PyTorch paths. Each row's ``ran`` says which paths the step took, read from
 the operators that ran while its FLOPs were counted.
 
-``--context folded`` computes the boundary tokens' keys and values from the
-boundary operator's narrow state, its output projection and the context norm folded into the
-kernels' weights (`gno_ext.layers.fold`, `GNOBlock.fold_context`); ``unfolded`` forms the
-tokens and their norm first, as before the twenty-second round; ``auto`` (the default) leaves
-the choice to the model (folded where it takes fewer multiply-adds: at batch 256, not at batch 1). The same
-function: FLOPs are those executed, so the folded model's TFLOP/s counts fewer of them.
-
     python recipes/bench_model.py --device cuda --batch 1 256 --out docs/benchmarks/model_h100.json
     python recipes/bench_model.py --batch 256 --modes graphs --chunk 0 4     # gathered kernels against chunks of 4
     python recipes/bench_model.py --batch 256 --modes graphs --boundary fused unfused   # boundary operator paths
@@ -55,7 +48,6 @@ function: FLOPs are those executed, so the folded model's TFLOP/s counts fewer o
     python recipes/bench_model.py --batch 256 --modes whole-graph --optimizer flat fused   # optimizer layouts
     python recipes/bench_model.py --batch 256 --modes whole-graph --attention fused sdpa   # attention paths
     python recipes/bench_model.py --batch 256 --modes graphs whole-graph --compile-options combo_kernels=True
-    python recipes/bench_model.py --batch 256 --modes whole-graph --models gno --context folded unfolded
 """
 
 from __future__ import annotations
@@ -83,7 +75,6 @@ MODELS = {
     "gno-no-boundary": {"boundary_transfer": False},
 }
 DEFAULT_MODELS = ["gno", "vit-standin"]
-CONTEXTS = {"auto": None, "folded": True, "unfolded": False}  # --context: GNOBlock.fold_context
 
 
 def make_inputs(batch: int, shape: tuple[int, int], channels: int, device: str) -> dict:
@@ -122,9 +113,9 @@ def timed(fn, repeats: int, device: str, warmup: int = 3, warmup_s: float = 2.0)
 
 def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: str,
           chunk: int | None, boundary: str = "fused", capturable: bool = False,
-          optimizer: str = "flat", attention: str = "fused", context: str = "auto"
+          optimizer: str = "flat", attention: str = "fused"
           ) -> tuple[GNO, dict, torch.optim.Optimizer, FlatParameters | None]:
-    """The model (normalisation fitted, mixture chunk, boundary, attention and context paths set), its inputs, a
+    """The model (normalisation fitted, mixture chunk, boundary and attention paths set), its inputs, a
     fused AdamW (``capturable`` for a step captured in a CUDA graph) and, for ``optimizer="flat"``
     (what the recipes' trainer does), the `FlatParameters` it steps; ``"fused"``: the AdamW
     steps the parameters themselves."""
@@ -132,13 +123,10 @@ def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: 
         raise ValueError(f"attention: expected fused or sdpa, got {attention!r}")
     if optimizer not in ("flat", "fused"):
         raise ValueError(f"optimizer: expected flat or fused, got {optimizer!r}")
-    if context not in CONTEXTS:
-        raise ValueError(f"context: expected one of {sorted(CONTEXTS)}, got {context!r}")
     torch.manual_seed(0)
     model = GNO(in_channels=channels, **MODELS[name]).to(device)
     model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].to(device))
     for block in model.blocks:
-        block.fold_context = CONTEXTS[context]
         if block.mixture is not None:
             block.mixture.chunk = chunk
         if block.boundary is not None:
@@ -189,22 +177,19 @@ def paths_taken(ops: set[str], boundary_transfer: bool) -> dict:
     operators ``ops`` (from `count_flops`): ``fused`` where gno_ext's Triton operator ran, the
     PyTorch path otherwise. A requested fused path falls back to PyTorch where the kernels do
     not take the sizes (a head width above 128, more boundary tokens than
-    `gno_ext.layers._boundary_kernels.max_tokens`) or there is no GPU. ``kv_pair``: whether the
-    keys and values of the folded context were written by the gathered pair of products
-    (`gno_ext.layers._gathered.gathered_linear_pair`)."""
+    `gno_ext.layers._boundary_kernels.max_tokens`) or there is no GPU."""
     return {"attention": "fused" if "gno_ext.token_attention" in ops else "sdpa",
-            "boundary": ("fused" if "gno_ext.boundary_transfer" in ops else "unfused") if boundary_transfer else None,
-            "kv_pair": "gno_ext.gathered_mm_pair" in ops}
+            "boundary": ("fused" if "gno_ext.boundary_transfer" in ops else "unfused") if boundary_transfer else None}
 
 
 def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int,
           chunk: int | None = None, options: dict | None = None, boundary: str = "fused",
-          optimizer: str = "flat", attention: str = "fused", context: str = "auto") -> dict:
+          optimizer: str = "flat", attention: str = "fused") -> dict:
     whole = mode == "whole-graph"
     if whole and device != "cuda":
         raise SystemExit("--modes whole-graph needs a CUDA device")
     model, x, opt, flat = setup(name, batch, shape, channels, device, chunk, boundary, capturable=whole,
-                                optimizer=optimizer, attention=attention, context=context)
+                                optimizer=optimizer, attention=attention)
     # a fresh compilation cache for every configuration: otherwise, after dynamo's recompilation
     # limit (8 by default), a later model of the same class silently runs eagerly
     torch._dynamo.reset()
@@ -234,19 +219,18 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
             "peak_gib": memory, "kernels_used": kernels_used,
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "chunk": chunk,
             "boundary": boundary if model.boundary_transfer else None, "compile_options": options or {},
-            "optimizer": optimizer, "attention": attention, "context": context,
-            "ran": paths_taken(ops, model.boundary_transfer)}
+            "optimizer": optimizer, "attention": attention, "ran": paths_taken(ops, model.boundary_transfer)}
 
 
 def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device: str, top: int,
             chunk: int | None = None, options: dict | None = None, boundary: str = "fused",
-            optimizer: str = "flat", attention: str = "fused", context: str = "auto") -> None:
+            optimizer: str = "flat", attention: str = "fused") -> None:
     """Print the GPU kernels of one compiled training step (inductor, no CUDA graphs, so that
     every kernel is seen), grouped by name and sorted by total time."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     model, x, opt, flat = setup(name, batch, shape, channels, device, chunk, boundary, optimizer=optimizer,
-                                attention=attention, context=context)
+                                attention=attention)
     torch._dynamo.reset()
     net = compile_model(model, True, options)
     for _ in range(3):
@@ -262,7 +246,7 @@ def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device
         by_name.setdefault(e.name, []).append(e.time_range.elapsed_us())
     short = sum(e.time_range.elapsed_us() < 5 for e in events)
     path = boundary if model.boundary_transfer else "none"
-    print(f"\n{name}, batch {batch}, requested: boundary {path}, attention {attention}, context {context}: {len(events)} kernels ({short} under 5 us), "
+    print(f"\n{name}, batch {batch}, requested: boundary {path}, attention {attention}: {len(events)} kernels ({short} under 5 us), "
           f"{total / 1e3:.2f} ms of GPU time in one step")
     by_category: dict[str, list[float]] = {}
     for kname, times in by_name.items():
@@ -320,10 +304,6 @@ def main() -> None:
     parser.add_argument("--attention", nargs="+", default=["fused"], choices=["fused", "sdpa"],
                         help="the attention kernels' attention as gno_ext's Triton kernels (attend_tokens, the "
                              "default on a GPU with Triton) or scaled_dot_product_attention")
-    parser.add_argument("--context", nargs="+", default=["auto"], choices=list(CONTEXTS),
-                        help="the boundary tokens' keys and values from the boundary operator's narrow state, its "
-                             "projection and the context norm folded into the kernels' weights, or from the tokens "
-                             "themselves (auto, the default: the model folds where that takes fewer operations)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--modes", nargs="+", choices=["eager", "compiled", "graphs", "whole-graph"],
                         help="default: eager compiled graphs, and whole-graph on a CUDA device")
@@ -338,10 +318,10 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     options = parse_options(args.compile_options)
     if args.profile:
-        for batch, model, path, optimizer, attention, context in itertools.product(
-                args.batch, args.models, args.boundary, args.optimizer, args.attention, args.context):
+        for batch, model, path, optimizer, attention in itertools.product(
+                args.batch, args.models, args.boundary, args.optimizer, args.attention):
             profile(model, batch, tuple(args.shape), args.channels, args.device, args.profile,
-                    args.chunk[0] or None, options, path, optimizer, attention, context)
+                    args.chunk[0] or None, options, path, optimizer, attention)
         return
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     meta = {"device": name, "torch": torch.__version__, "shape": args.shape, "channels": args.channels,
@@ -354,19 +334,16 @@ def main() -> None:
         for mode in args.modes:
             for model in args.models:
                 chunks = args.chunk if MODELS[model].get("n_kernels", 4) > 1 else [0]
-                has_boundary = MODELS[model].get("boundary_transfer", True)
-                paths = args.boundary if has_boundary else ["fused"]
-                contexts = args.context if has_boundary else ["auto"]
-                for chunk, path, optimizer, attention, context in itertools.product(
-                        chunks, paths, args.optimizer, args.attention, contexts):
+                paths = args.boundary if MODELS[model].get("boundary_transfer", True) else ["fused"]
+                for chunk, path, optimizer, attention in itertools.product(chunks, paths, args.optimizer,
+                                                                           args.attention):
                     r = bench(model, batch, mode, tuple(args.shape), args.channels, args.device, args.repeats,
-                              chunk or None, options, path, optimizer, attention, context)
+                              chunk or None, options, path, optimizer, attention)
                     rows.append(r)
                     print(f"{model:15s} {batch:5d} {mode:>8s} {r['forward_ms']:8.3f} {r['step_ms']:8.3f} "
                           f"{r['train_tflops']:8.1f} {r['step_gflop']:8.1f} {r['peak_gib']:6.2f}  {r['kernels_used']}"
-                          f"  chunk {chunk or 'auto'}, optimizer {optimizer}, context {context}, ran: boundary "
-                          f"{r['ran']['boundary']}, attention {r['ran']['attention']}, kv pair {r['ran']['kv_pair']}",
-                          flush=True)
+                          f"  chunk {chunk or 'auto'}, optimizer {optimizer}, ran: boundary {r['ran']['boundary']}, "
+                          f"attention {r['ran']['attention']}", flush=True)
                 if args.out:
                     args.out.parent.mkdir(parents=True, exist_ok=True)
                     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -183,7 +183,7 @@ def _boundary_forward_kernel(desc_ptr, state_ptr, ws_ptr, bs_ptr, g1_ptr, be1_pt
                              g2_ptr, be2_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, wout_ptr, bout_ptr, y_ptr, saved_ptr,
                              B, M, D, EPS1: tl.constexpr, EPS2: tl.constexpr, SCALE: tl.constexpr,
                              W: tl.constexpr, HID: tl.constexpr, MP: tl.constexpr, G: tl.constexpr, BD: tl.constexpr,
-                             PROJECT: tl.constexpr, PRECISION: tl.constexpr):
+                             PRECISION: tl.constexpr):
     S: tl.constexpr = 9 * W + 2 * HID  # saved columns: x n1 q k v a x1 n2 x2 (W each), hpre h (HID each)
     r, row, valid = _rows(B, M, MP, G)
     vm = valid[:, None]
@@ -228,15 +228,13 @@ def _boundary_forward_kernel(desc_ptr, state_ptr, ws_ptr, bs_ptr, g1_ptr, be1_pt
     tl.store(sv + 9 * W + HID + ch[None, :], h, mask=vm)
     x2 = (x1.to(tl.float32) + _linear(h, w2_ptr, b2_ptr, 0, HID, W, PRECISION)).to(dt)
     tl.store(sv + 8 * W + cw[None, :], x2, mask=vm)
-    if PROJECT:  # y = x2 W_out + b_out, by column blocks
-        for d0 in range(0, D, BD):
-            dd = d0 + cd
-            wt = tl.load(wout_ptr + dd[None, :] * W + cw[:, None], mask=dd[None, :] < D, other=0.0)
-            yt = tl.dot(x2, wt, input_precision=PRECISION)
-            yt += tl.load(bout_ptr + dd, mask=dd < D, other=0.0).to(tl.float32)[None, :]
-            tl.store(y_ptr + row[:, None] * D + dd[None, :], yt.to(dt), mask=vm & (dd[None, :] < D))
-    else:  # y = x2
-        tl.store(y_ptr + row[:, None] * W + cw[None, :], x2, mask=vm)
+    # y = x2 W_out + b_out, by column blocks
+    for d0 in range(0, D, BD):
+        dd = d0 + cd
+        wt = tl.load(wout_ptr + dd[None, :] * W + cw[:, None], mask=dd[None, :] < D, other=0.0)
+        yt = tl.dot(x2, wt, input_precision=PRECISION)
+        yt += tl.load(bout_ptr + dd, mask=dd < D, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + row[:, None] * D + dd[None, :], yt.to(dt), mask=vm & (dd[None, :] < D))
 
 
 @triton.jit
@@ -244,7 +242,7 @@ def _boundary_backward_kernel(dy_ptr, saved_ptr, ws_ptr, g1_ptr, wqkv_ptr, wo_pt
                               dstate_ptr, grads_ptr, sums_ptr, B, M, D, EPS1: tl.constexpr, EPS2: tl.constexpr,
                               SCALE: tl.constexpr,
                               W: tl.constexpr, HID: tl.constexpr, MP: tl.constexpr, G: tl.constexpr, BD: tl.constexpr,
-                              PROJECT: tl.constexpr, PRECISION: tl.constexpr):
+                              PRECISION: tl.constexpr):
     S: tl.constexpr = 9 * W + 2 * HID
     GW: tl.constexpr = 6 * W + HID  # gradient columns: dx, dq dk dv, dx1, dhpre, dx2
     r, row, valid = _rows(B, M, MP, G)
@@ -255,20 +253,16 @@ def _boundary_backward_kernel(dy_ptr, saved_ptr, ws_ptr, g1_ptr, wqkv_ptr, wo_pt
     dt = dy_ptr.dtype.element_ty
     sv = saved_ptr + row[:, None] * S
     gv = grads_ptr + row[:, None] * GW
-    # this program's row of partial sums, laid out as `sums_layout` (out.bias only if PROJECT)
-    if PROJECT:
-        ps = sums_ptr + tl.program_id(0).to(tl.int64) * (10 * W + HID + D)
-        # y = x2 W_out + b_out
-        dx2 = tl.zeros((G * MP, W), tl.float32)
-        for d0 in range(0, D, BD):
-            dd = d0 + cd
-            dyt = tl.load(dy_ptr + row[:, None] * D + dd[None, :], mask=vm & (dd[None, :] < D), other=0.0)
-            wt = tl.load(wout_ptr + dd[:, None] * W + cw[None, :], mask=dd[:, None] < D, other=0.0)
-            dx2 = tl.dot(dyt, wt, dx2, input_precision=PRECISION)
-            tl.store(ps + 10 * W + HID + dd, tl.sum(dyt.to(tl.float32), 0), mask=dd < D)
-    else:  # y = x2
-        ps = sums_ptr + tl.program_id(0).to(tl.int64) * (10 * W + HID)
-        dx2 = tl.load(dy_ptr + row[:, None] * W + cw[None, :], mask=vm, other=0.0).to(tl.float32)
+    # this program's row of partial sums, laid out as `sums_layout`
+    ps = sums_ptr + tl.program_id(0).to(tl.int64) * (10 * W + HID + D)
+    # y = x2 W_out + b_out
+    dx2 = tl.zeros((G * MP, W), tl.float32)
+    for d0 in range(0, D, BD):
+        dd = d0 + cd
+        dyt = tl.load(dy_ptr + row[:, None] * D + dd[None, :], mask=vm & (dd[None, :] < D), other=0.0)
+        wt = tl.load(wout_ptr + dd[:, None] * W + cw[None, :], mask=dd[:, None] < D, other=0.0)
+        dx2 = tl.dot(dyt, wt, dx2, input_precision=PRECISION)
+        tl.store(ps + 10 * W + HID + dd, tl.sum(dyt.to(tl.float32), 0), mask=dd < D)
     tl.store(gv + 5 * W + HID + cw[None, :], dx2.to(dt), mask=vm)
     tl.store(ps + 9 * W + HID + cw, tl.sum(dx2, 0))
     # x2 = x1 + GELU(n2 W_1 + b_1) W_2 + b_2
@@ -322,12 +316,11 @@ def _boundary_backward_kernel(dy_ptr, saved_ptr, ws_ptr, g1_ptr, wqkv_ptr, wo_pt
 
 
 @triton.jit
-def _boundary_wgrad_kernel(grads_ptr, dy_ptr, saved_ptr, state_ptr, out_ptr, N, D, TOTAL,
+def _boundary_wgrad_kernel(grads_ptr, dy_ptr, saved_ptr, state_ptr, out_ptr, N, D,
                            W: tl.constexpr, HID: tl.constexpr, ROWS_PER: tl.constexpr, BR: tl.constexpr,
                            BT: tl.constexpr, PRECISION: tl.constexpr):
     # program (product p, tile t of its output, rows split s): out[s] tile = sum over the split's
-    # rows of A^T X, the weight gradient (torch.nn.Linear layout) of product p (the first five,
-    # or all six with the output projection); TOTAL: the sizes of those gradients summed
+    # rows of A^T X, the weight gradient (torch.nn.Linear layout) of product p
     S: tl.constexpr = 9 * W + 2 * HID
     GW: tl.constexpr = 6 * W + HID
     p = tl.program_id(0)
@@ -357,17 +350,17 @@ def _boundary_wgrad_kernel(grads_ptr, dy_ptr, saved_ptr, state_ptr, out_ptr, N, 
             a = tl.load(a_ptr + r[:, None] * lda + ia[None, :], mask=(r[:, None] < N) & (ia[None, :] < na), other=0.0)
             x = tl.load(x_ptr + r[:, None] * ldx + ix[None, :], mask=(r[:, None] < N) & (ix[None, :] < nx), other=0.0)
             acc = tl.dot(tl.trans(a), x, acc, input_precision=PRECISION)
-        tl.store(out_ptr + tl.program_id(2).to(tl.int64) * TOTAL + offset + ia[:, None] * nx + ix[None, :], acc,
+        total = 2 * W * D + 4 * W * W + 2 * HID * W
+        tl.store(out_ptr + tl.program_id(2).to(tl.int64) * total + offset + ia[:, None] * nx + ix[None, :], acc,
                  mask=(ia[:, None] < na) & (ix[None, :] < nx))
 
 
-def _geometry(rows: Tensor, d: int, width: int, hidden: int) -> tuple[int, int, int, tuple[int]]:
-    """``(MP, G, BD, grid)`` for ``rows`` (B, M, .) and the model width ``d``: padded tokens,
-    samples per program, column block of D, grid. More than `max_tokens` tokens on a GPU is an
-    error (such programs compiled wrong in bf16); Triton's interpreter on the CPU takes any
-    count."""
-    b, m, d = int(rows.shape[0]), int(rows.shape[1]), int(d)
-    if rows.is_cuda and m > max_tokens(width, hidden):
+def _geometry(state: Tensor, width: int, hidden: int) -> tuple[int, int, int, tuple[int]]:
+    """``(MP, G, BD, grid)``: padded tokens, samples per program, column block of D, grid.
+    More than `max_tokens` tokens on a GPU is an error (such programs compiled wrong in bf16);
+    Triton's interpreter on the CPU takes any count."""
+    b, m, d = (int(n) for n in state.shape)
+    if state.is_cuda and m > max_tokens(width, hidden):
         raise ValueError(f"boundary_transfer: {m} boundary tokens per sample; at inner width {width} and MLP "
                          f"width {hidden} the fused kernels take at most {max_tokens(width, hidden)} on a GPU "
                          f"(BoundaryTransfer.forward runs the PyTorch path beyond)")
@@ -386,11 +379,10 @@ def _operands(dtype: torch.dtype, *weights: Tensor) -> list[Tensor]:
 def boundary_transfer(desc: Tensor, state: Tensor, ws: Tensor, bs: Tensor, g1: Tensor, be1: Tensor,
                       wqkv: Tensor, bqkv: Tensor, wo: Tensor, bo: Tensor, g2: Tensor, be2: Tensor,
                       w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, wout: Tensor, bout: Tensor,
-                      eps1: float, eps2: float, project: bool = True) -> tuple[Tensor, Tensor]:
+                      eps1: float, eps2: float) -> tuple[Tensor, Tensor]:
     """The boundary transfer operator's forward pass: ``(y (B, M, D), saved (B, M, 9 w + 2 h))``,
     ``saved`` holding the activations that the backward pass reads (columns: x, n1, q, k, v, a,
-    x1, n2, x2 (w each), hpre, h (h each)). With ``project`` false, ``y`` is the state
-    ``x2`` (B, M, w) before the output projection (whose weights are then not read).
+    x1, n2, x2 (w each), hpre, h (h each)).
 
     ``desc`` (B, M, w) is the boundary description, ``state`` (B, M, D) the near-boundary
     latent state, both in the operand type. The weights ``ws wqkv wo w1 w2 wout``
@@ -400,37 +392,34 @@ def boundary_transfer(desc: Tensor, state: Tensor, ws: Tensor, bs: Tensor, g1: T
     ws, wqkv, wo, w1, w2, wout = _operands(state.dtype, ws, wqkv, wo, w1, w2, wout)
     b, m, d = state.shape
     width, hidden = wqkv.shape[1], w1.shape[0]
-    mp, g, bd, grid = _geometry(state, d, width, hidden)
-    y = state.new_empty(b, m, d if project else width)
+    mp, g, bd, grid = _geometry(state, width, hidden)
+    y = state.new_empty(b, m, d)
     saved = state.new_empty(b, m, 9 * width + 2 * hidden)
     _launch(_boundary_forward_kernel)[grid](
         desc, state, ws, bs, g1, be1, wqkv, bqkv, wo, bo, g2, be2, w1, b1, w2, b2, wout, bout, y, saved,
         b, m, d, EPS1=eps1, EPS2=eps2, SCALE=width ** -0.5, W=width, HID=hidden, MP=mp, G=g, BD=bd,
-        PROJECT=project, PRECISION=_precision(), num_warps=_warps(g * mp), num_stages=1)
+        PRECISION=_precision(), num_warps=_warps(g * mp), num_stages=1)
     return y, saved
 
 
 @torch.library.triton_op("gno_ext::boundary_transfer_backward", mutates_args={})
 def boundary_transfer_backward(dy: Tensor, saved: Tensor, ws: Tensor, g1: Tensor, wqkv: Tensor, wo: Tensor,
                                g2: Tensor, w1: Tensor, w2: Tensor, wout: Tensor, eps1: float,
-                               eps2: float, project: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+                               eps2: float) -> tuple[Tensor, Tensor, Tensor]:
     """Input gradients of `boundary_transfer`: ``(dstate (B, M, D), grads (B, M, 6 w + h),
     sums (programs, 10 w + h + D))``, with ``grads`` the gradients at the products' outputs
     (columns: dx, dq, dk, dv, dx1 (w each), dhpre (h), dx2 (w)) and ``sums`` each program's
-    float32 row sums (`sums_layout`; without ``project``, ``dy`` is the gradient of the state
-    ``x2`` (B, M, w) and ``sums`` has no ``D`` columns of the output bias). The weights are
-    cast to ``dy``'s type here."""
+    float32 row sums (`sums_layout`). The weights are cast to ``dy``'s type here."""
     ws, wqkv, wo, w1, w2, wout = _operands(dy.dtype, ws, wqkv, wo, w1, w2, wout)
-    b, m = dy.shape[:2]
-    d = ws.shape[1]
+    b, m, d = dy.shape
     width, hidden = wqkv.shape[1], w1.shape[0]
-    mp, g, bd, grid = _geometry(dy, d, width, hidden)
+    mp, g, bd, grid = _geometry(dy, width, hidden)
     dstate = dy.new_empty(b, m, d)
     grads = dy.new_empty(b, m, 6 * width + hidden)
-    sums = dy.new_empty(grid[0], 10 * width + hidden + (d if project else 0), dtype=torch.float32)
+    sums = dy.new_empty(grid[0], 10 * width + hidden + d, dtype=torch.float32)
     _launch(_boundary_backward_kernel)[grid](
         dy, saved, ws, g1, wqkv, wo, g2, w1, w2, wout, dstate, grads, sums, b, m, d, EPS1=eps1, EPS2=eps2,
-        SCALE=width ** -0.5, W=width, HID=hidden, MP=mp, G=g, BD=bd, PROJECT=project, PRECISION=_precision(),
+        SCALE=width ** -0.5, W=width, HID=hidden, MP=mp, G=g, BD=bd, PRECISION=_precision(),
         num_warps=_warps(g * mp), num_stages=1)
     return dstate, grads, sums
 
@@ -439,39 +428,36 @@ WGRAD_TILE, WGRAD_ROWS = 64, 64  # output tile side; rows per loop step
 WGRAD_SPLIT_ROWS = 512  # rows summed by one program (its partial sum is added up afterwards)
 
 
-def wgrad_shapes(width: int, hidden: int, dim: int, project: bool = True) -> list[tuple[int, int]]:
-    """Shapes of the weight gradients, in the order `boundary_transfer_wgrad` lays them out
-    (state, qkv, attn_out, MLP in, MLP out, and with ``project`` out; ``torch.nn.Linear``
-    layout (out, in))."""
-    shapes = [(width, dim), (3 * width, width), (width, width), (hidden, width), (width, hidden), (dim, width)]
-    return shapes if project else shapes[:5]
+def wgrad_shapes(width: int, hidden: int, dim: int) -> list[tuple[int, int]]:
+    """Shapes of the six weight gradients, in the order `boundary_transfer_wgrad` lays them out
+    (state, qkv, attn_out, MLP in, MLP out, out; ``torch.nn.Linear`` layout (out, in))."""
+    return [(width, dim), (3 * width, width), (width, width), (hidden, width), (width, hidden), (dim, width)]
 
 
 @torch.library.triton_op("gno_ext::boundary_transfer_wgrad", mutates_args={})
-def boundary_transfer_wgrad(grads: Tensor, dy: Tensor, saved: Tensor, state: Tensor, project: bool = True) -> Tensor:
-    """The weight gradients of `boundary_transfer`, flat, in float32 (``torch.nn.Linear``
-    layouts, in the order state, qkv, attn_out, MLP in, MLP out, and with ``project`` out): each
-    ``dY^T X`` summed over all ``B M`` rows, in splits of `WGRAD_SPLIT_ROWS` rows whose partial
-    sums are then added (no atomics)."""
+def boundary_transfer_wgrad(grads: Tensor, dy: Tensor, saved: Tensor, state: Tensor) -> Tensor:
+    """The six weight gradients of `boundary_transfer`, flat, in float32 (``torch.nn.Linear``
+    layouts, in the order state, qkv, attn_out, MLP in, MLP out, out): each ``dY^T X`` summed
+    over all ``B M`` rows, in splits of `WGRAD_SPLIT_ROWS` rows whose partial sums are then
+    added (no atomics)."""
     b, m, d = state.shape
     width = (2 * grads.shape[2] - saved.shape[2]) // 3  # GW = 6w + h, S = 9w + 2h
     hidden = grads.shape[2] - 6 * width
     n = b * m
-    shapes = wgrad_shapes(width, hidden, d, project)
+    shapes = wgrad_shapes(width, hidden, d)
     splits = triton.cdiv(n, WGRAD_SPLIT_ROWS)
     tiles = max(triton.cdiv(a, WGRAD_TILE) * triton.cdiv(x, WGRAD_TILE) for a, x in shapes)
-    total = sum(a * x for a, x in shapes)
-    partial = grads.new_empty(splits, total, dtype=torch.float32)
-    _launch(_boundary_wgrad_kernel)[(len(shapes), tiles, splits)](
-        grads, dy, saved, state, partial, n, d, total, W=width, HID=hidden, ROWS_PER=WGRAD_SPLIT_ROWS,
-        BR=WGRAD_ROWS, BT=WGRAD_TILE, PRECISION=_precision(), num_warps=4, num_stages=3)
+    partial = grads.new_empty(splits, sum(a * x for a, x in shapes), dtype=torch.float32)
+    _launch(_boundary_wgrad_kernel)[(6, tiles, splits)](
+        grads, dy, saved, state, partial, n, d, W=width, HID=hidden, ROWS_PER=WGRAD_SPLIT_ROWS, BR=WGRAD_ROWS,
+        BT=WGRAD_TILE, PRECISION=_precision(), num_warps=4, num_stages=3)
     return partial.sum(0)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    desc, state, ws, bs, g1, be1, wqkv, bqkv, wo, bo, g2, be2, w1, b1, w2, b2, wout, bout, eps1, eps2, project = inputs
+    desc, state, ws, bs, g1, be1, wqkv, bqkv, wo, bo, g2, be2, w1, b1, w2, b2, wout, bout, eps1, eps2 = inputs
     ctx.save_for_backward(state, output[1], ws, g1, wqkv, wo, g2, w1, w2, wout)
-    ctx.eps, ctx.project = (eps1, eps2), project
+    ctx.eps = (eps1, eps2)
     ctx.small_types = [t.dtype for t in (bs, g1, be1, bqkv, bo, g2, be2, b1, b2, bout)]
 
 
@@ -479,25 +465,20 @@ def _backward(ctx, dy: Tensor, _saved_grad: Tensor | None):
     state, saved, ws, g1, wqkv, wo, g2, w1, w2, wout = ctx.saved_tensors
     width, hidden = wqkv.shape[1], w1.shape[0]
     b, m, d = state.shape
-    project = ctx.project
     dy = dy.contiguous()
-    dstate, grads, sums = boundary_transfer_backward(dy, saved, ws, g1, wqkv, wo, g2, w1, w2, wout, *ctx.eps,
-                                                     project)
+    dstate, grads, sums = boundary_transfer_backward(dy, saved, ws, g1, wqkv, wo, g2, w1, w2, wout, *ctx.eps)
     sums = sums.sum(0)
-    layout = sums_layout(width, hidden, d if project else 0).values()
-    small = [sums[i:j].to(t) for (i, j), t in zip(layout, ctx.small_types)]
-    flat = boundary_transfer_wgrad(grads, dy, saved, state, project)
-    shapes = wgrad_shapes(width, hidden, d, project)
+    small = [sums[i:j].to(t) for (i, j), t in zip(sums_layout(width, hidden, d).values(), ctx.small_types)]
+    flat = boundary_transfer_wgrad(grads, dy, saved, state)
+    shapes = wgrad_shapes(width, hidden, d)
     # float32 sums, returned in the weights' own type (no rounding for float32 parameters)
-    dws, dwqkv, dwo, dw1, dw2, *dwout = (g.view(shape).to(w.dtype) for g, shape, w in
-                                         zip(flat.split([a * x for a, x in shapes]), shapes,
-                                             (ws, wqkv, wo, w1, w2, wout)))
+    dws, dwqkv, dwo, dw1, dw2, dwout = (g.view(shape).to(w.dtype) for g, shape, w in
+                                        zip(flat.split([a * x for a, x in shapes]), shapes,
+                                            (ws, wqkv, wo, w1, w2, wout)))
     dbs, dg1, dbe1, dbqkv, dbo, dg2, dbe2, db1, db2, dbout = small
-    if not project:  # the output projection was not applied
-        dwout, dbout = [None], None
     ddesc = grads[..., :width]
-    return (ddesc, dstate, dws, dbs, dg1, dbe1, dwqkv, dbqkv, dwo, dbo, dg2, dbe2, dw1, db1, dw2, db2, dwout[0],
-            dbout, None, None, None)
+    return (ddesc, dstate, dws, dbs, dg1, dbe1, dwqkv, dbqkv, dwo, dbo, dg2, dbe2, dw1, db1, dw2, db2, dwout, dbout,
+            None, None)
 
 
 boundary_transfer.register_autograd(_backward, setup_context=_setup_context)
@@ -505,27 +486,25 @@ boundary_transfer.register_autograd(_backward, setup_context=_setup_context)
 
 @register_flop_formula(torch.ops.gno_ext.boundary_transfer)
 def _forward_flops(desc_shape, state_shape, ws_shape, bs_shape, g1_shape, be1_shape, wqkv_shape, bqkv_shape,
-                   wo_shape, bo_shape, g2_shape, be2_shape, w1_shape, b1_shape, w2_shape, b2_shape, wout_shape,
-                   bout_shape, eps1, eps2, project=True, *, out_shape=None, **kwargs) -> int:
+                   wo_shape, bo_shape, g2_shape, be2_shape, w1_shape, *args, out_shape=None, **kwargs) -> int:
     b, m, d = state_shape
     w, h = wqkv_shape[1], w1_shape[0]
     # S W_s, qkv, q k^T, p v, W_o, W_1, W_2, W_out
-    return 2 * b * m * (d * w + 3 * w * w + 2 * m * w + w * w + 2 * w * h + (w * d if project else 0))
+    return 2 * b * m * (d * w + 3 * w * w + 2 * m * w + w * w + 2 * w * h + w * d)
 
 
 @register_flop_formula(torch.ops.gno_ext.boundary_transfer_backward)
 def _backward_flops(dy_shape, saved_shape, ws_shape, g1_shape, wqkv_shape, wo_shape, g2_shape, w1_shape,
-                    w2_shape, wout_shape, eps1, eps2, project=True, *, out_shape=None, **kwargs) -> int:
-    b, m = dy_shape[:2]
-    d = ws_shape[1]
+                    *args, out_shape=None, **kwargs) -> int:
+    b, m, d = dy_shape
     w, h = wqkv_shape[1], w1_shape[0]
     # input gradients of W_out, W_2, W_1, W_o, qkv and W_s; attention: dv, dp, dq, dk
-    return 2 * b * m * ((d * w if project else 0) + 2 * w * h + w * w + 3 * w * w + d * w + 4 * m * w)
+    return 2 * b * m * (d * w + 2 * w * h + w * w + 3 * w * w + d * w + 4 * m * w)
 
 
 @register_flop_formula(torch.ops.gno_ext.boundary_transfer_wgrad)
-def _wgrad_flops(grads_shape, dy_shape, saved_shape, state_shape, project=True, *, out_shape=None, **kwargs) -> int:
+def _wgrad_flops(grads_shape, dy_shape, saved_shape, state_shape, *args, out_shape=None, **kwargs) -> int:
     b, m, d = state_shape
     w = (2 * grads_shape[2] - saved_shape[2]) // 3
     h = grads_shape[2] - 6 * w
-    return 2 * b * m * sum(a * x for a, x in wgrad_shapes(w, h, d, project))
+    return 2 * b * m * sum(a * x for a, x in wgrad_shapes(w, h, d))

@@ -40,8 +40,7 @@ from torch import Tensor
 
 from gno_ext.layers._util import KERNEL_TYPES, kernel_ranks, operand_type, segment_of, triton_module
 
-__all__ = ["MIN_RUNS", "RUN", "SHORT_RUN", "gathered_linear", "gathered_linear_pair", "load_kernels", "run_length",
-           "run_plan", "usable"]
+__all__ = ["MIN_RUNS", "RUN", "SHORT_RUN", "gathered_linear", "load_kernels", "run_length", "run_plan", "usable"]
 
 # samples per run of the weight-gradient kernel (see `run_length`): RUN where that still gives
 # MIN_RUNS runs, SHORT_RUN otherwise
@@ -140,44 +139,6 @@ def gathered_linear(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | Non
         plan = run_plan(index, weight.shape[0], run)
     with torch.autocast(x.device.type, enabled=False):
         return _kernels.gathered_mm(x.contiguous(), index, weight, bias, plan, run)
-
-
-def gathered_linear_pair(x: Tensor, x2: Tensor, index: Tensor, weight: Tensor, bias: Tensor | None,
-                         weight2: Tensor, bias2: Tensor | None, plan: Tensor | None = None) -> Tensor:
-    """``torch.cat([gathered_linear(x, index, weight, bias), gathered_linear(x2, index, weight2,
-    bias2)], 1)`` without the concatenation: both products write their rows of one output in
-    place, and the backward pass reads the output gradient's two row ranges in place.
-
-    Parameters
-    ----------
-    x, x2 : Tensor, shapes (B, T, in) and (B, T2, in2)
-    index : Tensor, shape (B,), long
-    weight, weight2 : Tensor, shapes (K, in, out) and (K, in2, out)
-    bias, bias2 : Tensor, shape (K, out), optional
-        Both or neither.
-    plan : Tensor, optional
-        As for `gathered_linear`.
-
-    Returns
-    -------
-    Tensor, shape (B, T + T2, out)
-    """
-    if _kernels is None:
-        raise RuntimeError("gathered_linear_pair: the Triton operators are not loaded (they need Triton and a CUDA "
-                           "device, or Triton's interpreter); check `usable(x)` first")
-    if (bias is None) != (bias2 is None):
-        raise ValueError("gathered_linear_pair: give both biases or neither, got "
-                         f"bias {'None' if bias is None else 'a tensor'} and bias2 {'None' if bias2 is None else 'a tensor'}")
-    if x2.shape[0] != x.shape[0] or weight2.shape[0] != weight.shape[0] or weight2.shape[2] != weight.shape[2]:
-        raise ValueError(f"gathered_linear_pair: x2 {tuple(x2.shape)} and weight2 {tuple(weight2.shape)} must have the "
-                         f"batch, kernel count and output width of x {tuple(x.shape)} and weight {tuple(weight.shape)}")
-    dtype = operand_type(x.dtype, x.device.type)
-    run = run_length(x.shape[0], weight.shape[0])
-    if plan is None:
-        plan = run_plan(index, weight.shape[0], run)
-    with torch.autocast(x.device.type, enabled=False):
-        return _kernels.gathered_mm_pair(x.to(dtype).contiguous(), x2.to(dtype).contiguous(), index, weight, bias,
-                                         weight2, bias2, plan, run)
 
 
 if torch.cuda.is_available():  # the operators must exist before torch.compile traces a model

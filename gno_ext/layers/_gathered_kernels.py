@@ -14,8 +14,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from gno_ext.layers._util import tf32_allowed
 
-__all__ = ["FORWARD", "WGRAD", "gathered_mm", "gathered_mm_pair", "gathered_mm_pair_backward", "grouped_wgrad",
-           "wgrad_splits"]
+__all__ = ["FORWARD", "WGRAD", "gathered_mm", "grouped_wgrad", "wgrad_splits"]
 
 # Launch configurations, chosen by sweeps on an H100 (docs/benchmarks.md). FORWARD: the
 # product and the input gradient (BM: rows of one kernel's samples per tile; BN, BK: upper
@@ -54,13 +53,12 @@ def _group_rows(pid, counts, T, K, KP: tl.constexpr, BM: tl.constexpr):
 
 
 @triton.jit
-def _gathered_mm_kernel(x_ptr, w_ptr, bias_ptr, plan_ptr, y_ptr, T, DIN, DOUT, K, X0, Y0,
+def _gathered_mm_kernel(x_ptr, w_ptr, bias_ptr, plan_ptr, y_ptr, T, DIN, DOUT, K,
                         sxb, sxt, sxd, swk, swi, swo, sbk, syb, syt, syd,
                         HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                         KP: tl.constexpr, PRECISION: tl.constexpr):
     # program (row tile of one kernel's samples, `_group_rows`) x (column tile n); ``plan``
-    # holds each kernel's sample count and then the samples listed by kernel (`run_plan`).
-    # Each sample's T rows are read from x's rows X0 on and written to y's rows Y0 on.
+    # holds each kernel's sample count and then the samples listed by kernel (`run_plan`)
     kk = tl.arange(0, KP)
     counts = tl.load(plan_ptr + kk, mask=kk < K, other=0)
     k, first_sample, rows, live = _group_rows(tl.program_id(0), counts, T, K, KP, BM)
@@ -70,7 +68,7 @@ def _gathered_mm_kernel(x_ptr, w_ptr, bias_ptr, plan_ptr, y_ptr, T, DIN, DOUT, K
         kernel = k.to(tl.int64)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         inner = tl.arange(0, BK)
-        x_rows = x_ptr + (sample * sxb + (token + X0) * sxt)[:, None]
+        x_rows = x_ptr + (sample * sxb + token * sxt)[:, None]
         w_cols = w_ptr + kernel * swk + cols[None, :] * swo
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for i0 in range(0, DIN, BK):
@@ -80,19 +78,18 @@ def _gathered_mm_kernel(x_ptr, w_ptr, bias_ptr, plan_ptr, y_ptr, T, DIN, DOUT, K
             acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + kernel * sbk + cols, mask=cols < DOUT, other=0.0).to(tl.float32)[None, :]
-        y_rows = y_ptr + (sample * syb + (token + Y0) * syt)[:, None]
-        tl.store(y_rows + cols[None, :] * syd, acc.to(y_ptr.dtype.element_ty), mask=live[:, None] & (cols[None, :] < DOUT))
+        tl.store(y_ptr + (sample * syb + token * syt)[:, None] + cols[None, :] * syd, acc.to(y_ptr.dtype.element_ty),
+                 mask=live[:, None] & (cols[None, :] < DOUT))
 
 
 @triton.jit
 def _grouped_wgrad_kernel(x_ptr, dy_ptr, order_ptr, run_kernel_ptr, run_start_ptr, run_len_ptr,
-                          dw_ptr, dbias_ptr, T, DIN, DOUT, PART, Y0,
+                          dw_ptr, dbias_ptr, T, DIN, DOUT, PART,
                           sxb, sxt, sxd, syb, syt, syd, swk, swi, swo, sbk,
                           HAS_BIAS: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
                           RUN: tl.constexpr, PRECISION: tl.constexpr):
     # program (weight tile) x (run) x (part of the rows: chunks of BT rows [c0, c1), PART
     # chunks per part): dW[k] tile += sum over the run's samples of x_b^T dy_b over those rows
-    # (each sample's T rows of x, and of dy from its row Y0 on)
     tiles_n = tl.cdiv(DOUT, BN)
     td = tl.program_id(0) // tiles_n
     dd = td * BD + tl.arange(0, BD)
@@ -117,7 +114,7 @@ def _grouped_wgrad_kernel(x_ptr, dy_ptr, order_ptr, run_kernel_ptr, run_start_pt
             tt = (c0 + i % chunks) * BT + tt0
             xt = tl.load(x_ptr + b * sxb + dd[:, None] * sxd + tt[None, :] * sxt,
                          mask=(dd[:, None] < DIN) & (tt[None, :] < T), other=0.0)
-            dy = tl.load(dy_ptr + b * syb + (tt[:, None] + Y0) * syt + nn[None, :] * syd,
+            dy = tl.load(dy_ptr + b * syb + tt[:, None] * syt + nn[None, :] * syd,
                          mask=(tt[:, None] < T) & (nn[None, :] < DOUT), other=0.0)
             acc = tl.dot(xt, dy, acc, input_precision=PRECISION)
             if HAS_BIAS:
@@ -152,23 +149,18 @@ def _tile(n: int, largest: int) -> int:
     return max(16, min(largest, triton.next_power_of_2(int(n))))
 
 
-def _gathered_mm(x: Tensor, weight: Tensor, bias: Tensor | None, plan: Tensor, rows: int | None = None,
-                 x0: int = 0, out: Tensor | None = None, y0: int = 0) -> Tensor:
-    """Launch of the forward kernel (also the input gradient, on transposed weights): each
-    sample's ``rows`` rows of ``x`` from row ``x0`` on (default: all of them) through its
-    kernel's weight, written to ``out``'s rows ``y0`` on (default: a new ``(B, rows, out)``
-    tensor, which is returned)."""
+def _gathered_mm(x: Tensor, weight: Tensor, bias: Tensor | None, plan: Tensor) -> Tensor:
+    """Launch of the forward kernel (also the input gradient, on transposed weights)."""
     b, t, din = x.shape
-    t = t if rows is None else rows
     n_kernels, _, dout = weight.shape
-    y = x.new_empty(b, t, dout) if out is None else out
+    y = x.new_empty(b, t, dout)
     c = FORWARD
     bm, bn, bk = _forward_tiles(x, din, dout)
     # every kernel's rows fill whole tiles but its last: at most B * T / BM + K tiles
     grid = (triton.cdiv(b * t, bm) + n_kernels, triton.cdiv(dout, bn))
     bias_arg = weight if bias is None else bias  # unused pointer when there is no bias
     _launch(_gathered_mm_kernel)[grid](
-        x, weight, bias_arg, plan, y, t, din, dout, n_kernels, x0, y0, *x.stride(),
+        x, weight, bias_arg, plan, y, t, din, dout, n_kernels, *x.stride(),
         *weight.stride(), 0 if bias is None else bias.stride(0), *y.stride(),
         HAS_BIAS=bias is not None, BM=bm, BN=bn, BK=bk, KP=triton.next_power_of_2(n_kernels),
         PRECISION=_precision(), num_warps=c["num_warps"], num_stages=c["num_stages"])
@@ -241,11 +233,10 @@ def _wgrad_tiles(x: Tensor, din: int, dout: int, t: int) -> tuple[int, int, int]
 
 
 def _grouped_wgrad(x: Tensor, dy: Tensor, plan: Tensor, n_kernels: int, has_bias: bool,
-                   run: int, y0: int = 0) -> tuple[Tensor, Tensor]:
+                   run: int) -> tuple[Tensor, Tensor]:
     """Launch of the weight-gradient kernel: ``(dW (K, in, out), dbias (K, out))`` in float32
-    (``dbias`` empty without a bias), from each sample's ``T`` rows of ``x`` and the ``T`` rows
-    of ``dy`` from row ``y0`` on. ``plan``: from `gno_ext.layers._gathered.run_plan` with runs
-    of at most ``run`` samples."""
+    (``dbias`` empty without a bias). ``plan``: from `gno_ext.layers._gathered.run_plan` with
+    runs of at most ``run`` samples."""
     b, t, din = x.shape
     dout = dy.shape[2]
     dw = x.new_zeros(n_kernels, din, dout, dtype=torch.float32)
@@ -256,7 +247,7 @@ def _grouped_wgrad(x: Tensor, dy: Tensor, plan: Tensor, n_kernels: int, has_bias
     tiles, runs = triton.cdiv(din, bd) * triton.cdiv(dout, bn), run_len.shape[0]
     parts, per = wgrad_splits(tiles, runs, triton.cdiv(int(t), bt))
     _launch(_grouped_wgrad_kernel)[(tiles, runs, parts)](
-        x, dy, order, run_kernel, run_start, run_len, dw, dbias, t, din, dout, per, y0,
+        x, dy, order, run_kernel, run_start, run_len, dw, dbias, t, din, dout, per,
         *x.stride(), *dy.stride(), *dw.stride(), dbias.stride(0) if has_bias else 0,
         HAS_BIAS=has_bias, BD=bd, BN=bn, BT=bt, RUN=triton.next_power_of_2(run), PRECISION=_precision(),
         num_warps=c["num_warps"], num_stages=c["num_stages"])
@@ -333,55 +324,6 @@ def _backward(ctx, grad: Tensor):
 gathered_mm.register_autograd(_backward, setup_context=_setup_context)
 
 
-@torch.library.triton_op("gno_ext::gathered_mm_pair", mutates_args={})
-def gathered_mm_pair(x: Tensor, x2: Tensor, index: Tensor, weight: Tensor, bias: Tensor | None, weight2: Tensor,
-                     bias2: Tensor | None, plan: Tensor, run: int) -> Tensor:
-    """Two gathered products written into one tensor, one after the other along the rows:
-    ``y[b, :T] = x[b] @ weight[k] + bias[k]`` and ``y[b, T:] = x2[b] @ weight2[k] + bias2[k]``
-    with ``k = index[b]`` (``x`` (B, T, in), ``x2`` (B, T2, in2), both weights (K, ., out)).
-
-    What ``torch.cat`` of two `gathered_mm` outputs gives, without the copy: each launch
-    writes its rows of the output in place, and the backward pass reads the two row ranges of
-    the output gradient in place."""
-    b, t, _ = x.shape
-    y = x.new_empty(b, t + x2.shape[1], weight.shape[2])
-    cast = lambda w: None if w is None else w.to(x.dtype)
-    _gathered_mm(x, cast(weight), cast(bias), plan, out=y)
-    _gathered_mm(x2, cast(weight2), cast(bias2), plan, out=y, y0=t)
-    return y
-
-
-@torch.library.triton_op("gno_ext::gathered_mm_pair_backward", mutates_args={})
-def gathered_mm_pair_backward(grad: Tensor, x: Tensor, x2: Tensor, weight: Tensor, weight2: Tensor, plan: Tensor,
-                              has_bias: bool, run: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The gradients of `gathered_mm_pair`: ``(dx, dx2, dW, dbias, dW2, dbias2)``, the input
-    gradients in ``grad``'s type, the weight and bias gradients in float32 (the bias
-    gradients empty without biases)."""
-    t, k = x.shape[1], weight.shape[0]
-    dx = _gathered_mm(grad, weight.to(grad.dtype).transpose(1, 2), None, plan, rows=t)
-    dx2 = _gathered_mm(grad, weight2.to(grad.dtype).transpose(1, 2), None, plan, rows=x2.shape[1], x0=t)
-    dw, dbias = _grouped_wgrad(x, grad, plan, k, has_bias, run)
-    dw2, dbias2 = _grouped_wgrad(x2, grad, plan, k, has_bias, run, y0=t)
-    return dx, dx2, dw, dbias, dw2, dbias2
-
-
-def _pair_setup_context(ctx, inputs, output) -> None:
-    x, x2, index, weight, bias, weight2, bias2, plan, run = inputs
-    ctx.save_for_backward(x, x2, weight, weight2, plan)
-    ctx.has_bias, ctx.run = bias is not None, run
-
-
-def _pair_backward(ctx, grad: Tensor):
-    x, x2, weight, weight2, plan = ctx.saved_tensors
-    dx, dx2, dw, dbias, dw2, dbias2 = gathered_mm_pair_backward(grad.contiguous(), x, x2, weight, weight2, plan,
-                                                                ctx.has_bias, ctx.run)
-    biases = (dbias.to(weight.dtype), dbias2.to(weight2.dtype)) if ctx.has_bias else (None, None)
-    return dx, dx2, None, dw.to(weight.dtype), biases[0], dw2.to(weight2.dtype), biases[1], None, None
-
-
-gathered_mm_pair.register_autograd(_pair_backward, setup_context=_pair_setup_context)
-
-
 @register_flop_formula(torch.ops.gno_ext.gathered_mm)
 def _gathered_mm_flops(x_shape, index_shape, weight_shape, *args, out_shape=None, **kwargs) -> int:
     b, t, din = x_shape
@@ -392,16 +334,3 @@ def _gathered_mm_flops(x_shape, index_shape, weight_shape, *args, out_shape=None
 def _grouped_wgrad_flops(x_shape, dy_shape, *args, out_shape=None, **kwargs) -> int:
     b, t, din = x_shape
     return 2 * b * t * din * dy_shape[2]
-
-
-@register_flop_formula(torch.ops.gno_ext.gathered_mm_pair)
-def _gathered_mm_pair_flops(x_shape, x2_shape, index_shape, weight_shape, bias_shape, weight2_shape, *args,
-                            out_shape=None, **kwargs) -> int:
-    (b, t, din), (_, t2, din2) = x_shape, x2_shape
-    return 2 * b * (t * din + t2 * din2) * weight_shape[2]
-
-
-@register_flop_formula(torch.ops.gno_ext.gathered_mm_pair_backward)
-def _gathered_mm_pair_backward_flops(grad_shape, x_shape, x2_shape, *args, out_shape=None, **kwargs) -> int:
-    (b, t, din), (_, t2, din2) = x_shape, x2_shape
-    return 4 * b * (t * din + t2 * din2) * grad_shape[2]  # input and weight gradients

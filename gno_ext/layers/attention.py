@@ -19,18 +19,8 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gno_ext.layers import _gathered
-from gno_ext.layers._util import (
-    KERNEL_TYPES,
-    is_integer_dtype,
-    kernel_ranks,
-    one_hot,
-    operand_type,
-    require_at_least,
-    segment_of,
-    tf32_allowed,
-    triton_module,
-)
-from gno_ext.layers.fold import ContextRows, context_rows_kv
+from gno_ext.layers._util import (KERNEL_TYPES, is_integer_dtype, kernel_ranks, one_hot, operand_type, require_at_least,
+                                  segment_of, tf32_allowed, triton_module)
 
 __all__ = ["AttentionKernel", "AttentionKernelBank", "SDPA_BACKENDS", "attend", "attend_tokens", "chunk_plan",
            "default_chunk", "mixed_attention", "tokens_fusable"]
@@ -150,7 +140,7 @@ class AttentionKernel(nn.Module):
         self.kv = nn.Linear(dim, 2 * dim, bias=bias)
         self.out = nn.Linear(dim, dim, bias=bias)
 
-    def forward(self, x: Tensor, context: Tensor | None = None, context_rows: ContextRows | None = None) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Attend.
 
         Parameters
@@ -159,10 +149,6 @@ class AttentionKernel(nn.Module):
             Spatial tokens (queries, keys, values).
         context : Tensor, shape (B, M, D), optional
             Context tokens (keys and values only).
-        context_rows : ContextRows, optional
-            More context tokens, given by the rows that a key/value weight of one kernel
-            (``K = 1``) multiplies (`gno_ext.layers.fold`); their keys and values come after
-            ``context``'s.
 
         Returns
         -------
@@ -172,11 +158,7 @@ class AttentionKernel(nn.Module):
         b, n, d = x.shape
         source = x if context is None else torch.cat([x, context], 1)
         q = self.q(x).view(b, n, self.heads, -1)
-        kv = self.kv(source)
-        if context_rows is not None:
-            check_context_rows(context_rows, b, 1, 2 * d)
-            kv = torch.cat([kv, context_rows_kv(context_rows)], 1)
-        kv = kv.view(b, kv.shape[1], 2, self.heads, -1)
+        kv = self.kv(source).view(b, source.shape[1], 2, self.heads, -1)
         return self.out(attend_tokens(q, kv, self.fused_attention).reshape(b, n, d))
 
 
@@ -190,19 +172,6 @@ def check_tokens(x: Tensor, context: Tensor | None, dim: int, batch: int) -> Non
         raise ValueError(f"x: expected shape ({batch}, N, {dim}), got {tuple(x.shape)}")
     if context is not None and (context.ndim != 3 or context.shape[0] != batch or context.shape[2] != dim):
         raise ValueError(f"context: expected shape ({batch}, M, {dim}) like x, got {tuple(context.shape)}")
-
-
-def check_context_rows(context_rows: ContextRows, batch: int, n_kernels: int, width: int) -> None:
-    """Raise a `ValueError` naming the part of ``context_rows`` (`ContextRows`) whose shape
-    does not fit ``batch`` samples, ``n_kernels`` kernels and key/value width ``width``."""
-    rows, weight, bias = context_rows
-    if rows.ndim != 3 or rows.shape[0] != batch:
-        raise ValueError(f"context_rows.rows: expected shape ({batch}, M, r), got {tuple(rows.shape)}")
-    if weight.shape != (n_kernels, rows.shape[2], width):
-        raise ValueError(f"context_rows.weight: expected shape ({n_kernels}, {rows.shape[2]}, {width}), got "
-                         f"{tuple(weight.shape)}")
-    if bias.shape != (n_kernels, width):
-        raise ValueError(f"context_rows.bias: expected shape ({n_kernels}, {width}), got {tuple(bias.shape)}")
 
 
 def check_index(index: Tensor, batch: int) -> None:
@@ -349,18 +318,13 @@ def mixed_attention(kernels: Sequence[AttentionKernel], index: Tensor, x: Tensor
 
 
 def _mixed(stacks: dict[str, tuple[Tensor, Tensor | None]], heads: int, index: Tensor, x: Tensor,
-           context: Tensor | None, chunk: int | None, fused: bool = True,
-           context_rows: ContextRows | None = None) -> Tensor:
+           context: Tensor | None, chunk: int | None, fused: bool = True) -> Tensor:
     """`mixed_attention` on stacked weights: ``stacks[name] = (weight (K, in, out), bias (K, out))``;
-    ``fused``: the attention itself through `attend_tokens`' Triton kernels where they run;
-    ``context_rows``: more context tokens (`gno_ext.layers.fold`), whose keys and values come
-    after ``context``'s."""
+    ``fused``: the attention itself through `attend_tokens`' Triton kernels where they run."""
     b, n, d = x.shape
     n_kernels = stacks["q"][0].shape[0]
     check_index(index, b)
     source = x if context is None else torch.cat([x, context], 1)
-    if context_rows is not None:
-        check_context_rows(context_rows, b, n_kernels, stacks["kv"][0].shape[2])
     if n_kernels == 1 or chunk is None and _gathered.usable(x):
         if n_kernels == 1:  # one kernel for every sample: plain products
             def project(t, weight, bias):
@@ -371,16 +335,7 @@ def _mixed(stacks: dict[str, tuple[Tensor, Tensor | None]], heads: int, index: T
             def project(t, weight, bias):
                 return _gathered.gathered_linear(t, index, weight, bias, plan)
         q = project(x, *stacks["q"]).view(b, n, heads, -1)
-        if context_rows is None:
-            kv = project(source, *stacks["kv"])
-        elif n_kernels == 1:
-            kv = torch.cat([project(source, *stacks["kv"]), context_rows_kv(context_rows)], 1)
-        else:  # both products written into one output: no concatenation
-            weight, bias = stacks["kv"]
-            bias = bias if bias is not None else context_rows.bias.new_zeros(context_rows.bias.shape)
-            kv = _gathered.gathered_linear_pair(source, context_rows.rows, index, weight, bias, context_rows.weight,
-                                                context_rows.bias, plan)
-        kv = kv.view(b, kv.shape[1], 2, heads, -1)
+        kv = project(source, *stacks["kv"]).view(b, source.shape[1], 2, heads, -1)
         return project(attend_tokens(q, kv, fused).reshape(b, n, d), *stacks["out"])
     chunk = chunk or default_chunk(b, n_kernels)
     if chunk == 1:
@@ -392,15 +347,9 @@ def _mixed(stacks: dict[str, tuple[Tensor, Tensor | None]], heads: int, index: T
         sample_of = slot.new_full((select.shape[0] * chunk,), b).index_copy(0, slot, torch.arange(b, device=slot.device))
         x = _MoveRows.apply(x, sample_of, slot)
         source = x if context is None else _MoveRows.apply(source, sample_of, slot)
-    if context_rows is not None:
-        stacks = {**stacks, "rows": context_rows[1:]}
     rows, chosen = x.shape[0], _select(stacks, select)
     q = _apply(x, chunk, *chosen["q"]).view(rows, n, heads, -1)
-    kv = _apply(source, chunk, *chosen["kv"])
-    if context_rows is not None:
-        extra = context_rows.rows if slot is None else _MoveRows.apply(context_rows.rows, sample_of, slot)
-        kv = torch.cat([kv, _apply(extra, chunk, *chosen["rows"])], 1)
-    kv = kv.view(rows, kv.shape[1], 2, heads, -1)
+    kv = _apply(source, chunk, *chosen["kv"]).view(rows, source.shape[1], 2, heads, -1)
     y = _apply(attend_tokens(q, kv, fused).reshape(rows, n, d), chunk, *chosen["out"])
     return y if slot is None else _MoveRows.apply(y, slot, sample_of)
 
@@ -462,8 +411,7 @@ class AttentionKernelBank(nn.Module):
                     getattr(out, name).bias.copy_(getattr(self, f"{name}_bias")[k])
         return out
 
-    def forward(self, x: Tensor, index: Tensor, context: Tensor | None = None, chunk: int | None = None,
-                context_rows: ContextRows | None = None) -> Tensor:
+    def forward(self, x: Tensor, index: Tensor, context: Tensor | None = None, chunk: int | None = None) -> Tensor:
         """Sample ``i`` through kernel ``index[i]`` (see `mixed_attention`).
 
         Parameters
@@ -473,15 +421,10 @@ class AttentionKernelBank(nn.Module):
         context : Tensor, shape (B, M, D), optional
         chunk : int, optional
             Samples per weight group of the chunked products (see `mixed_attention`).
-        context_rows : ContextRows, optional
-            More context tokens, given by the rows that each kernel's key/value weights
-            multiply (`gno_ext.layers.fold.fold_projection`: a projection and a norm folded
-            into the weights); their keys and values come after ``context``'s. On the gathered
-            path both key/value products write into one output (no concatenation).
         """
         check_tokens(x, context, self.dim, x.shape[0] if x.ndim == 3 else index.shape[0])
         stacks = {name: (getattr(self, f"{name}_weight"), getattr(self, f"{name}_bias")) for name in PROJECTIONS}
-        return _mixed(stacks, self.heads, index, x, context, chunk, self.fused_attention, context_rows)
+        return _mixed(stacks, self.heads, index, x, context, chunk, self.fused_attention)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
         if f"{prefix}0.q.weight" in state_dict:  # the layout of K separate AttentionKernels

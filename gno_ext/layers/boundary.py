@@ -182,7 +182,7 @@ class BoundaryTransfer(nn.Module):
         pad = -inputs.shape[-1] % 8
         return F.linear(F.pad(inputs, (0, pad)), F.pad(weight, (0, 0, 0, pad)).t(), self.data.bias + self.position.bias)
 
-    def forward(self, features: tuple[Tensor, Tensor, Tensor, Tensor], state: Tensor, project: bool = True) -> Tensor:
+    def forward(self, features: tuple[Tensor, Tensor, Tensor, Tensor], state: Tensor) -> Tensor:
         """Latent Dirichlet tokens.
 
         Parameters
@@ -191,19 +191,15 @@ class BoundaryTransfer(nn.Module):
             From `boundary_features` (computed once per forward pass of the model).
         state : Tensor, shape (B, M, D)
             Latent tokens next to each boundary patch (`edge_tokens` of $v_\\ell$).
-        project : bool
-            Apply the output projection ``out`` (default). False returns the operator's state
-            before it, ``(B, M, width)``, for a caller that folds the projection into its own
-            products (`gno_ext.layers.fold`); the tokens are then ``out(state)``.
 
         Returns
         -------
-        Tensor, shape (B, M, D), or (B, M, width) without ``project``
+        Tensor, shape (B, M, D)
         """
         desc = self.describe(features, state.dtype)
         if self.fusable(state):
-            return self.forward_fused(desc, state, project)
-        return self.forward_unfused(desc, state, project)
+            return self.forward_fused(desc, state)
+        return self.forward_unfused(desc, state)
 
     def fusable(self, state: Tensor) -> bool:
         """Whether `forward` takes the fused kernels for this ``state`` (see `fused`), with
@@ -213,20 +209,17 @@ class BoundaryTransfer(nn.Module):
         return _kernels.supported(self.norm.normalized_shape[0], self.mlp[1].out_features, state.shape[1],
                                   operand_type(state.dtype, "cuda"))
 
-    def forward_unfused(self, desc: Tensor, state: Tensor, project: bool = True) -> Tensor:
-        """The operator in PyTorch, from the description ``desc`` (`describe`, (B, M, width));
-        ``project`` as for `forward`."""
+    def forward_unfused(self, desc: Tensor, state: Tensor) -> Tensor:
+        """The operator in PyTorch, from the description ``desc`` (`describe`, (B, M, width))."""
         x = desc + self.state(state)
         q, k, v = self.qkv(self.norm(x)).chunk(3, -1)
         attn = attend(q[:, None], k[:, None], v[:, None])[:, 0]
         x = x + self.attn_out(attn)
-        x = x + self.mlp(x)
-        return self.out(x) if project else x
+        return self.out(x + self.mlp(x))
 
-    def forward_fused(self, desc: Tensor, state: Tensor, project: bool = True) -> Tensor:
+    def forward_fused(self, desc: Tensor, state: Tensor) -> Tensor:
         """The operator as the fused Triton kernels (`gno_ext.layers._boundary_kernels`), from
-        the description ``desc``; ``project`` as for `forward`. Under autocast the products run
-        in the autocast type."""
+        the description ``desc``. Under autocast the products run in the autocast type."""
         if _kernels is None:
             raise RuntimeError("BoundaryTransfer.forward_fused: the Triton operators are not loaded (they need Triton "
                                "and a CUDA device, or Triton's interpreter)")
@@ -240,7 +233,7 @@ class BoundaryTransfer(nn.Module):
                 desc.to(dtype).contiguous(), state.to(dtype).contiguous(), ws, self.state.bias,
                 self.norm.weight, self.norm.bias, wqkv, self.qkv.bias, wo, self.attn_out.bias,
                 self.mlp[0].weight, self.mlp[0].bias, w1, fc1.bias, w2, fc2.bias, wout, self.out.bias,
-                self.norm.eps, self.mlp[0].eps, project)
+                self.norm.eps, self.mlp[0].eps)
         return y
 
 

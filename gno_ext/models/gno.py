@@ -33,18 +33,11 @@ from gno_ext.layers.embeddings import (
     sincos_position,
     token_shape,
 )
-from gno_ext.layers.fold import fold_projection, fold_saves
 from gno_ext.layers.gate import ParameterGate, Routing, route_all
 from gno_ext.layers.mixture import GatedKernelMixture
 from gno_ext.models.registry import register_model
 from gno_ext.models.rollout import rollout
-from gno_ext.schema import (
-    BoundarySpec,
-    Grid,
-    PDEBatch,
-    check_model_inputs,
-    model_inputs,
-)
+from gno_ext.schema import BoundarySpec, Grid, PDEBatch, check_model_inputs, model_inputs
 
 __all__ = ["GNO", "GNOBlock"]
 
@@ -68,22 +61,7 @@ class GNOBlock(nn.Module):
         Whether the block has a boundary transfer operator.
     ndim : int
         Spatial dimension.
-
-    Attributes
-    ----------
-    fold_context : bool or None
-        Compute the boundary tokens' keys and values from the boundary operator's state before
-        its output projection, with the projection and ``context_norm`` folded into each
-        kernel's key/value weights (`gno_ext.layers.fold`). The same function with fewer
-        operations per sample: at the paper size, a quarter of the multiply-adds of those keys
-        and values, and the projection's own product is gone; but forming the folded weights
-        costs a fixed amount per step. None (the default): fold where that takes fewer
-        multiply-adds (`gno_ext.layers.fold.fold_saves`; at the paper size from about 11
-        samples per batch); True or False on an instance: always or never (the tests compare
-        the two).
     """
-
-    fold_context: bool | None = None
 
     def __init__(self, dim: int, heads: int, mlp_ratio: float, n_kernels: int, gate_inputs: int,
                  gate_hidden: int, gate_noise: float, boundary: bool, ndim: int) -> None:
@@ -107,43 +85,21 @@ class GNOBlock(nn.Module):
                 boundary: tuple[Tensor, ...] | None, grid_tokens: Sequence[int]) -> Tensor:
         """Update tokens ``x`` (B, N, D) given the parameter token (B, 1, D), the routing of this
         block's gate (computed by the model for all blocks at once) and boundary features."""
-        context, context_rows = theta_token, None
+        context = theta_token
         h_mean = torch.zeros_like(theta_token)
         if self.boundary is not None and boundary is not None:
-            state = edge_tokens(x, grid_tokens)
-            if self.folds(x.shape[0], state.shape[1]):  # keys and values of h = out(s) from s
-                s = self.boundary(boundary, state, project=False)
-                context_rows = fold_projection(s, self.boundary.out, self.context_norm, *self.kv_weights())
-                h_mean = self.boundary.out(s.mean(1, keepdim=True))  # the mean of h, out being affine
-            else:
-                h = self.boundary(boundary, state)
-                context = torch.cat([theta_token, h], 1)
-                h_mean = h.mean(1, keepdim=True)
+            h = self.boundary(boundary, edge_tokens(x, grid_tokens))
+            context = torch.cat([theta_token, h], 1)
+            h_mean = h.mean(1, keepdim=True)
         context = self.context_norm(context)
         xn = self.norm(x)
         if self.mixture is not None:
-            integral = self.mixture(xn, None, routing=routing, context=context, context_rows=context_rows)
+            integral = self.mixture(xn, None, routing=routing, context=context)
         else:
-            integral = self.kernel(xn, context, context_rows=context_rows)
+            integral = self.kernel(xn, context)
         local = self.local_state(xn) + self.local_context(torch.cat([theta_token, h_mean], -1))
         x = x + integral + local
         return x + self.mlp(self.mlp_norm(x))
-
-    def folds(self, batch: int, tokens: int) -> bool:
-        """Whether `forward` folds the boundary tokens' projection and norm into the kernels'
-        key/value weights for ``batch`` samples of ``tokens`` boundary tokens (`fold_context`)."""
-        if self.fold_context is not None:
-            return self.fold_context
-        out = self.boundary.out
-        return fold_saves(batch, tokens, out.in_features, out.out_features, self.kv_weights()[0].shape[0])
-
-    def kv_weights(self) -> tuple[Tensor, Tensor | None]:
-        """The key/value weights ``(K, D, 2 D)`` and biases ``(K, 2 D)`` of the block's kernels
-        (``K = 1`` without a mixture)."""
-        if self.mixture is not None:
-            return self.mixture.kernels.kv_weight, self.mixture.kernels.kv_bias
-        kv = self.kernel.kv
-        return kv.weight.t()[None], None if kv.bias is None else kv.bias[None]
 
 
 @register_model("gno")

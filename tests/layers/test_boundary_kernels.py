@@ -48,12 +48,12 @@ def test_fused_path_only_on_cuda_for_supported_sizes(monkeypatch):
     wide = boundary.BoundaryTransfer(512, 2)  # inner width 128
     assert wide.fusable(cuda_like(32, 512, torch.bfloat16)) and not wide.fusable(cuda_like(32, 512))
     with pytest.raises(ValueError, match="64 boundary tokens per sample; at inner width 32"):  # called directly
-        kernels._geometry(types.SimpleNamespace(is_cuda=True, shape=(4, 64, 128)), 128, 32, 64)
+        kernels._geometry(types.SimpleNamespace(is_cuda=True, shape=(4, 64, 128)), 32, 64)
     with pytest.raises(ValueError, match="65 boundary tokens per sample; at inner width 64"):
-        kernels._geometry(types.SimpleNamespace(is_cuda=True, shape=(4, 65, 256)), 256, 64, 128)
-    assert kernels._geometry(types.SimpleNamespace(is_cuda=True, shape=(4, 32, 256)), 256, 64, 128)[:2] == (32, 1)
-    assert kernels._geometry(types.SimpleNamespace(is_cuda=True, shape=(4, 64, 256)), 256, 64, 128)[:2] == (64, 1)
-    assert kernels._geometry(types.SimpleNamespace(is_cuda=False, shape=(4, 100, 128)), 128, 32, 64)[:2] == (128, 1)
+        kernels._geometry(types.SimpleNamespace(is_cuda=True, shape=(4, 65, 256)), 64, 128)
+    assert kernels._geometry(types.SimpleNamespace(is_cuda=True, shape=(4, 32, 256)), 64, 128)[:2] == (32, 1)
+    assert kernels._geometry(types.SimpleNamespace(is_cuda=True, shape=(4, 64, 256)), 64, 128)[:2] == (64, 1)
+    assert kernels._geometry(types.SimpleNamespace(is_cuda=False, shape=(4, 100, 128)), 32, 64)[:2] == (128, 1)
     bt.fused = False
     assert not bt.fusable(cuda_like(32, 256))
     bt.fused = True
@@ -83,34 +83,27 @@ for b, m, d, w in [(5, 7, 48, 16), (3, 20, 64, 32), (6, 100, 32, 16)]:
             p.add_(0.1 * torch.randn_like(p))
     desc = torch.randn(b, m, w, requires_grad=True)
     state = torch.randn(b, m, d, requires_grad=True)
+    probe = torch.randn(b, m, d)
     leaves = [desc, state] + [p for n, p in bt.named_parameters() if "embedding" not in n and "data" not in n
                               and "position" not in n]  # those act in `describe`, outside the kernels
-    # with the output projection, and without it (the state before it: the projection's weights
-    # get no gradient)
-    for project in (True, False):
-        probe = torch.randn(b, m, d if project else w)
-        results, flops = [], []
-        for path in (bt.forward_fused, bt.forward_unfused):
-            for leaf in leaves:
-                leaf.grad = None
-            with FlopCounterMode(display=False) as counter:
-                y = path(desc, state, project)
-                (y * probe).sum().backward()
-            results.append((y, *(leaf.grad for leaf in leaves)))
-            flops.append(counter.get_total_flops())
-        # every product three times (forward, input and weight gradients), the attention's two
-        # products forward and four backward; FlopCounterMode may not count the CPU's attention
-        # kernel
-        h = 2 * w
-        products = 6 * b * m * ((2 if project else 1) * d * w + 4 * w * w + 2 * w * h)
-        attention = 12 * b * m * m * w
-        assert flops[0] == products + attention and flops[1] in (products + attention, products), flops
-        assert (bt.out.weight.grad is None) != project and (bt.out.bias.grad is None) != project
-        for got, want in zip(*results):
-            assert (got is None) == (want is None)
-            if got is not None:
-                assert got.shape == want.shape and got.dtype == want.dtype
-                assert (got - want).norm() <= 1e-5 * want.norm(), ((got - want).norm() / want.norm(), got.shape)
+    results, flops = [], []
+    for path in (bt.forward_fused, bt.forward_unfused):
+        for leaf in leaves:
+            leaf.grad = None
+        with FlopCounterMode(display=False) as counter:
+            y = path(desc, state)
+            (y * probe).sum().backward()
+        results.append((y, *(leaf.grad for leaf in leaves)))
+        flops.append(counter.get_total_flops())
+    # every product three times (forward, input and weight gradients), the attention's two
+    # products forward and four backward; FlopCounterMode may not count the CPU's attention kernel
+    h = 2 * w
+    products = 6 * b * m * (2 * d * w + 4 * w * w + 2 * w * h)
+    attention = 12 * b * m * m * w
+    assert flops[0] == products + attention and flops[1] in (products + attention, products), flops
+    for got, want in zip(*results):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert (got - want).norm() <= 1e-5 * want.norm(), ((got - want).norm() / want.norm(), got.shape)
 print("fused boundary transfer agrees")
 """
 
@@ -139,15 +132,13 @@ def test_kernels_compiled_for_ada_and_h100_fit_their_shared_memory(arch):
                        bout=t(dim))
         state = t(2, tokens, dim)
         saved = t(2, tokens, 9 * width + 2 * hidden)
-        backward_weights = [weights[k] for k in ("ws", "g1", "wqkv", "wo", "g2", "w1", "w2", "wout")]
         with _targets.recording(kernels) as launches:
-            for project in (True, False):  # with the output projection and without
-                dy = state if project else t(2, tokens, width)
-                kernels.boundary_transfer(t(2, tokens, width), state, *weights.values(), 1e-5, 1e-5, project)
-                kernels.boundary_transfer_backward(dy, saved, *backward_weights, 1e-5, 1e-5, project)
-                kernels.boundary_transfer_wgrad(t(2, tokens, 6 * width + hidden), dy, saved, state, project)
+            kernels.boundary_transfer(t(2, tokens, width), state, *weights.values(), 1e-5, 1e-5)
+            kernels.boundary_transfer_backward(state, saved, *(weights[k] for k in ("ws", "g1", "wqkv", "wo", "g2", "w1",
+                                                                                     "w2", "wout")), 1e-5, 1e-5)
+            kernels.boundary_transfer_wgrad(t(2, tokens, 6 * width + hidden), state, saved, state)
         assert [k.fn.__name__ for k, _, _ in launches] == [
-            "_boundary_forward_kernel", "_boundary_backward_kernel", "_boundary_wgrad_kernel"] * 2
+            "_boundary_forward_kernel", "_boundary_backward_kernel", "_boundary_wgrad_kernel"]
         _targets.assert_fit(launches, arch)
 
 

@@ -123,30 +123,6 @@ for b, k, run in [(40, 3, 4), (232, 3, 8)]:
     want = torch.autograd.grad((torch.einsum("btd,bde->bte", x, w[index]) * probe).sum(), (x, w))
     for g, r in zip(got, want):
         assert torch.allclose(g, r, atol=1e-4), (g - r).abs().max()
-# two products into one output (`gathered_linear_pair`): rows of x then of x2, each with its own
-# weights, widths and row count, with and without biases, runs of 8 and 4
-for b, t, t2, din, din2, dout, k, bias in [(9, 13, 5, 24, 40, 72, 3, True), (40, 7, 20, 16, 8, 24, 4, False)]:
-    x, x2 = torch.randn(b, t, din, requires_grad=True), torch.randn(b, t2, din2, requires_grad=True)
-    index = torch.randint(0, k, (b,))
-    w, w2 = torch.randn(k, din, dout, requires_grad=True), torch.randn(k, din2, dout, requires_grad=True)
-    c, c2 = (torch.randn(k, dout, requires_grad=True), torch.randn(k, dout, requires_grad=True)) if bias else (None, None)
-    leaves = [v for v in (x, x2, w, w2, c, c2) if v is not None]
-    probe = torch.randn(b, t + t2, dout)
-    with FlopCounterMode(display=False) as counter:
-        y = _gathered.gathered_linear_pair(x, x2, index, w, c, w2, c2)
-        got = torch.autograd.grad((y * probe).sum(), leaves)
-    assert counter.get_total_flops() == 3 * 2 * b * (t * din + t2 * din2) * dout, counter.get_total_flops()
-    ref = torch.cat([torch.einsum("btd,bde->bte", x, w[index]) + (0 if c is None else c[index][:, None]),
-                     torch.einsum("btd,bde->bte", x2, w2[index]) + (0 if c2 is None else c2[index][:, None])], 1)
-    want = torch.autograd.grad((ref * probe).sum(), leaves)
-    assert y.shape == ref.shape and torch.allclose(y, ref, atol=1e-4), (y - ref).abs().max()
-    for g, r in zip(got, want):
-        assert g.shape == r.shape and torch.allclose(g, r, atol=1e-4), (g - r).abs().max()
-try:
-    _gathered.gathered_linear_pair(x, x2, index, w, torch.randn(k, dout), w2, None)
-    raise AssertionError("one bias of two was accepted")
-except ValueError as error:
-    assert "both biases or neither" in str(error)
 print("interpreted kernels agree")
 """
 
