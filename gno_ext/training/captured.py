@@ -21,7 +21,12 @@ The flat buffers make the gradients fixed tensors that every graph writes in ful
 the eager and captured steps the same semantics (a parameter without gradient in a step gets
 a zero gradient).
 
-Limits: one process (DDP's gradient hooks are not captured), no gradient accumulation, no fp16
+On several processes the captured graph also averages the flat buffers' gradients over them
+(`FlatParameters.average_grads`: one NCCL all-reduce per buffer, captured with the rest), and
+the model runs outside DDP (``trainer.grad_sync=flat``, which ``auto`` chooses here): DDP's
+gradient hooks are host code that a graph does not replay.
+
+Limits: on several processes ``trainer.grad_sync=flat``, no gradient accumulation, no fp16
 loss scaling, ``trainer.flat_parameters=true``, and no ``trainer.compile=reduce-overhead``
 (which makes CUDA graphs of its own; ``trainer.compile=true`` is the fast choice). Before each
 capture the step runs twice on the new signature (`capture_step`'s warm-up) without an
@@ -44,13 +49,14 @@ __all__ = ["CapturedSteps", "check_capture_settings", "signature"]
 
 
 def check_capture_settings(device: torch.device, world: int, accum: int, precision: str, compile_mode: Any,
-                           flat: bool) -> None:
-    """Raise a ValueError naming the setting that ``trainer.capture=true`` cannot work with."""
+                           flat: bool, grad_sync: str = "flat") -> None:
+    """Raise a ValueError naming the setting that ``trainer.capture=true`` cannot work with
+    (``grad_sync``: ``trainer.grad_sync`` as resolved, ``ddp`` or ``flat``)."""
     if device.type != "cuda":
         raise ValueError(f"trainer.capture=true: CUDA graphs need a GPU; this run is on {device.type}")
-    if world != 1:
-        raise ValueError(f"trainer.capture=true: one process only (DDP's gradient hooks are not captured); "
-                         f"this run has {world}. Set trainer.capture=false for data-parallel runs")
+    if world != 1 and grad_sync != "flat":
+        raise ValueError(f"trainer.capture=true: this run has {world} processes and trainer.grad_sync={grad_sync}, "
+                         "but DDP's gradient hooks are not captured. Use trainer.grad_sync=flat (or auto)")
     if accum != 1:
         raise ValueError(f"trainer.capture=true: needs trainer.grad_accum=1, got {accum}")
     if precision == "fp16":
@@ -114,12 +120,15 @@ class CapturedSteps:
         The stream the loop runs on (not the default stream), on which the graphs are captured.
     warmup : int
         Forward-backward runs before each capture (they change no parameter).
+    average : bool
+        Average the gradients over the processes in the graph (`FlatParameters.average_grads`),
+        before the clipping: for runs on several processes whose model is not wrapped in DDP.
     """
 
     def __init__(self, flat: FlatParameters, optimizer: Any, objective: Callable[..., tuple[Tensor, Tensor]],
-                 clip: float | None, stream: torch.cuda.Stream, warmup: int = 2) -> None:
+                 clip: float | None, stream: torch.cuda.Stream, warmup: int = 2, average: bool = False) -> None:
         self.flat, self.optimizer, self.objective, self.clip = flat, optimizer, objective, clip
-        self.stream, self.warmup = stream, warmup
+        self.stream, self.warmup, self.average = stream, warmup, average
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[Any, tuple[Callable[[], None], PDEBatch, Tensor, dict[str, Tensor]]] = {}
         self._step: Callable[[], None] | None = None
@@ -149,6 +158,8 @@ class CapturedSteps:
                 loss, backward_loss = self.objective(static, static_groups, dro)
                 backward_loss.backward()
                 self.flat.gather_grads()
+                if self.average:
+                    self.flat.average_grads()
                 out["loss"] = loss.detach()
                 if self.clip:
                     out["norm"] = torch.nn.utils.clip_grad_norm_(list(self.flat.parameters()), self.clip, foreach=True)

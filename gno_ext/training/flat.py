@@ -34,6 +34,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 __all__ = ["FlatParameters"]
@@ -152,3 +153,21 @@ class FlatParameters:
             if missing:
                 torch._foreach_zero_(missing)
             flat.grad = grad
+
+    @torch.no_grad()
+    def average_grads(self, group: Any = None) -> None:
+        """All-reduce the buffers' gradients to their mean over the processes of ``group``
+        (default: all): one collective per buffer, in place. With `gather_grads` before it,
+        this is the gradient synchronisation of data-parallel training without DDP's hooks
+        (``trainer.grad_sync=flat``), and a CUDA graph can capture it (NCCL)."""
+        world = dist.get_world_size(group)
+        for _, grad, _, _ in self._buffers:
+            dist.all_reduce(grad, group=group)
+            grad.div_(world)
+
+    @torch.no_grad()
+    def broadcast(self, src: int = 0, group: Any = None) -> None:
+        """Give every process the parameters of process ``src`` (one broadcast per buffer), as
+        DDP does when it wraps a model."""
+        for flat, _, _, _ in self._buffers:
+            dist.broadcast(flat.data, src, group=group)

@@ -15,8 +15,9 @@ many GPUs and nodes (``accelerate launch`` or ``torchrun``).
   which the parameters are views (`gno_ext.training.flat.FlatParameters`): a few large
   tensors instead of hundreds of small ones.
 * Speed: ``trainer.compile`` (inductor, optionally with CUDA graphs of the model), and
-  ``trainer.capture`` (the whole step replayed from CUDA graphs on one GPU,
-  `gno_ext.training.captured`).
+  ``trainer.capture`` (the whole step replayed from CUDA graphs, `gno_ext.training.captured`;
+  on several processes with ``trainer.grad_sync=flat``: the model outside DDP and the flat
+  buffers' gradients averaged by the loop, `resolve_grad_sync`).
 * Non-finite losses or gradients: the update is skipped and counted; after
   ``trainer.max_nonfinite`` consecutive ones the run stops with an error.
 * Precision: bf16 where every device supports it, else fp16 with loss scaling, else fp32.
@@ -38,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import yaml
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
@@ -80,7 +82,8 @@ __all__ = ["train", "run_dir_of", "evaluate_run", "evaluate_saved", "training_gr
 
 # keys that may change between a run and its resumption
 RESUME_FREE = ("resume", "overwrite", "run_dir", "trainer.epochs", "trainer.max_steps", "trainer.progress",
-               "trainer.num_workers", "eval", "trainer.checkpoint_every", "data.root", "trainer.capture")
+               "trainer.num_workers", "eval", "trainer.checkpoint_every", "data.root", "trainer.capture",
+               "trainer.grad_sync")
 
 
 def _flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -218,6 +221,25 @@ def _set_lr_type(groups: list[dict[str, Any]], device: torch.device, capture: bo
         g["lr"] = torch.tensor(value, device=device) if capture else value
 
 
+GRAD_SYNC = ("auto", "ddp", "flat")
+
+
+def resolve_grad_sync(requested: Any, world: int, capture: bool, flat: bool) -> str:
+    """``trainer.grad_sync`` as the run uses it: ``ddp`` (the model wrapped in DDP, whose hooks
+    all-reduce the gradients in buckets during the backward pass) or ``flat`` (the model
+    outside DDP; after the backward pass the loop averages the flat buffers' gradients, one
+    all-reduce per buffer: `FlatParameters.average_grads`). ``auto`` is ``flat`` for a captured
+    step on several processes (a CUDA graph does not replay DDP's hooks), else ``ddp``."""
+    if requested not in GRAD_SYNC:
+        raise ValueError(f"trainer.grad_sync: expected one of {', '.join(GRAD_SYNC)}, got {requested!r}")
+    if requested == "auto":
+        return "flat" if capture and world > 1 else "ddp"
+    if requested == "flat" and not flat:
+        raise ValueError("trainer.grad_sync=flat: needs trainer.flat_parameters=true (the gradients are averaged "
+                         "in the flat buffers)")
+    return requested
+
+
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Weight decay on the weights only: not on 1-D parameters (norms, embeddings' vectors) nor
     on biases, stacked ones included (``AttentionKernelBank.q_bias``, shape (K, out))."""
@@ -271,8 +293,6 @@ def _validate(model: nn.Module, ds: Dataset, scale: torch.Tensor, device: torch.
               n_batches: int, rank: int, world: int, autocast: Any) -> float:
     """Mean one-step nMSE over up to ``n_batches`` batches of ``ds`` (spread over the split),
     sharded over processes."""
-    import torch.distributed as dist
-
     idx = _spread(len(ds), n_batches * batch_size)
     loader = DataLoader(Subset(ds, idx[rank::world]), batch_size=batch_size, collate_fn=collate)
     total = torch.zeros(2, dtype=torch.float64, device=device)
@@ -443,10 +463,12 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
         _check_resume_config(saved, cfg, checkpoint)
 
     main, rank, world, device = state.is_main_process, state.process_index, state.num_processes, state.device
-    capture = bool(tr.get("capture", False))
+    capture, use_flat = bool(tr.get("capture", False)), bool(tr.get("flat_parameters", True))
+    grad_sync = resolve_grad_sync(tr.get("grad_sync", "auto"), world, capture, use_flat)
+    average = grad_sync == "flat" and world > 1  # the loop averages the gradients itself, without DDP
     if capture:  # refused before any work is done
         check_capture_settings(device, world, settings["trainer.grad_accum"], precision, tr.get("compile", False),
-                               bool(tr.get("flat_parameters", True)))
+                               use_flat, grad_sync)
     set_seed(int(cfg["seed"]))
     say = state.print
 
@@ -496,14 +518,20 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
         cpu=use_cpu, mixed_precision=precision, log_with="tensorboard" if tr.get("tensorboard", True) else None,
         project_dir=str(run_dir),
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=bool(find_unused))])
-    model = accelerator.prepare(model)
+    # grad_sync=flat: the model stays outside DDP, whose hooks a CUDA graph would not replay
+    model = model.to(device) if grad_sync == "flat" else accelerator.prepare(model)
     groups = _param_groups(raw, settings["optimizer.weight_decay"])
     flat = None
-    if tr.get("flat_parameters", True):
+    if use_flat:
         # the parameters as views of one buffer per group (FlatParameters): made once the model
         # is on its device and DDP has synchronised it (the other processes' copies get new storage)
         flat = FlatParameters(groups)
         groups = flat.param_groups
+    if average:  # what DDP does when it wraps a model: every process starts from process 0's state
+        flat.broadcast(0)
+        with torch.no_grad():
+            for buffer in raw.buffers():
+                dist.broadcast(buffer, 0)
     optimizer = torch.optim.AdamW(groups, lr=settings["optimizer.lr"],
                                   betas=tuple(opt_cfg.get("betas", (0.9, 0.999))),
                                   fused=_fused_adamw(groups, device),
@@ -540,7 +568,7 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
         accelerator.init_trackers("tb", config=hp)
     say(f"run {run_dir}: {name} ({n_params / 1e6:.2f} M parameters), {len(train_ds)} training windows, "
         f"{len(binner.configurations)} boundary configuration(s), {binner.n_groups} DRO groups, {world} process(es) "
-        f"on {device.type}, precision {precision}, {total_steps} steps (MSE for {warmup_epochs} epochs, then DRO)")
+        f"on {device.type}{f' (gradients averaged by {grad_sync})' if world > 1 else ''}, precision {precision}, {total_steps} steps (MSE for {warmup_epochs} epochs, then DRO)")
 
     valid_ds = None
     try:
@@ -625,6 +653,8 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
                 grad_norm = float("nan")
                 if flat is not None and not replayed:  # also when the update is skipped: it drops
                     flat.gather_grads()                    # the parameters' own gradients
+                    if average:
+                        flat.average_grads()
                 if finite and clip:
                     if replayed:
                         grad_norm = float(captured_norm)
@@ -641,7 +671,7 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
                     step += 1
                     if capture and captured is None:  # the optimizer's state exists: the next steps are replayed
                         captured = CapturedSteps(flat, getattr(optimizer, "optimizer", optimizer), objective,
-                                                 float(clip) if clip else None, loop_stream)
+                                                 float(clip) if clip else None, loop_stream, average=average)
                 if not replayed:  # (the captured steps overwrite the flat buffers' gradients in full)
                     optimizer.zero_grad(set_to_none=True)
                 bar.set_postfix(loss=f"{loss_value:.3e}")

@@ -1,5 +1,6 @@
 """``trainer.capture=true``: the settings it refuses, the static-input helpers (CPU), and the
-training loop with captured steps reaching the weights of the eager loop (GPU)."""
+training loop with captured steps reaching the weights of the eager loop (one GPU, and two
+processes on two GPUs)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ import torch
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch
 from gno_ext.training.captured import _clone, _copy_into, check_capture_settings, signature
 
-from .conftest import QUIET, run_weights
+from .conftest import QUIET, TRAIN_PY, env_with_cache, run_weights, torchrun
 
 CUDA = torch.device("cuda")
 
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"device": torch.device("cpu")}, "CUDA graphs need a GPU; this run is on cpu"),
-    ({"world": 2}, "one process only"),
+    ({"world": 2, "grad_sync": "ddp"}, "this run has 2 processes and trainer.grad_sync=ddp, but DDP's gradient "
+                                       "hooks are not captured"),
     ({"accum": 2}, "needs trainer.grad_accum=1, got 2"),
     ({"precision": "fp16"}, "use trainer.precision=bf16 or no"),
     ({"compile_mode": "reduce-overhead"}, "trainer.compile='reduce-overhead' makes CUDA graphs of its own"),
@@ -30,6 +32,7 @@ def test_capture_refuses_settings_it_cannot_work_with(kwargs, message):
         check_capture_settings(**settings)
     check_capture_settings(CUDA, 1, 1, "bf16", True, True)  # and accepts the supported ones
     check_capture_settings(CUDA, 1, 1, "no", False, True)
+    check_capture_settings(CUDA, 4, 1, "bf16", True, True, "flat")
 
 
 def _batch(b: int, seed: int) -> PDEBatch:
@@ -84,6 +87,31 @@ def test_gpu_captured_training_reaches_the_weights_of_the_eager_loop(train_modul
     done = train_module.main([*common, "trainer.capture=true", "trainer.epochs=3", "resume=auto",
                               f"run_dir={tmp_path / 'captured'}"])
     assert done["step"] > 8
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_captured_train_like_ddp(tmp_path, cache):
+    """torchrun on 2 GPUs (NCCL), float32: the captured steps (the model outside DDP, the flat
+    buffers' gradients all-reduced inside the graph) reach the weights, the losses and the
+    gradient norms of the eager loop under DDP."""
+    import json
+
+    env = env_with_cache(cache)
+    common = [str(TRAIN_PY), "--recipe", "heat-param", "size=smoke", "trainer.precision=no", "eval.enabled=false",
+              "trainer.batch_size=4", *QUIET]
+    for name, extra in (("ddp", []), ("captured", ["trainer.capture=true"])):
+        out = torchrun(2, [*common, *extra, f"run_dir={tmp_path / name}"], env, 600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        sync = "flat" if extra else "ddp"
+        assert f"2 process(es) on cuda (gradients averaged by {sync})" in out.stdout, out.stdout[-2000:]
+    logged = lambda run, key: [json.loads(x)[key] for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+                               if key in x]
+    assert len(logged("captured", "train/loss")) >= 4
+    for key in ("train/loss", "train/grad_norm"):
+        assert logged("captured", key) == pytest.approx(logged("ddp", key), rel=1e-4), key
+    a, b = run_weights(tmp_path / "ddp"), run_weights(tmp_path / "captured")
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=5e-5, msg=key)
 
 
 def test_tensor_learning_rates_are_filled_in_place_by_the_scheduler():

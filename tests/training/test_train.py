@@ -187,7 +187,9 @@ def test_a_damaged_training_checkpoint_names_its_weights_file(tmp_path):
 
 def test_two_processes_train_like_one(tmp_path, cache):
     """torchrun with 2 CPU processes (gloo) and batch 2 each trains like 1 process with batch 4:
-    the same global batches, the objective reduced across processes, one run folder."""
+    the same global batches, the objective reduced across processes, one run folder; with the
+    gradients averaged by DDP's hooks and by the loop over the flat buffers
+    (``trainer.grad_sync=flat``, the model outside DDP) alike."""
     env = env_with_cache(cache)
     # the gates' load-balance term is per process, as usual for mixture-of-experts aux losses: off here
     common = ["--recipe", "heat-joint", "size=smoke", "trainer.max_steps=3", "eval.enabled=false",
@@ -195,21 +197,40 @@ def test_two_processes_train_like_one(tmp_path, cache):
     one = subprocess.run([PYTHON, str(TRAIN_PY), *common, "trainer.batch_size=4", f"run_dir={tmp_path / 'one'}"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert one.returncode == 0, one.stderr[-2000:]
-    two = torchrun(2, [str(TRAIN_PY), *common, "trainer.batch_size=2", f"run_dir={tmp_path / 'two'}"], env, 300)
-    assert two.returncode == 0, two.stderr[-3000:]
-    assert "2 process(es)" in two.stdout
-    rows = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r["step"] for r in rows if "train/loss" in r]
-    assert steps == sorted(set(steps)) == [1, 2, 3]  # written once, by the main process
-    loss = lambda d: [json.loads(x)["train/loss"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()
-                      if "train/loss" in x]
-    assert loss("two") == pytest.approx(loss("one"), rel=1e-6)
-    a, b = run_weights(tmp_path / "one"), run_weights(tmp_path / "two")
-    for key in a:
-        # Parameters whose exact gradient is zero (attention key biases: softmax ignores a shift)
-        # get float-rounding gradients that differ between the two reductions, and Adam scales
-        # those to steps of up to lr (1e-3 here, 3 steps): hence the absolute tolerance.
-        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=5e-5, msg=key)
+    logged = lambda d, key: [json.loads(x)[key] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()
+                             if key in x]
+    for sync in ("ddp", "flat"):
+        two = torchrun(2, [str(TRAIN_PY), *common, "trainer.batch_size=2", f"trainer.grad_sync={sync}",
+                           f"run_dir={tmp_path / sync}"], env, 300)
+        assert two.returncode == 0, two.stderr[-3000:]
+        assert f"2 process(es) on cpu (gradients averaged by {sync})" in two.stdout
+        rows = [json.loads(x) for x in (tmp_path / sync / "metrics.jsonl").read_text().splitlines()]
+        steps = [r["step"] for r in rows if "train/loss" in r]
+        assert steps == sorted(set(steps)) == [1, 2, 3]  # written once, by the main process
+        assert logged(sync, "train/loss") == pytest.approx(logged("one", "train/loss"), rel=1e-6)
+        # the norm of the averaged gradient (before clipping): a sum instead of a mean would
+        # double it, which Adam's updates alone would hardly show
+        assert logged(sync, "train/grad_norm") == pytest.approx(logged("one", "train/grad_norm"), rel=1e-4)
+        a, b = run_weights(tmp_path / "one"), run_weights(tmp_path / sync)
+        for key in a:
+            # Parameters whose exact gradient is zero (attention key biases: softmax ignores a shift)
+            # get float-rounding gradients that differ between the two reductions, and Adam scales
+            # those to steps of up to lr (1e-3 here, 3 steps): hence the absolute tolerance.
+            torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=5e-5, msg=f"{sync}: {key}")
+
+
+def test_grad_sync_is_resolved_and_checked():
+    """``trainer.grad_sync``: auto is flat only for a captured step on several processes; flat
+    needs the flat buffers; an unknown value is named."""
+    from gno_ext.training.loop import resolve_grad_sync
+
+    assert resolve_grad_sync("auto", 2, True, True) == "flat"
+    assert resolve_grad_sync("auto", 2, False, True) == resolve_grad_sync("auto", 1, True, True) == "ddp"
+    assert resolve_grad_sync("flat", 1, False, True) == "flat" and resolve_grad_sync("ddp", 4, True, True) == "ddp"
+    with pytest.raises(ValueError, match="trainer.grad_sync=flat: needs trainer.flat_parameters=true"):
+        resolve_grad_sync("flat", 2, False, False)
+    with pytest.raises(ValueError, match="trainer.grad_sync: expected one of auto, ddp, flat, got 'nccl'"):
+        resolve_grad_sync("nccl", 2, False, True)
 
 
 def test_fused_adamw_only_for_real_parameters_on_gpus():
