@@ -78,7 +78,7 @@ from gno_ext.training.objective import (
     global_objective,
 )
 
-__all__ = ["train", "run_dir_of", "evaluate_run", "evaluate_saved", "training_groups"]
+__all__ = ["train", "run_dir_of", "evaluate_run", "evaluate_saved", "training_groups", "resolve_grad_sync"]
 
 # keys that may change between a run and its resumption
 RESUME_FREE = ("resume", "overwrite", "run_dir", "trainer.epochs", "trainer.max_steps", "trainer.progress",
