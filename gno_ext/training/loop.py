@@ -524,7 +524,7 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     flat = None
     if use_flat:
         # the parameters as views of one buffer per group (FlatParameters): made once the model
-        # is on its device and DDP has synchronised it (the other processes' copies get new storage)
+        # is on its device and, under DDP, synchronised (the other processes' copies get new storage)
         flat = FlatParameters(groups)
         groups = flat.param_groups
     if average:  # what DDP does when it wraps a model: every process starts from process 0's state
@@ -566,9 +566,11 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     if tr.get("tensorboard", True):
         hp = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in _flatten(cfg).items()}
         accelerator.init_trackers("tb", config=hp)
+    averaged = f" (gradients averaged by {grad_sync})" if world > 1 else ""
     say(f"run {run_dir}: {name} ({n_params / 1e6:.2f} M parameters), {len(train_ds)} training windows, "
         f"{len(binner.configurations)} boundary configuration(s), {binner.n_groups} DRO groups, {world} process(es) "
-        f"on {device.type}{f' (gradients averaged by {grad_sync})' if world > 1 else ''}, precision {precision}, {total_steps} steps (MSE for {warmup_epochs} epochs, then DRO)")
+        f"on {device.type}{averaged}, precision {precision}, {total_steps} steps (MSE for {warmup_epochs} epochs, "
+        f"then DRO)")
 
     valid_ds = None
     try:
