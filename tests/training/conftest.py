@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -129,6 +130,16 @@ QUIET = ["trainer.progress=false", "trainer.tensorboard=false"]  # recipe overri
 def run_weights(run: Path) -> dict[str, torch.Tensor]:
     """The final model weights of a training run folder."""
     return safetensors.torch.load_file(str(run / "model" / "model.safetensors"))
+
+
+def run_metrics(run: Path) -> list[dict]:
+    """The rows of a training run folder's ``metrics.jsonl``."""
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def logged(run: Path, key: str) -> list:
+    """The values of ``key`` in a run's logged rows, in order (rows without it left out)."""
+    return [row[key] for row in run_metrics(run) if key in row]
 
 
 @pytest.fixture(scope="session")

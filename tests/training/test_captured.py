@@ -11,7 +11,7 @@ import torch
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch
 from gno_ext.training.captured import _clone, _copy_into, check_capture_settings, signature
 
-from .conftest import QUIET, TRAIN_PY, env_with_cache, run_weights, torchrun
+from .conftest import QUIET, TRAIN_PY, env_with_cache, logged, run_weights, torchrun
 
 CUDA = torch.device("cuda")
 
@@ -68,8 +68,6 @@ def test_gpu_captured_training_reaches_the_weights_of_the_eager_loop(train_modul
     """The smoke recipe (both curriculum phases, gradient clipping, a shorter last batch of an
     epoch where there is one) in float32 with and without ``trainer.capture``: the same final
     weights, and the same losses logged; and a captured run resumes from its checkpoint."""
-    import json
-
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=True)  # on the GPU, whatever ran before in this process
@@ -79,10 +77,9 @@ def test_gpu_captured_training_reaches_the_weights_of_the_eager_loop(train_modul
     a, b = run_weights(tmp_path / "eager"), run_weights(tmp_path / "captured")
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=5e-5, msg=key)
-    losses = [[json.loads(line).get("train/loss") for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
-              for run in ("eager", "captured")]
-    assert [x for x in losses[0] if x is not None] == pytest.approx([x for x in losses[1] if x is not None], rel=1e-4)
-    assert len([x for x in losses[1] if x is not None]) >= 4
+    losses = [logged(tmp_path / run, "train/loss") for run in ("eager", "captured")]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-4)
+    assert len(losses[1]) >= 4
     # a longer captured run resumes from the checkpoint of the first (tensor learning rates saved)
     done = train_module.main([*common, "trainer.capture=true", "trainer.epochs=3", "resume=auto",
                               f"run_dir={tmp_path / 'captured'}"])
@@ -94,8 +91,6 @@ def test_two_gpus_captured_train_like_ddp(tmp_path, cache):
     """torchrun on 2 GPUs (NCCL), float32: the captured steps (the model outside DDP, the flat
     buffers' gradients all-reduced inside the graph) reach the weights, the losses and the
     gradient norms of the eager loop under DDP."""
-    import json
-
     env = env_with_cache(cache)
     common = [str(TRAIN_PY), "--recipe", "heat-param", "size=smoke", "trainer.precision=no", "eval.enabled=false",
               "trainer.batch_size=4", *QUIET]
@@ -104,11 +99,9 @@ def test_two_gpus_captured_train_like_ddp(tmp_path, cache):
         assert out.returncode == 0, out.stderr[-3000:]
         sync = "flat" if extra else "ddp"
         assert f"2 process(es) on cuda (gradients averaged by {sync})" in out.stdout, out.stdout[-2000:]
-    logged = lambda run, key: [json.loads(x)[key] for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()
-                               if key in x]
-    assert len(logged("captured", "train/loss")) >= 4
+    assert len(logged(tmp_path / "captured", "train/loss")) >= 4
     for key in ("train/loss", "train/grad_norm"):
-        assert logged("captured", key) == pytest.approx(logged("ddp", key), rel=1e-4), key
+        assert logged(tmp_path / "captured", key) == pytest.approx(logged(tmp_path / "ddp", key), rel=1e-4), key
     a, b = run_weights(tmp_path / "ddp"), run_weights(tmp_path / "captured")
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=5e-5, msg=key)

@@ -19,7 +19,7 @@ from gno_ext.training.checkpoint import list_checkpoints
 
 from tests._recipes import load_recipe
 
-from .conftest import PYTHON, QUIET, ROOT, TRAIN_PY, env_with_cache, run_weights, torchrun
+from .conftest import PYTHON, QUIET, ROOT, TRAIN_PY, env_with_cache, logged, run_metrics, run_weights, torchrun
 
 def test_heat_param_smoke_end_to_end(train_module, tmp_path):
     result = train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}",
@@ -197,20 +197,18 @@ def test_two_processes_train_like_one(tmp_path, cache):
     one = subprocess.run([PYTHON, str(TRAIN_PY), *common, "trainer.batch_size=4", f"run_dir={tmp_path / 'one'}"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert one.returncode == 0, one.stderr[-2000:]
-    logged = lambda d, key: [json.loads(x)[key] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()
-                             if key in x]
     for sync in ("ddp", "flat"):
         two = torchrun(2, [str(TRAIN_PY), *common, "trainer.batch_size=2", f"trainer.grad_sync={sync}",
                            f"run_dir={tmp_path / sync}"], env, 300)
         assert two.returncode == 0, two.stderr[-3000:]
         assert f"2 process(es) on cpu (gradients averaged by {sync})" in two.stdout
-        rows = [json.loads(x) for x in (tmp_path / sync / "metrics.jsonl").read_text().splitlines()]
-        steps = [r["step"] for r in rows if "train/loss" in r]
+        run, alone = tmp_path / sync, tmp_path / "one"
+        steps = [r["step"] for r in run_metrics(run) if "train/loss" in r]
         assert steps == sorted(set(steps)) == [1, 2, 3]  # written once, by the main process
-        assert logged(sync, "train/loss") == pytest.approx(logged("one", "train/loss"), rel=1e-6)
+        assert logged(run, "train/loss") == pytest.approx(logged(alone, "train/loss"), rel=1e-6)
         # the norm of the averaged gradient (before clipping): a sum instead of a mean would
         # double it, which Adam's updates alone would hardly show
-        assert logged(sync, "train/grad_norm") == pytest.approx(logged("one", "train/grad_norm"), rel=1e-4)
+        assert logged(run, "train/grad_norm") == pytest.approx(logged(alone, "train/grad_norm"), rel=1e-4)
         a, b = run_weights(tmp_path / "one"), run_weights(tmp_path / sync)
         for key in a:
             # Parameters whose exact gradient is zero (attention key biases: softmax ignores a shift)
