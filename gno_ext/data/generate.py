@@ -28,6 +28,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
+from gno_ext.data.fingerprint import check_protocol, fingerprint, protocol, protocol_digest
 from gno_ext.data.presets import SPLITS, Preset, Trajectory, get_preset
 from gno_ext.data.simulate import simulate
 from gno_ext.data.writer import write_well_file
@@ -89,6 +90,12 @@ def generate(name: str, size: str = "small", out: str | Path = "data", device: s
     dtype : {"float32", "float16"}
         Storage type of the fields.
 
+    Raises
+    ------
+    StaleDatasetError
+        ``out`` already holds this preset at this size, generated under another protocol
+        (see `gno_ext.data.fingerprint`): it is neither resumed nor overwritten.
+
     Returns
     -------
     Path
@@ -99,10 +106,16 @@ def generate(name: str, size: str = "small", out: str | Path = "data", device: s
     root = Path(out) / "datasets" / preset.name
     manifest_path = root / "manifest.json"
     manifest: dict[str, Any] = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    config = {"preset": preset.name, "size": size, "shard_size": shard_size, "dtype": dtype}
-    if manifest and manifest.get("config") != config:
-        raise ValueError(f"{root}: already holds {manifest.get('config')}; refusing to mix with {config}")
+    current = protocol(preset, size)
+    config = {"preset": preset.name, "size": size, "shard_size": shard_size, "dtype": dtype,
+              "fingerprint": protocol_digest(current)}
+    if manifest:
+        if manifest.get("config", {}).get("preset") == preset.name and manifest["config"].get("size") == size:
+            check_protocol(root, manifest, preset, size, current)
+        if manifest.get("config") != config:
+            raise ValueError(f"{root}: already holds {manifest.get('config')}; refusing to mix with {config}")
     manifest.setdefault("config", config)
+    manifest.setdefault("protocol", current)
     manifest.setdefault("files", {})
     todo = [(split, fname, trajs) for split in splits for fname, trajs in shards(preset, size, split, shard_size)]
     total = sum(len(t) for _, _, t in todo)
@@ -130,7 +143,8 @@ def generate(name: str, size: str = "small", out: str | Path = "data", device: s
                         trajectory_index=torch.tensor([t.index for t in trajs]),
                         seed=torch.tensor([t.seed for t in trajs]),
                         group=torch.tensor([t.param_index for t in trajs]),
-                        attrs={"preset": preset.name, "split": split, "size": size, "boundary": trajs[0].boundary},
+                        attrs={"preset": preset.name, "split": split, "size": size, "boundary": trajs[0].boundary,
+                               "fingerprint": config["fingerprint"]},
                         dtype=dtype)
         manifest["files"][key] = {"trajectories": len(trajs), "sha256": _sha256(path)}
         _write_json(manifest_path, manifest)
@@ -165,6 +179,17 @@ def _write_stats(root: Path) -> None:
     (root / "stats.yaml").write_text(yaml.safe_dump(stats))
 
 
+def _fingerprint_status(cfg: dict[str, Any]) -> str:
+    recorded = cfg.get("fingerprint")
+    if recorded is None:
+        return "not recorded (made before datasets recorded their protocol: regenerate it)"
+    try:
+        current = fingerprint(get_preset(cfg["preset"]), cfg["size"])
+    except KeyError:
+        return f"{recorded[:12]} (preset {cfg['preset']!r} is not defined in this version)"
+    return f"{recorded[:12]} ({'matches the current preset' if recorded == current else 'STALE: regenerate it'})"
+
+
 def dataset_info(root: str | Path) -> str:
     """A human-readable summary of a generated dataset folder."""
     root = Path(root)
@@ -178,7 +203,8 @@ def dataset_info(root: str | Path) -> str:
     manifest = json.loads(manifest_path.read_text())
     cfg = manifest["config"]
     lines = [f"dataset {root.name}: preset {cfg['preset']}, size {cfg['size']}, "
-             f"{'complete' if manifest.get('complete') else 'INCOMPLETE (run generate again to resume)'}"]
+             f"{'complete' if manifest.get('complete') else 'INCOMPLETE (run generate again to resume)'}",
+             f"  protocol fingerprint {_fingerprint_status(cfg)}"]
     for split in SPLITS:
         files = {k: v for k, v in manifest["files"].items() if k.startswith(split + "/")}
         if not files:

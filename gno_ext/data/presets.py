@@ -56,6 +56,10 @@ class Trajectory:
     seed: int
     theta: float
     face_values: tuple[float, ...]
+    field_seed: int | None = None
+    """Seed of the trajectory's parameter field (the advection velocity), or None. It depends on
+    the preset, the split and the parameter index, so held-out fields are new fields; a
+    boundary-only preset shares one field across its splits (the paper fixes it)."""
 
 
 def _seed(*parts: object) -> int:
@@ -77,7 +81,8 @@ class Preset:
     ranges : dict
         Parameter range per split, ``{"train": (lo, hi), "test": (lo, hi), ...}``.
     log_parameter : bool
-        Whether the parameter spans decades (spaced logarithmically).
+        Space the parameter grid logarithmically instead of linearly (the paper's grids are
+        linear; no shipped preset sets this).
     value_ranges : tuple of (lo, hi)
         Intervals the boundary data is drawn from (uniformly over their union).
     resolution : dict
@@ -92,6 +97,9 @@ class Preset:
         The parameter of a boundary-only preset.
     test_value_ranges : tuple, optional
         Boundary data intervals of the test split (OOD presets).
+    test_parameter_ranges : tuple of (lo, hi), optional
+        Parameter intervals of the test split, its values split evenly among them (OOD
+        presets: below and above the training range). Overrides ``ranges["test"]``.
     """
 
     name: str
@@ -108,6 +116,7 @@ class Preset:
     joint: bool = False
     fixed_parameter: float | None = None
     test_value_ranges: tuple[tuple[float, float], ...] | None = None
+    test_parameter_ranges: tuple[tuple[float, float], ...] | None = None
     notes: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -124,7 +133,13 @@ class Preset:
         n = self.plan(size, split).n_params
         if self.fixed_parameter is not None:
             return np.full(n, self.fixed_parameter)
-        lo, hi = self.ranges[split if split in self.ranges else "train"]
+        if split == "test" and self.test_parameter_ranges:
+            intervals = self.test_parameter_ranges
+            counts = [n // len(intervals) + (k < n % len(intervals)) for k in range(len(intervals))]
+            return np.concatenate([self._grid(lo, hi, m) for (lo, hi), m in zip(intervals, counts)])
+        return self._grid(*self.ranges[split if split in self.ranges else "train"], n)
+
+    def _grid(self, lo: float, hi: float, n: int) -> np.ndarray:
         if n == 1:
             return np.array([math.sqrt(lo * hi) if self.log_parameter else 0.5 * (lo + hi)])
         return np.geomspace(lo, hi, n) if self.log_parameter else np.linspace(lo, hi, n)
@@ -148,8 +163,16 @@ class Preset:
                     values = tuple(faces) if kind != "periodic" else (0.0,) * (2 * self.ndim)
                     for t in range(plan.per_setup(kind)):
                         i = len(out)
-                        out.append(Trajectory(i, p, kind, s, _seed(self.name, split, i), float(thetas[p]), values))
+                        out.append(Trajectory(i, p, kind, s, _seed(self.name, split, i), float(thetas[p]), values,
+                                              self._field_seed(split, p)))
         return out
+
+    def _field_seed(self, split: str, param_index: int) -> int | None:
+        if self.family != "advection":
+            return None
+        if self.fixed_parameter is not None:  # boundary-only: one velocity field for every split
+            return _seed(self.name, "velocity")
+        return _seed(self.name, "velocity", split, param_index)
 
 
 def _plans(smoke: tuple, small: tuple, paper: tuple) -> dict[str, dict[str, SplitPlan]]:
@@ -163,6 +186,10 @@ def _plans(smoke: tuple, small: tuple, paper: tuple) -> dict[str, dict[str, Spli
 
 
 HEAT_RANGE = {"train": (0.01, 1.0), "valid": (0.01, 1.0), "test": (0.01, 1.0)}
+SPEED_RANGE = {"train": (0.5, 1.5), "valid": (0.5, 1.5), "test": (0.5, 1.5)}
+# OOD speeds: strictly below and strictly above the training range, half of the test fields each
+OOD_SPEEDS = ((0.2, 0.45), (1.6, 2.5))
+BC_ONLY = ("periodic", "dirichlet", "neumann")
 BC_VALUES = ((-10.0, 10.0),)
 OOD_VALUES = ((-15.0, -10.0), (10.0, 15.0))
 RES = {"smoke": 16, "small": 32, "paper": 128}
@@ -175,7 +202,7 @@ def _family(family: str, ndim: int, parameter: str, ranges: dict, log: bool, fra
     res, frames = res or RES, frames or FRAMES
     counts = (501, 1001) if family == "heat" else (500, 1000)  # diffusivities, or velocity fields
     periodic = {"periodic": 1}
-    bc_only = {"periodic": 1, "dirichlet": 1, "neumann": 1}
+    bc_only = dict.fromkeys(BC_ONLY, 1)
     # Robin data is defined for diffusion only; advection gets time-dependent inflow data
     ext = {"dirichlet-time": 1, "robin": 1} if family == "heat" else {"dirichlet-time": 1}
     presets = [
@@ -203,22 +230,27 @@ def _family(family: str, ndim: int, parameter: str, ranges: dict, log: bool, fra
 
 
 PRESETS: dict[str, Preset] = {p.name: p for p in [
-    *_family("heat", 2, "alpha", HEAT_RANGE, True, 0.005, 0.1, extended=True),
-    *_family("advection", 2, "speed", {"train": (0.5, 1.5), "valid": (0.5, 1.5), "test": (0.5, 1.5)},
-             False, 0.01, 1.0, extended=True),
-    Preset("advection-ood", "advection", 2, "speed", {"train": (0.5, 1.5), "valid": (0.5, 1.5), "test": (1.5, 2.5)},
-           False, BC_VALUES, RES, FRAMES, 0.01,
-           _plans(((2, 2), {"periodic": 1, "dirichlet": 1}, (1, 1)), ((8, 8), {"periodic": 1, "dirichlet": 2}, (2, 1)),
-                  ((500, 1000), {"periodic": 1, "dirichlet": 5}, (10, 2))),
-           joint=True, test_value_ranges=OOD_VALUES,
-           notes="test velocities have RMS speeds in [1.5, 2.5] (training: [0.5, 1.5]) and Dirichlet data "
-                 "in [-15, -10] U [10, 15] (training: [-10, 10])"),
-    Preset("advection-3d", "advection", 3, "speed", {"train": (0.5, 1.5), "valid": (0.5, 1.5), "test": (0.5, 1.5)},
-           False, BC_VALUES, {"smoke": 8, "small": 16, "paper": 64}, FRAMES, 0.01,
-           _plans(((2, 2), {"periodic": 1}, (1, 1)), ((8, 8), {"periodic": 1}, (2, 1)),
-                  ((500, 1000), {"periodic": 1}, (10, 2)))),
+    # the paper's grids are linear: alpha on [0.01, 1] and nu on [5e-4, 5e-2] "linearly spaced"
+    *_family("heat", 2, "alpha", HEAT_RANGE, False, 0.005, 0.1, extended=True),
+    *_family("advection", 2, "speed", SPEED_RANGE, False, 0.01, 1.0, extended=True),
+    Preset("advection-ood", "advection", 2, "speed", SPEED_RANGE, False, BC_VALUES, RES, FRAMES, 0.01,
+           # the joint protocol, with a test split out of distribution in speed and boundary data
+           _plans(((2, 2), {k: 1 for k in BC_ONLY}, (1, 1)), ((8, 16), {k: 2 for k in BC_ONLY}, (2, 1)),
+                  ((500, 1000), {k: 5 for k in BC_ONLY}, (10, 2))),
+           joint=True, test_value_ranges=OOD_VALUES, test_parameter_ranges=OOD_SPEEDS,
+           notes="test velocity fields have RMS speeds in [0.2, 0.45] or [1.6, 2.5] (training: [0.5, 1.5]), "
+                 "so their Frobenius norms lie below the training minimum or above the maximum; test "
+                 "Dirichlet values and Neumann fluxes lie in [-15, -10] U [10, 15] (training: [-10, 10])"),
+    Preset("advection-3d", "advection", 3, "speed", SPEED_RANGE, False, BC_VALUES,
+           {"smoke": 8, "small": 16, "paper": 64}, FRAMES, 0.01,
+           # both variations, as the 2D joint protocol: one setup of each type per velocity field
+           _plans(((2, 2), {k: 1 for k in BC_ONLY}, (1, 1)), ((8, 8), {k: 1 for k in BC_ONLY}, (1, 1)),
+                  ((500, 600), {k: 1 for k in BC_ONLY}, (3, 1))),
+           joint=True,
+           notes="the paper gives no counts for its 64^3 dataset: 500 training fields x 3 boundary types "
+                 "x 3 trajectories, 600 test fields x 3 types x 1"),
     Preset("burgers-param", "burgers", 2, "nu", {"train": (5e-4, 5e-2), "valid": (0.01, 1.0), "test": (0.01, 1.0)},
-           True, BC_VALUES, RES, {"smoke": 6, "small": 41, "paper": 100}, 0.01,
+           False, BC_VALUES, RES, {"smoke": 6, "small": 41, "paper": 100}, 0.01,
            _plans(((3, 3), {"periodic": 1}, (1, 1)), ((16, 16), {"periodic": 1}, (2, 1)),
                   ((501, 1001), {"periodic": 1}, (10, 2))),
            notes="test viscosities lie on the paper's shifted interval [0.01, 1]"),

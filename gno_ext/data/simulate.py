@@ -9,16 +9,29 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gno_ext.data.presets import Preset, Trajectory, _seed
+from gno_ext.data.presets import Preset, Trajectory
 from gno_ext.schema import BCType, BoundarySpec, Grid
 from gno_ext.solvers import (gaussian_random_field, random_velocity, solve_advection, solve_burgers, solve_heat,
                              solve_navier_stokes)
+from gno_ext.solvers.advection import CLOSURE_DEGREE
 
-__all__ = ["Simulated", "simulate", "KIND_OF", "ROBIN_COEFFS"]
+__all__ = ["Simulated", "simulate", "velocity_fields", "KIND_OF", "ROBIN_COEFFS", "SOLVER_SETTINGS"]
 
+# Everything besides the preset that fixes a trajectory: part of every dataset's fingerprint
+# (`gno_ext.data.fingerprint`), so a change here makes cached datasets stale.
+SOLVER_SETTINGS = {
+    "heat": {"initial_length_scale": 0.2, "time": "exact; etd2 with time-dependent data"},
+    "advection": {"initial_length_scale": 0.2, "velocity_length_scale": 0.5, "velocity_rms": 1.0,
+                  "scheme": "weno5", "cfl": 0.5, "time": "ssp-rk3, consistent stage boundary data",
+                  "boundary_closure": f"weno extrapolation, degree {CLOSURE_DEGREE}"},
+    "burgers": {"initial_length_scale": 0.3, "scheme": "weno5, strang splitting"},
+    "ns": {"initial_length_scale": 0.2, "initial_sigma": 3.0, "solver": "pseudo-spectral, imex rk3-cn"},
+    "dirichlet_time": "g0 (1 + 0.5 sin(2 pi t / t_end))",
+    "robin": {"a": 1.0, "b": 0.1},
+}
 KIND_OF = {"periodic": BCType.PERIODIC, "dirichlet": BCType.DIRICHLET, "neumann": BCType.NEUMANN,
            "robin": BCType.ROBIN, "dirichlet-time": BCType.DIRICHLET}
-ROBIN_COEFFS = (1.0, 0.1)  # a u + b du/dn = g
+ROBIN_COEFFS = (SOLVER_SETTINGS["robin"]["a"], SOLVER_SETTINGS["robin"]["b"])  # a u + b du/dn = g
 
 
 @dataclass
@@ -61,6 +74,21 @@ def _boundary(preset: Preset, trajs: Sequence[Trajectory], times: Tensor, device
     return BoundarySpec(kinds, series, coeffs), g
 
 
+def velocity_fields(preset: Preset, trajs: Sequence[Trajectory], size: str, device: str = "cpu") -> Tensor:
+    """The advection velocity of each trajectory, shape ``(n, d, *S)``: the random field of its
+    ``field_seed`` (RMS speed 1) times its speed ``theta``; the Frobenius norm is proportional to
+    ``theta``."""
+    if any(t.field_seed is None for t in trajs):
+        raise ValueError(f"{preset.name}: its trajectories have no velocity field")
+    settings = SOLVER_SETTINGS["advection"]
+    grid = Grid((preset.resolution[size],) * preset.ndim)
+    periodic = trajs[0].boundary == "periodic"
+    field = random_velocity(grid, [t.field_seed for t in trajs], length_scale=settings["velocity_length_scale"],
+                            speed=settings["velocity_rms"], periodic=periodic, device=device)
+    speed = torch.tensor([t.theta for t in trajs], dtype=field.dtype, device=field.device)
+    return field * speed.view(-1, *([1] * (grid.ndim + 1)))
+
+
 def simulate(preset: Preset, trajs: Sequence[Trajectory], size: str, device: str = "cpu") -> Simulated:
     """Solve the trajectories ``trajs`` (one boundary type) of ``preset`` at ``size``.
 
@@ -77,26 +105,27 @@ def simulate(preset: Preset, trajs: Sequence[Trajectory], size: str, device: str
     bc, boundary_fn = _boundary(preset, trajs, times, device)
     bc_dev = BoundarySpec(bc.kind, bc.values[:, :, :1], bc.coeffs).to(device)
     field = None
+    settings = SOLVER_SETTINGS.get(preset.family, {})
     if preset.family == "heat":
-        u0 = gaussian_random_field(grid, seeds, length_scale=0.2, periodic=periodic, device=device)
+        u0 = gaussian_random_field(grid, seeds, length_scale=settings["initial_length_scale"], periodic=periodic,
+                                   device=device)
         u = solve_heat(u0, theta.float().to(device), bc_dev, times, grid=grid, boundary_fn=boundary_fn)
         names = ["u"]
     elif preset.family == "advection":
-        # one velocity field per parameter value, shared by its trajectories
-        vel_seeds = [_seed(preset.name, "velocity", t.param_index if preset.fixed_parameter is None else 0)
-                     for t in trajs]
-        field = random_velocity(grid, vel_seeds, speed=1.0, periodic=periodic, device=device)
-        field = field * theta.float().to(device).view(-1, *([1] * (grid.ndim + 1)))
-        u0 = gaussian_random_field(grid, seeds, length_scale=0.2, periodic=periodic, device=device)
-        u = solve_advection(u0, field, bc_dev, times, grid=grid, boundary_fn=boundary_fn,
-                            compile=device.startswith("cuda"))
+        field = velocity_fields(preset, trajs, size, device)
+        u0 = gaussian_random_field(grid, seeds, length_scale=settings["initial_length_scale"], periodic=periodic,
+                                   device=device)
+        u = solve_advection(u0, field, bc_dev, times, grid=grid, boundary_fn=boundary_fn, scheme=settings["scheme"],
+                            cfl=settings["cfl"], compile=device.startswith("cuda"))
         names = ["u"]
     elif preset.family == "burgers":
-        u0 = gaussian_random_field(grid, seeds, channels=2, length_scale=0.3, device=device)
+        u0 = gaussian_random_field(grid, seeds, channels=2, length_scale=settings["initial_length_scale"],
+                                   device=device)
         u = solve_burgers(u0, theta.float().to(device), times, grid=grid, compile=device.startswith("cuda"))
         names = ["velocity_x", "velocity_y"]
     elif preset.family == "ns":
-        w0 = gaussian_random_field(grid, seeds, length_scale=0.2, sigma=3.0, device=device)
+        w0 = gaussian_random_field(grid, seeds, length_scale=settings["initial_length_scale"],
+                                   sigma=settings["initial_sigma"], device=device)
         u = solve_navier_stokes(w0, (1.0 / theta).float().to(device), times, grid=grid, output="velocity")
         names = ["velocity_x", "velocity_y"]
     else:

@@ -8,11 +8,17 @@ SSP-RK3 with a per-sample CFL step $\Delta t = \mathrm{cfl} / \sum_a (\max|v_a| 
 Boundaries (per face, per sample), with three ghost cells:
 
 * periodic: wrap-around;
-* Dirichlet ``g``: imposed where the flow *enters* (``v . n < 0``: ghost cells equal ``g``);
-* Neumann ``q = du/dn``: imposed where the flow enters, by the reflected ghost cells
-  $u_{-k} = u_{k-1} + (2k - 1) h q$;
+* Dirichlet ``g``: imposed where the flow *enters* (``v . n < 0``);
+* Neumann ``q = du/dn``: imposed where the flow enters;
 * at outflow points (``v . n >= 0``) a hyperbolic equation admits no boundary condition: the
-  data is ignored there and ghost cells copy the boundary cell (zero-gradient extrapolation).
+  data is ignored there and the ghost cells extrapolate the interior.
+
+The ghost values are WENO-type extrapolations (`gno_ext.solvers.closure`): a polynomial of
+degree 3 through the boundary datum and the nearest cells where the solution is smooth, which
+keeps the scheme's order where the flow crosses a face (third order measured, with
+time-dependent data), falling back to the constant (or linear) candidate at a jump such as
+boundary data that does not match the initial condition. Time-dependent data enters the
+Runge-Kutta stages as `gno_ext.solvers.reconstruction.ssp_rk3_boundary_stages` prescribes.
 
 Face velocities are averages of the two adjacent cell-centred velocities (linear
 extrapolation at non-periodic faces).
@@ -34,10 +40,12 @@ from gno_ext.solvers._common import (
     check_times,
     march,
 )
+from gno_ext.solvers.closure import CLOSURES, closure_weights, extrapolate
 from gno_ext.solvers.reconstruction import (
     N_GHOST,
     check_transport_options,
     ssp_rk3,
+    ssp_rk3_boundary_stages,
     transport_fn,
 )
 
@@ -45,6 +53,7 @@ __all__ = ["solve_advection", "advection_max_dt", "face_velocities", "GhostCells
 
 ADVECTION_BC = (BCType.PERIODIC, BCType.DIRICHLET, BCType.NEUMANN)
 MAX_CFL = 1.0
+CLOSURE_DEGREE = 3  # of the boundary polynomial: ghost values to O(h^4)
 
 
 def face_velocities(velocity: Tensor, periodic_axes: Tensor) -> list[Tensor]:
@@ -95,12 +104,20 @@ class GhostCells:
         Batched spec (types fixed in time).
     face_vel : list of Tensor
         Face velocities from `face_velocities` (steady), which fix inflow and outflow.
+    degree : int
+        Degree of the boundary polynomial (see `closure_weights`).
     """
 
-    def __init__(self, grid: Grid, bc: BoundarySpec, face_vel: list[Tensor]) -> None:
-        self.grid = grid
+    def __init__(self, grid: Grid, bc: BoundarySpec, face_vel: list[Tensor], degree: int = CLOSURE_DEGREE) -> None:
+        self.grid, self.degree = grid, degree
         dtype, device = face_vel[0].dtype, face_vel[0].device
         shape = (-1,) + (1,) * (grid.ndim + 1)
+        self.weights = {kind: closure_weights(kind, degree, N_GHOST).to(dtype, device) for kind in CLOSURES}
+        self.bounded = [bool((bc.kind[:, 2 * a : 2 * a + 2] != BCType.PERIODIC).any()) for a in range(grid.ndim)]
+        for axis, (n, bounded) in enumerate(zip(grid.shape, self.bounded)):
+            if bounded and n < degree + 1:
+                raise ValueError(f"grid: a bounded axis needs at least {degree + 1} cells for the "
+                                 f"boundary closure, axis {axis} has {n}")
         self.faces = []
         for face in range(grid.n_faces):
             axis, lo = face // 2, face % 2 == 0
@@ -108,30 +125,52 @@ class GhostCells:
             n = grid.shape[axis]
             kind = bc.kind[:, face].view(shape)
             vel = face_vel[axis].narrow(dim, 0 if lo else n, 1)
-            dist = torch.arange(2 * N_GHOST - 1, 0, -2, dtype=dtype, device=device) * grid.spacing[axis]
-            dist = (dist if lo else dist.flip(0)).view([N_GHOST if k == dim else 1 for k in range(grid.ndim + 2)])
+            inflow = (vel > 0) if lo else (vel < 0)
+            dirichlet = kind == BCType.DIRICHLET
+            bounded = kind != BCType.PERIODIC
             self.faces.append({
-                "periodic": kind == BCType.PERIODIC,
-                "dirichlet": kind == BCType.DIRICHLET,
-                "inflow": (vel > 0) if lo else (vel < 0),
-                "dist": dist,
+                "periodic": ~bounded,
+                "dirichlet": dirichlet,
+                "inflow": inflow,
+                # the closures some sample needs here (the others are not computed)
+                "needs": {"dirichlet": bool((inflow & dirichlet).any()),
+                          "neumann": bool((inflow & bounded & ~dirichlet).any()),
+                          "outflow": bool((~inflow & bounded).any())},
             })
 
     def pad(self, u: Tensor, axis: int, values: Tensor) -> Tensor:
         """``u`` (B, C, *S) with ghost cells on both ends of ``axis``; data ``values`` (B, F, N_face)."""
         dim = axis + 2
         n = u.shape[dim]
+        if not self.bounded[axis]:
+            return torch.cat([u.narrow(dim, n - N_GHOST, N_GHOST), u, u.narrow(dim, 0, N_GHOST)], dim)
+        h = self.grid.spacing[axis]
         layers = []
         for face in (2 * axis, 2 * axis + 1):
             lo = face % 2 == 0
             f = self.faces[face]
-            g = face_view(values, face, self.grid).unsqueeze(1).unsqueeze(dim)
+            g = face_view(values, face, self.grid).unsqueeze(1).unsqueeze(-1)  # (B, 1, *face, 1)
+            m = self.degree + 1
+            # interior cells counted inward from the face (j = 0 first), moved to the last axis
+            inner = u.narrow(dim, 0, m) if lo else u.narrow(dim, n - m, m).flip(dim)
+            inner = torch.movedim(inner, dim, -1)
+            g = g.expand(*inner.shape[:-1], 1)
+            cells = inner.narrow(-1, 0, self.degree)
+            inputs = {"dirichlet": lambda: torch.cat([g, cells], -1),
+                      "neumann": lambda: torch.cat([h * g, cells], -1), "outflow": lambda: inner}
+            layer = None
+            for kind in ("outflow", "neumann", "dirichlet"):  # later kinds overwrite where they apply
+                if not f["needs"][kind]:
+                    continue
+                ghost = torch.movedim(extrapolate(inputs[kind](), self.weights[kind], h), -1, dim)
+                where = {"outflow": None, "neumann": f["inflow"], "dirichlet": f["inflow"] & f["dirichlet"]}[kind]
+                layer = ghost if layer is None or where is None else torch.where(where, ghost, layer)
+            if layer is None:  # every sample is periodic on this face
+                layer = u.narrow(dim, 0, N_GHOST)
+            # ghosts are built nearest first; the lo side's array order is farthest first
+            layer = layer.flip(dim) if lo else layer
             wrap = u.narrow(dim, n - N_GHOST, N_GHOST) if lo else u.narrow(dim, 0, N_GHOST)
-            # Reflected cells in array order: lo -> u_2, u_1, u_0; hi -> u_{N-1}, u_{N-2}, u_{N-3}.
-            mirror = (u.narrow(dim, 0, N_GHOST) if lo else u.narrow(dim, n - N_GHOST, N_GHOST)).flip(dim)
-            edge = u.narrow(dim, 0 if lo else n - 1, 1).expand_as(wrap)
-            bounded = torch.where(f["dirichlet"], g.expand_as(wrap), mirror + f["dist"] * g)
-            layers.append(torch.where(f["periodic"], wrap, torch.where(f["inflow"], bounded, edge)))
+            layers.append(torch.where(f["periodic"], wrap, layer))
         return torch.cat([layers[0], u, layers[1]], dim)
 
 
@@ -189,20 +228,26 @@ def solve_advection(u0: Tensor, velocity: Tensor, bc: BoundarySpec, times: Seque
     periodic_axes = (bc.kind[:, 0::2] == BCType.PERIODIC)
     fvel = face_velocities(velocity, periodic_axes)
 
-    def data_at(t: Tensor) -> Tensor:  # all samples share the step when boundary_fn is given
-        return boundary_data(bc, grid, boundary_fn, float(t[0]), u0)
+    def data_at(t: Tensor | float) -> Tensor:  # all samples share the step when boundary_fn is given
+        return boundary_data(bc, grid, boundary_fn, float(t[0]) if isinstance(t, Tensor) else t, u0)
 
     ghosts = GhostCells(grid, bc, fvel)
     transport_op = transport_fn(compile)
 
-    def rhs(u: Tensor, t: Tensor) -> Tensor:
-        data = data_at(t)
+    def rhs(u: Tensor, data: Tensor) -> Tensor:
         padded = [ghosts.pad(u, a, data) for a in range(grid.ndim)]
         return -transport_op(u, padded, fvel, grid.spacing, scheme)
+
+    def step(u: Tensor, h: Tensor, t: Tensor) -> Tensor:
+        if boundary_fn is None:
+            data = data_at(t)
+            return ssp_rk3(u, lambda v, _: rhs(v, data), h, t)
+        t0, dt_step = float(t[0]), float(h[0])
+        stages = iter(ssp_rk3_boundary_stages(data_at(t0), data_at(t0 + 0.5 * dt_step), data_at(t0 + dt_step)))
+        return ssp_rk3(u, lambda v, _: rhs(v, next(stages)), h, t)
 
     limit = advection_max_dt(fvel, grid, cfl if dt is None else MAX_CFL)
     if boundary_fn is not None and dt is None:
         dt = float(limit.min())
-    frames = march(u0, t_out, lambda u: limit, lambda u, h, t: ssp_rk3(u, rhs, h, t), dt,
-                   stats=stats)
+    frames = march(u0, t_out, lambda u: limit, step, dt, stats=stats)
     return torch.stack(frames, 1)

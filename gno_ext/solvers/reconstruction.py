@@ -145,10 +145,34 @@ def transport_fn(compile: bool) -> Callable[..., Tensor]:
 def ssp_rk3(u: Tensor, rhs, dt: Tensor, t: Tensor) -> Tensor:
     """One step of the three-stage, third-order strong-stability-preserving Runge-Kutta method.
 
-    ``rhs(u, t) -> du/dt``; ``dt`` and ``t`` have shape ``(B,)``.
+    ``rhs(u, t) -> du/dt``; ``dt`` and ``t`` have shape ``(B,)``. ``rhs`` is called three
+    times, in order, for the stages at ``t``, ``t + dt`` and ``t + dt / 2``.
     """
     shape = (-1,) + (1,) * (u.ndim - 1)
     h = dt.view(shape)
     u1 = u + h * rhs(u, t)
     u2 = 0.75 * u + 0.25 * (u1 + h * rhs(u1, t + dt))
     return u / 3 + 2 / 3 * (u2 + h * rhs(u2, t + 0.5 * dt))
+
+
+def ssp_rk3_boundary_stages(g0: Tensor, g_half: Tensor, g1: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    r"""Boundary data for the three stages of `ssp_rk3` that keep its third order.
+
+    The intermediate stages of SSP-RK3 approximate the solution at $t + \Delta t$ and
+    $t + \Delta t / 2$ only to first and second order, so imposing the data $g$ at those
+    times lowers the scheme's order next to a time-dependent boundary (Carpenter et al.
+    1995). The consistent stage data are $g$, $g + \Delta t\, g'$ and
+    $g + \tfrac{\Delta t}{2} g' + \tfrac{\Delta t^2}{4} g''$; here $g'$ and $g''$ come from
+    the quadratic through $g$ at $t$, $t + \Delta t / 2$ and $t + \Delta t$.
+
+    Parameters
+    ----------
+    g0, g_half, g1 : Tensor
+        The data at $t$, $t + \Delta t / 2$ and $t + \Delta t$.
+
+    Returns
+    -------
+    tuple of Tensor
+        The data for the first, second and third stage.
+    """
+    return g0, 4 * g_half - 2 * g0 - g1, 0.5 * (g0 + g1)

@@ -124,6 +124,37 @@ def _advection_rotation(n: int) -> float:
     return rms(u[0, 0, 0], blob(y, 1.0 - x))  # a quarter turn: (x, y) <- (y, 1 - x)
 
 
+def _advection_through_faces(kind: str) -> Callable[[int], float]:
+    """Transport of a non-periodic profile by v = (1, 0.6) through a box with inflow on two faces
+    and outflow on the others; inflow data (Dirichlet values or Neumann fluxes) from the exact
+    solution, so it varies along each face and in time."""
+    v = (1.0, 0.6)
+    f = lambda x, y: torch.sin(2 * PI * (x + 0.3)) * torch.cos(PI * (y - 0.2)) + 0.5 * torch.cos(3 * x + 2 * y)
+    fx = lambda x, y: (2 * PI * torch.cos(2 * PI * (x + 0.3)) * torch.cos(PI * (y - 0.2))
+                       - 1.5 * torch.sin(3 * x + 2 * y))
+    fy = lambda x, y: -PI * torch.sin(2 * PI * (x + 0.3)) * torch.sin(PI * (y - 0.2)) - torch.sin(3 * x + 2 * y)
+
+    def error(n: int) -> float:
+        grid = Grid((n, n))
+        x, y = grid.coordinates(F64)
+        s = (torch.arange(n, dtype=F64) + 0.5) / n
+        zero, one = torch.zeros(n, dtype=F64), torch.ones(n, dtype=F64)
+        faces = [((zero, s), (-1, 0)), ((one, s), (1, 0)), ((s, zero), (0, -1)), ((s, one), (0, 1))]
+
+        def data(t: float) -> Tensor:
+            out = []
+            for (px, py), (nx, ny) in faces:
+                X, Y = px - v[0] * t, py - v[1] * t
+                out.append(f(X, Y) if kind == "dirichlet" else nx * fx(X, Y) + ny * fy(X, Y))
+            return torch.stack(out)[None]
+
+        bc = BoundarySpec.from_types([kind] * 4, 0.0, batch_size=1, dtype=F64)
+        vel = torch.stack([torch.full(grid.shape, c, dtype=F64) for c in v])[None]
+        u = solve_advection(f(x, y)[None, None], vel, bc, [0.7], grid=grid, boundary_fn=data, cfl=0.4)
+        return rms(u[0, 0, 0], f(x - 0.7 * v[0], y - 0.7 * v[1]))
+    return error
+
+
 def cole_hopf(x: Tensor, y: Tensor, t: float, nu: float) -> Tensor:
     r"""Exact 2-D Burgers velocity $u = -2\nu \nabla \log \phi$, $\phi_t = \nu \Delta \phi$, $\phi > 0$."""
     k1, k2 = 2 * PI, 4 * PI
@@ -162,6 +193,11 @@ CASES: dict[str, ConvergenceCase] = {c.name: c for c in [
                     _advection_shift("muscl"), (16, 32, 64), 2.0),
     ConvergenceCase("advection-rotation", "advection, solid-body rotation of a Gaussian in a Dirichlet box, "
                     "quarter turn, WENO-Z", _advection_rotation, (32, 64, 128), 3.0),
+    ConvergenceCase("advection-inflow-dirichlet", "advection, a profile carried through the faces of a box by "
+                    "v = (1, 0.6), time-dependent Dirichlet inflow data varying along each face, WENO-Z",
+                    _advection_through_faces("dirichlet"), (32, 64, 128), 3.0),
+    ConvergenceCase("advection-inflow-neumann", "advection, the same flow with Neumann inflow data (normal "
+                    "derivative of the exact solution), WENO-Z", _advection_through_faces("neumann"), (32, 64, 128), 3.0),
     ConvergenceCase("burgers-cole-hopf", "Burgers, Cole-Hopf exact solution (nu = 0.05), Strang splitting "
                     "with WENO-Z; grid and step refined together", _burgers_cole_hopf, (32, 64, 128), 2.0),
     ConvergenceCase("ns-taylor-green", "Navier-Stokes, Taylor-Green vortex decay (nu = 0.01, 32^2), "

@@ -59,12 +59,18 @@ def prepare_data(cfg: Mapping[str, Any], progress: bool = True) -> None:
         return
     import json
 
+    from gno_ext.data import get_preset
+    from gno_ext.data.fingerprint import check_protocol
     from gno_ext.data.generate import generate
 
     folder = _generated_root(cfg) / "datasets" / str(cfg["preset"])
     manifest = folder / "manifest.json"
-    if manifest.is_file() and json.loads(manifest.read_text()).get("complete"):
-        return
+    if manifest.is_file():
+        recorded = json.loads(manifest.read_text())
+        # a cached dataset of an older protocol stops the run (generate() checks it when resuming)
+        check_protocol(folder, recorded, get_preset(str(cfg["preset"])), str(cfg["size"]))
+        if recorded.get("complete"):
+            return
     generate(str(cfg["preset"]), size=str(cfg["size"]), out=_generated_root(cfg), device=cfg.get("device"),
              progress=progress)
 

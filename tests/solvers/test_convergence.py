@@ -12,6 +12,9 @@ BOUNDS = {
     "advection-weno5": (2.8, 5.5, 1e-5),      # SSP-RK3 time error (dt ~ h) dominates WENO's h^5
     "advection-muscl": (1.6, 2.2, 5e-3),      # the limiter clips smooth extrema
     "advection-rotation": (2.8, 5.5, 5e-5),
+    # flow through bounded faces: the WENO-extrapolated ghost cells keep the scheme's order
+    "advection-inflow-dirichlet": (2.5, 5.5, 1e-5),
+    "advection-inflow-neumann": (2.5, 4.0, 5e-5),
     "burgers-cole-hopf": (1.8, 2.2, 1e-4),
     "ns-taylor-green": (1.9, 2.1, 1e-6),
 }
