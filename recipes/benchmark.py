@@ -1,0 +1,375 @@
+"""The accuracy tables: plan, run (resumably, as a Hydra multirun) and render.
+
+    python recipes/benchmark.py plan   --table param --size paper
+    python recipes/benchmark.py run    --table param --size paper --seeds 0 1 [--launcher joblib] [-- trainer.epochs=20]
+    python recipes/benchmark.py render [--out docs/results.md]
+
+A table (``benchmarks/tables.yaml``) is a set of recipes (its columns) times rows (models, with
+optional overrides) times seeds. Each run trains with ``recipes/train.py`` and leaves one JSON
+file, ``benchmarks/results/<table>/<recipe>/<row>-seed<N>.json``; a run whose file exists is
+skipped, so the same command resumes a table across days and machines (commit the files).
+
+``run`` prepares the datasets once, then starts ``recipes/sweep.py -m`` — Hydra's multirun —
+over the table's grid. With Hydra's default launcher the runs go one after another; with
+``--launcher joblib`` (``pip install hydra-joblib-launcher``) one per GPU of the host at once;
+on a cluster any Hydra launcher takes them (``hydra/launcher=submitit_slurm`` with
+``hydra-submitit-launcher``), each job on its own GPU. Every run of a table gets the same data,
+epochs, batch size, optimizer settings and seeds: the budget (size and overrides) is recorded
+in every result and stated next to every rendered table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLES = ROOT / "benchmarks" / "tables.yaml"
+RESULTS = ROOT / "benchmarks" / "results"
+REQUIRED = ("table", "recipe", "model", "seed", "size", "epochs", "batch_size", "n_params", "gpu", "wall_s", "commit",
+            "nmse_mean", "nmse_std", "nmse_worst_group", "rel_l2_mean", "per_step_nmse", "paper_nmse")
+
+
+def load_tables(path: str | Path = TABLES) -> dict[str, Any]:
+    """The tables of ``path``, each row completed with its model name and overrides."""
+    path = Path(path)
+    tables = yaml.safe_load(path.read_text())["tables"]
+    for name, table in tables.items():
+        for row, spec in table["rows"].items():
+            spec = table["rows"][row] = dict(spec or {})
+            spec.setdefault("model", row)
+            spec.setdefault("overrides", [])
+            paper = spec.setdefault("paper", [None] * len(table["recipes"]))
+            if len(paper) != len(table["recipes"]):
+                raise ValueError(f"{path}: table {name}, row {row}: {len(paper)} paper values for "
+                                 f"{len(table['recipes'])} recipes {table['recipes']}")
+    return tables
+
+
+@dataclass(frozen=True)
+class Run:
+    """One cell of a table for one seed."""
+
+    table: str
+    recipe: str
+    row: str
+    model: str
+    overrides: tuple[str, ...]
+    seed: int
+    paper_nmse: float | None
+
+    def path(self, results: Path = RESULTS) -> Path:
+        return results / self.table / self.recipe / f"{self.row}-seed{self.seed}.json"
+
+
+def plan(tables: dict[str, Any], table: str, seeds: list[int], recipes: list[str] | None = None,
+         rows: list[str] | None = None) -> list[Run]:
+    """Every run of ``table`` (optionally a subset of its recipes and rows)."""
+    if table not in tables:
+        raise SystemExit(f"--table {table!r}: unknown; available: {', '.join(tables)}")
+    spec = tables[table]
+    for kind, chosen, known in (("recipe", recipes, spec["recipes"]), ("row", rows, list(spec["rows"]))):
+        unknown = sorted(set(chosen or []) - set(known))
+        if unknown:
+            raise SystemExit(f"table {table}: no {kind} {unknown}; it has {known}")
+    out = []
+    for column, recipe in enumerate(spec["recipes"]):
+        if recipes and recipe not in recipes:
+            continue
+        for row, r in spec["rows"].items():
+            if rows and row not in rows:
+                continue
+            for seed in seeds:
+                out.append(Run(table, recipe, row, r["model"], tuple(r["overrides"]), seed, r["paper"][column]))
+    return out
+
+
+def _git_commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def _n_params(model_dir: Path) -> int:
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+
+
+@contextlib.contextmanager
+def gpu_slot(lock_dir: Path | None = None) -> Iterator[str | None]:
+    """Hold one GPU of this host for the duration: the first whose lock file is free (waiting
+    while all are held). Yields its index as a string for ``CUDA_VISIBLE_DEVICES``, or None on
+    a host without GPUs. Parallel jobs of a local launcher thereby use every GPU once."""
+    import torch
+
+    count = torch.cuda.device_count()
+    if count == 0:
+        yield None
+        return
+    lock_dir = lock_dir or Path(tempfile.gettempdir()) / "gno_ext_gpu_locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    while True:
+        for k in range(count):
+            handle = open(lock_dir / f"gpu{k}.lock", "w")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                continue
+            try:
+                yield str(k)
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                handle.close()
+            return
+        time.sleep(5)
+
+
+def _gpu_name(slot: str | None) -> str:
+    if slot is None:
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name(int(slot))
+
+
+def result_from_run(run: Run, cfg: dict[str, Any], report: dict[str, Any], run_dir: Path, gpu: str,
+                    wall_s: float, extra: list[str]) -> dict[str, Any]:
+    """The results file of a finished run (`REQUIRED` keys and a few more)."""
+    nmse = report["nmse"]
+    return {
+        "table": run.table, "recipe": run.recipe, "model": run.row, "model_config": run.model,
+        "overrides": list(run.overrides), "extra": list(extra), "seed": run.seed, "size": cfg["size"],
+        "epochs": cfg["trainer"]["epochs"], "batch_size": cfg["trainer"]["batch_size"],
+        "lr": cfg["optimizer"]["lr"], "precision": report.get("precision"),
+        "n_params": _n_params(run_dir / "model"), "gpu": gpu, "wall_s": round(wall_s, 1), "commit": _git_commit(),
+        "nmse_mean": nmse["mean"], "nmse_std": nmse["std"], "nmse_worst_group": nmse["worst_group"],
+        "rel_l2_mean": report["rel_l2"]["mean"], "per_step_nmse": report["per_step_nmse"],
+        "rollout_steps": report["steps"], "test_trajectories": report["trajectories"],
+        "paper_nmse": run.paper_nmse,
+    }
+
+
+def execute(run: Run, size: str, extra: list[str], results: Path = RESULTS, output_root: Path | None = None,
+            dry_run: bool = False) -> Path | None:
+    """Train and evaluate ``run`` unless its result exists; write the result file atomically.
+
+    The training runs in a child process (``recipes/train.py``) on a GPU of its own
+    (`gpu_slot`), in ``output_root/<table>/<recipe>/<row>-seed<N>`` with ``resume=auto``, so an
+    interrupted run continues from its last checkpoint.
+    """
+    target = run.path(results)
+    if target.exists():
+        print(f"{target.relative_to(results)}: exists, skipped", flush=True)
+        return None
+    output_root = output_root or ROOT / "runs" / "benchmark"
+    run_dir = output_root / run.table / run.recipe / f"{run.row}-seed{run.seed}"
+    args = [f"model={run.model}", f"size={size}", f"seed={run.seed}", f"run_dir={run_dir}", "resume=auto",
+            *run.overrides, *extra]
+    command = [sys.executable, str(ROOT / "recipes" / "train.py"), "--recipe", run.recipe, *args]
+    if dry_run:
+        print(" ".join(command))
+        return None
+    with gpu_slot() as slot:
+        env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": slot} if slot is not None else {}))
+        print(f"{run.table}/{run.recipe}/{run.row}-seed{run.seed}: training on {'GPU ' + slot if slot else 'CPU'}",
+              flush=True)
+        start = time.perf_counter()
+        failed = subprocess.run(command, env=env).returncode
+        wall_s = time.perf_counter() - start
+        if failed:  # no result file: the run is retried next time; the other jobs go on
+            print(f"{run.table}/{run.recipe}/{run.row}-seed{run.seed}: FAILED (exit {failed}), no result written",
+                  file=sys.stderr, flush=True)
+            return None
+        gpu = _gpu_name(slot)
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    result = result_from_run(run, cfg, report, run_dir, gpu, wall_s, extra)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(tmp, target)
+    print(f"{target}: nMSE {result['nmse_mean']:.3e}", flush=True)
+    return target
+
+
+def prepare(runs: list[Run], size: str, extra: list[str]) -> None:
+    """Generate every dataset the runs need, once, before parallel jobs open them."""
+    from train import compose  # recipes/ is the script folder
+
+    from gno_ext.training.data import prepare_data
+
+    for recipe in sorted({r.recipe for r in runs}):
+        cfg = compose(recipe, [f"size={size}", *[o for o in extra if o.startswith("data.")]])
+        prepare_data(cfg["data"])
+
+
+def sweep_command(runs: list[Run], size: str, extra: list[str], launcher: str | None, jobs: int | None) -> list[str]:
+    """The Hydra multirun over the runs' grid (``recipes/sweep.py -m ...``)."""
+    table = {r.table for r in runs}.pop()
+    join = lambda values: ",".join(sorted({str(v) for v in values}))
+    command = [sys.executable, str(ROOT / "recipes" / "sweep.py"), "-m", f"table={table}",
+               f"recipe={join(r.recipe for r in runs)}", f"row={join(r.row for r in runs)}",
+               f"seed={join(r.seed for r in runs)}", f"size={size}"]
+    if extra:
+        command.append("extra=[" + ",".join(json.dumps(o) for o in extra) + "]")
+    if launcher:
+        command.append(f"hydra/launcher={launcher}")
+        if launcher == "joblib":
+            command.append(f"hydra.launcher.n_jobs={jobs or _local_gpus() or 1}")
+    return command
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _cell(values: list[float]) -> str:
+    if not values:
+        return "—"
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{mean:.2e}"
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    return f"{mean:.2e} ± {std:.1e}"
+
+
+PAGE_HEAD = """# Results
+
+How the GNO compares with the baselines, table by table as in the paper: the normalised MSE of
+the 10-step autoregressive rollout (50 for Navier-Stokes) on the test split, $\\|\\hat u - u\\|^2 /
+\\|u - \\bar u\\|^2$ per trajectory, averaged over trajectories (± the standard deviation over
+seeds where there are several), beside the paper's value for the same cell. Every model of a
+table is trained on the same data with the same epochs, batch size, optimizer settings and
+seeds; the budget is stated under each table. The rows `fno` (neuraloperator's FNO with the
+same inputs as channels) and `gated_fno` are not in the paper.
+
+Our datasets follow the paper's protocols but are generated by our own solvers (see
+[the differences](datasets/index.md#differences-from-the-paper)), and a budget of a few epochs
+is not the paper's 100: compare the rows of one table with each other first, and with the
+paper's column only as a reference.
+
+This page is written by `python recipes/benchmark.py render --out docs/results.md` from the
+result files under `benchmarks/results/` (one JSON file per run, with its commit and GPU).
+Reproduce a table, or resume it where it stopped, with the command under it: a run whose
+result file exists is skipped. `--launcher joblib` runs one training per local GPU at once;
+on a cluster any Hydra launcher takes the sweep (`recipes/sweep.py`, see
+[Running on a cluster](recipes/cluster.md)).
+
+"""
+
+
+def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
+    """The results page: every table, ours (mean ± std over seeds) beside the paper's value,
+    with the budget, GPUs and commits the results came from."""
+    out = [PAGE_HEAD]
+    for name, table in tables.items():
+        found = [json.loads(p.read_text()) for p in sorted((results / name).glob("*/*.json"))]
+        out.append(f"## `{name}`: {table['title']}\n")
+        if not found:
+            out.append(f"Not run yet: `python recipes/benchmark.py run --table {name} --size paper`.\n")
+            continue
+        budgets = sorted({(r["size"], r["epochs"], r["batch_size"], r.get("lr"), tuple(r.get("extra", [])))
+                          for r in found})
+        gpus = sorted({r["gpu"] for r in found})
+        commits = sorted({r["commit"][:10] for r in found})
+        out.append("| model | " + " | ".join(f"{c} (ours)  | {c} (paper)" for c in table["recipes"]) + " |")
+        out.append("| --- |" + " --- | --- |" * len(table["recipes"]))
+        for row, spec in table["rows"].items():
+            cells = []
+            for column, recipe in enumerate(table["recipes"]):
+                ours = [r["nmse_mean"] for r in found if r["recipe"] == recipe and r["model"] == row]
+                paper = spec["paper"][column]
+                cells += [_cell(ours), "—" if paper is None else f"{paper:.2e}"]
+            out.append(f"| `{row}` | " + " | ".join(cells) + " |")
+        seeds = sorted({r["seed"] for r in found})
+        budget = "; ".join(f"size={s}, {e} epochs, batch {b}, lr {lr}" + (f", {' '.join(x)}" if x else "")
+                           for s, e, b, lr, x in budgets)
+        out.append(f"\nBudget: {budget}{' (MIXED: rerun at one budget)' if len(budgets) > 1 else ''}. "
+                   f"Seeds {seeds}. GPU: {', '.join(gpus)}. Commits: {', '.join(commits)}. "
+                   f"Reproduce: `python recipes/benchmark.py run --table {name} --size {budgets[0][0]} "
+                   f"--seeds {' '.join(map(str, seeds))}{' -- ' + ' '.join(budgets[0][4]) if budgets[0][4] else ''}`.\n")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("plan", "run"):
+        p = sub.add_parser(name)
+        p.add_argument("--table", required=True)
+        p.add_argument("--size", default="small", help="smoke | small | paper (recipes/conf/size)")
+        p.add_argument("--seeds", type=int, nargs="+", default=[0])
+        p.add_argument("--recipes", nargs="+", help="a subset of the table's recipes")
+        p.add_argument("--rows", nargs="+", help="a subset of the table's rows")
+        p.add_argument("--tables", type=Path, default=TABLES)
+        p.add_argument("--results", type=Path, default=RESULTS)
+        if name == "run":
+            p.add_argument("--launcher", help="a Hydra launcher (joblib: one run per local GPU at once)")
+            p.add_argument("--jobs", type=int, help="parallel jobs of the joblib launcher (default: GPUs)")
+            p.add_argument("--output-root", type=Path, help="where the run folders go (default: runs/benchmark)")
+        p.add_argument("extra", nargs="*", help="Hydra overrides for every run (after --), e.g. trainer.epochs=20")
+    p = sub.add_parser("render")
+    p.add_argument("--tables", type=Path, default=TABLES)
+    p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--out", type=Path, help="write the Markdown here (default: print it)")
+    args = parser.parse_args(argv)
+    tables = load_tables(args.tables)
+    if args.command == "render":
+        text = render(tables, args.results)
+        if args.out:
+            args.out.write_text(text)
+        else:
+            print(text)
+        return
+    runs = plan(tables, args.table, args.seeds, args.recipes, args.rows)
+    todo = [r for r in runs if not r.path(args.results).exists()]
+    if args.command == "plan":
+        for r in runs:
+            state = "done" if r.path(args.results).exists() else "to run"
+            print(f"{r.table}/{r.recipe}/{r.row}-seed{r.seed}: {state}")
+        print(f"{len(todo)} of {len(runs)} runs to do")
+        return
+    if not todo:
+        print(f"table {args.table}: all {len(runs)} runs have results")
+        return
+    prepare(todo, args.size, args.extra)
+    command = sweep_command(todo, args.size, args.extra, args.launcher, args.jobs)
+    if args.results != RESULTS:
+        command.append(f"results={args.results.resolve()}")
+    if args.tables != TABLES:
+        command.append(f"tables={args.tables.resolve()}")
+    if args.output_root:
+        command.append(f"output_root={args.output_root.resolve()}")
+    print(" ".join(command), flush=True)
+    subprocess.run(command, check=True)
+    missing = [r for r in runs if not r.path(args.results).exists()]
+    if missing:
+        raise SystemExit(f"table {args.table}: {len(missing)} of {len(runs)} runs have no result (failed): "
+                         + ", ".join(f"{r.recipe}/{r.row}-seed{r.seed}" for r in missing))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""recipes/benchmark.py: the tables' definitions, the plan, a resumable run and the rendered page."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from ._recipes import RECIPES, load_recipe
+
+bench = load_recipe("benchmark")
+train_py = load_recipe("train")
+
+
+def test_every_table_names_existing_recipes_and_models_and_the_papers_values():
+    tables = bench.load_tables()
+    assert {"param", "bc", "joint", "ood", "3d", "ablation", "pino"} <= set(tables)
+    for name, table in tables.items():
+        assert set(table["recipes"]) <= set(train_py.available("recipe")), name
+        for row, spec in table["rows"].items():
+            assert spec["model"] in train_py.available("model"), (name, row)
+            assert len(spec["paper"]) == len(table["recipes"])
+    # a few cells read against the paper's LaTeX tables
+    param = tables["param"]
+    assert param["rows"]["gno"]["paper"][param["recipes"].index("heat-param")] == 4.20e-3
+    assert param["rows"]["unisolver"]["paper"][param["recipes"].index("advection-param")] == 4.53
+    assert tables["joint"]["rows"]["vit-2"]["paper"] == [26.0, 0.333]
+    assert tables["ablation"]["rows"]["gno_no_dro"]["overrides"] == ["trainer.curriculum.warmup_fraction=1.0"]
+    for name in ("param", "bc", "joint"):  # the rows the paper lacks
+        assert {"fno", "gated_fno"} <= set(tables[name]["rows"])
+
+
+def test_plan_and_its_errors(tmp_path):
+    tables = bench.load_tables()
+    runs = bench.plan(tables, "bc", [0, 1])
+    assert len(runs) == len(tables["bc"]["recipes"]) * len(tables["bc"]["rows"]) * 2
+    run = next(r for r in runs if r.recipe == "heat-bc" and r.row == "gno" and r.seed == 1)
+    assert run.paper_nmse == 7.80e-2
+    assert run.path(tmp_path) == tmp_path / "bc" / "heat-bc" / "gno-seed1.json"
+    with pytest.raises(SystemExit, match="unknown; available"):
+        bench.plan(tables, "nope", [0])
+    with pytest.raises(SystemExit, match=r"no row \['vit-3'\]"):
+        bench.plan(tables, "bc", [0], rows=["vit-3"])
+
+
+def test_paper_values_must_match_the_recipes(tmp_path):
+    bad = tmp_path / "tables.yaml"
+    bad.write_text(yaml.safe_dump({"tables": {"t": {"title": "t", "recipes": ["heat-param", "heat-bc"],
+                                                    "rows": {"gno": {"paper": [1.0]}}}}}))
+    with pytest.raises(ValueError, match="table t, row gno: 1 paper values for 2 recipes"):
+        bench.load_tables(bad)
+
+
+def test_the_sweep_config_composes():
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(RECIPES), version_base="1.3"):
+        cfg = compose(config_name="sweep", overrides=["table=bc", "recipe=heat-bc", "row=gno", "seed=1"])
+    assert (cfg.table, cfg.recipe, cfg.row, cfg.seed, cfg.size) == ("bc", "heat-bc", "gno", 1, "small")
+
+
+def test_a_run_writes_its_results_skips_them_next_time_and_renders(tmp_path):
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    command = [sys.executable, str(RECIPES / "benchmark.py"), "run", "--table", "bc", "--recipes", "heat-bc",
+               "--rows", "gno", "fno", "--size", "smoke", "--results", str(results), "--output-root", str(runs),
+               "--", "trainer.epochs=1", "trainer.progress=false", "eval.figures=0", "trainer.tensorboard=false"]
+    env = {"GNO_EXT_CACHE": str(tmp_path / "cache"), "GNO_EXT_SWEEP_DIR": str(tmp_path / "hydra")}
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env},
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = sorted(results.glob("bc/heat-bc/*.json"))
+    assert [f.name for f in files] == ["fno-seed0.json", "gno-seed0.json"]
+    gno = json.loads(files[1].read_text())
+    assert set(bench.REQUIRED) <= set(gno)
+    assert (gno["table"], gno["recipe"], gno["model"], gno["seed"], gno["size"]) == ("bc", "heat-bc", "gno", 0, "smoke")
+    assert gno["epochs"] == 1 and gno["gpu"] == "cpu" and gno["paper_nmse"] == 7.80e-2 and gno["n_params"] > 1000
+    assert gno["nmse_mean"] > 0 and len(gno["per_step_nmse"]) == gno["rollout_steps"]
+    assert gno["extra"] == ["trainer.epochs=1", "trainer.progress=false", "eval.figures=0", "trainer.tensorboard=false"]
+    before = {f: f.stat().st_mtime_ns for f in files}
+
+    again = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env},
+                           cwd=tmp_path)
+    assert again.returncode == 0 and "all 2 runs have results" in again.stdout
+    assert {f: f.stat().st_mtime_ns for f in files} == before
+
+    page = bench.render(bench.load_tables(), results)
+    line = next(l for l in page.splitlines() if l.startswith("| `gno` |") and "7.80e-02" in l)
+    assert f"{gno['nmse_mean']:.2e}" in line
+    assert "size=smoke, 1 epochs" in page and "GPU: cpu" in page
+
+
+def test_no_gpu_no_slot():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a host with GPUs")
+    with bench.gpu_slot() as slot:
+        assert slot is None
+
+
+def test_the_results_page_is_rendered_from_the_committed_results():
+    page = RECIPES.parent / "docs" / "results.md"
+    assert page.read_text() == bench.render(bench.load_tables()), \
+        "docs/results.md is stale: python recipes/benchmark.py render --out docs/results.md"
+
+
+def test_a_failing_run_writes_nothing_and_the_others_go_on(tmp_path):
+    tables = tmp_path / "tables.yaml"
+    tables.write_text(yaml.safe_dump({"tables": {"t": {"title": "t", "recipes": ["heat-param"], "rows": {
+        "fno": {}, "broken": {"model": "fno", "overrides": ["+model.kwargs.no_such_argument=1"]}}}}}))
+    results = tmp_path / "results"
+    command = [sys.executable, str(RECIPES / "benchmark.py"), "run", "--table", "t", "--size", "smoke",
+               "--tables", str(tables), "--results", str(results), "--output-root", str(tmp_path / "runs"),
+               "--", "trainer.epochs=1", "trainer.progress=false", "eval.figures=0", "trainer.tensorboard=false"]
+    env = {**os.environ, "GNO_EXT_CACHE": str(tmp_path / "cache"), "GNO_EXT_SWEEP_DIR": str(tmp_path / "hydra")}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode != 0
+    assert "1 of 2 runs have no result (failed): heat-param/broken-seed0" in done.stderr
+    assert "broken-seed0: FAILED" in done.stderr
+    assert [p.name for p in results.glob("t/heat-param/*.json")] == ["fno-seed0.json"]
