@@ -99,6 +99,11 @@ def plan(tables: dict[str, Any], table: str, seeds: list[int], recipes: list[str
 
 
 def _git_commit() -> str:
+    """The commit of the code that runs: ``$GNO_EXT_COMMIT`` where the checkout is a copy without
+    its history (a machine that was sent the working tree), else ``git rev-parse HEAD``, with
+    ``-dirty`` for uncommitted changes to tracked files."""
+    if os.environ.get("GNO_EXT_COMMIT"):
+        return os.environ["GNO_EXT_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
@@ -246,6 +251,20 @@ def _local_gpus() -> int:
     return torch.cuda.device_count()
 
 
+# Overrides that change how fast a run goes or what it prints, never what it computes: left out
+# of the budget that a table states (a row may need capture off where its step cannot be captured).
+NOT_BUDGET = ("trainer.compile", "trainer.capture", "trainer.progress", "trainer.num_workers", "trainer.tensorboard",
+              "trainer.grad_sync", "trainer.compile_options", "data.in_memory", "data.root", "eval.figures",
+              "eval.batch_size")
+
+
+def budget_of(result: dict[str, Any]) -> tuple:
+    """What every run of a table must share: size, epochs, batch size, learning rate and the
+    overrides that change the computation."""
+    extra = tuple(o for o in result.get("extra", []) if not o.lstrip("+~").startswith(NOT_BUDGET))
+    return result["size"], result["epochs"], result["batch_size"], result.get("lr"), extra
+
+
 def _cell(values: list[float]) -> str:
     if not values:
         return "—"
@@ -291,8 +310,7 @@ def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
         if not found:
             out.append(f"Not run yet: `python recipes/benchmark.py run --table {name} --size paper`.\n")
             continue
-        budgets = sorted({(r["size"], r["epochs"], r["batch_size"], r.get("lr"), tuple(r.get("extra", [])))
-                          for r in found})
+        budgets = sorted({budget_of(r) for r in found})
         gpus = sorted({r["gpu"] for r in found})
         commits = sorted({r["commit"][:10] for r in found})
         out.append("| model | " + " | ".join(f"{c} (ours)  | {c} (paper)" for c in table["recipes"]) + " |")
