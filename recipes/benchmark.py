@@ -175,8 +175,8 @@ def result_from_run(run: Run, cfg: dict[str, Any], report: dict[str, Any], run_d
     }
 
 
-def execute(run: Run, size: str, extra: list[str], results: Path = RESULTS, output_root: Path | None = None,
-            dry_run: bool = False) -> Path | None:
+def execute(run: Run, size: str, extra: list[str], results: Path = RESULTS,
+            output_root: Path | None = None) -> Path | None:
     """Train and evaluate ``run`` unless its result exists; write the result file atomically.
 
     The training runs in a child process (``recipes/train.py``) on a GPU of its own
@@ -192,9 +192,8 @@ def execute(run: Run, size: str, extra: list[str], results: Path = RESULTS, outp
     args = [f"model={run.model}", f"size={size}", f"seed={run.seed}", f"run_dir={run_dir}", "resume=auto",
             *run.overrides, *extra]
     command = [sys.executable, str(ROOT / "recipes" / "train.py"), "--recipe", run.recipe, *args]
-    if dry_run:
-        print(" ".join(command))
-        return None
+    # resume=auto continues a run that an earlier job left unfinished: its wall time is then this job's part only
+    resumed = any((run_dir / "checkpoints").glob("step_*")) if run_dir.is_dir() else False
     with gpu_slot() as slot:
         env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": slot} if slot is not None else {}))
         print(f"{run.table}/{run.recipe}/{run.row}-seed{run.seed}: training on {'GPU ' + slot if slot else 'CPU'}",
@@ -210,6 +209,7 @@ def execute(run: Run, size: str, extra: list[str], results: Path = RESULTS, outp
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     result = result_from_run(run, cfg, report, run_dir, gpu, wall_s, extra)
+    result["resumed"] = resumed
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
@@ -259,10 +259,10 @@ NOT_BUDGET = ("trainer.compile", "trainer.capture", "trainer.progress", "trainer
 
 
 def budget_of(result: dict[str, Any]) -> tuple:
-    """What every run of a table must share: size, epochs, batch size, learning rate and the
-    overrides that change the computation."""
+    """What every run of a table must share: size, epochs, batch size, learning rate, the
+    overrides that change the computation, and the precision."""
     extra = tuple(o for o in result.get("extra", []) if not o.lstrip("+~").startswith(NOT_BUDGET))
-    return result["size"], result["epochs"], result["batch_size"], result.get("lr"), extra
+    return result["size"], result["epochs"], result["batch_size"], result.get("lr"), extra, result.get("precision")
 
 
 def _cell(values: list[float]) -> str:
@@ -323,12 +323,16 @@ def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
                 cells += [_cell(ours), "—" if paper is None else f"{paper:.2e}"]
             out.append(f"| `{row}` | " + " | ".join(cells) + " |")
         seeds = sorted({r["seed"] for r in found})
-        budget = "; ".join(f"size={s}, {e} epochs, batch {b}, lr {lr}" + (f", {' '.join(x)}" if x else "")
-                           for s, e, b, lr, x in budgets)
+        budget = "; ".join(f"size={s}, {e} epochs, batch {b}, lr {lr}, precision {p}" + (f", {' '.join(x)}" if x else "")
+                           for s, e, b, lr, x, p in budgets)
+        notes = results.parent / "notes" / f"{name}.md"
         out.append(f"\nBudget: {budget}{' (MIXED: rerun at one budget)' if len(budgets) > 1 else ''}. "
-                   f"Seeds {seeds}. GPU: {', '.join(gpus)}. Commits: {', '.join(commits)}. "
+                   f"Seeds run: {seeds} (± is the standard deviation over the seeds of a cell; a cell "
+                   f"without it has one). GPU: {', '.join(gpus)}. Commits: {', '.join(commits)}. "
                    f"Reproduce: `python recipes/benchmark.py run --table {name} --size {budgets[0][0]} "
                    f"--seeds {' '.join(map(str, seeds))}{' -- ' + ' '.join(budgets[0][4]) if budgets[0][4] else ''}`.\n")
+        if notes.is_file():  # the discussion of the table, written by hand next to its results
+            out.append(notes.read_text())
     return "\n".join(out)
 
 

@@ -88,7 +88,7 @@ def test_a_run_writes_its_results_skips_them_next_time_and_renders(tmp_path):
     page = bench.render(bench.load_tables(), results)
     line = next(l for l in page.splitlines() if l.startswith("| `gno` |") and "7.80e-02" in l)
     assert f"{gno['nmse_mean']:.2e}" in line
-    assert "size=smoke, 1 epochs" in page and "GPU: cpu" in page
+    assert "size=smoke, 1 epochs, batch" in page and "precision no" in page and "GPU: cpu" in page
 
 
 def test_no_gpu_no_slot():
