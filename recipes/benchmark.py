@@ -120,6 +120,11 @@ def _n_params(model_dir: Path) -> int:
         return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
 
 
+def _steps(model_dir: Path) -> int:
+    """Optimizer steps the saved model was trained for (0: a reference such as persistence)."""
+    return int(json.loads((model_dir / "config.json").read_text()).get("extra", {}).get("step", 0))
+
+
 @contextlib.contextmanager
 def gpu_slot(lock_dir: Path | None = None) -> Iterator[str | None]:
     """Hold one GPU of this host for the duration: the first whose lock file is free (waiting
@@ -167,7 +172,7 @@ def result_from_run(run: Run, cfg: dict[str, Any], report: dict[str, Any], run_d
         "overrides": list(run.overrides), "extra": list(extra), "seed": run.seed, "size": cfg["size"],
         "epochs": cfg["trainer"]["epochs"], "batch_size": cfg["trainer"]["batch_size"],
         "lr": cfg["optimizer"]["lr"], "precision": report.get("precision"),
-        "n_params": _n_params(run_dir / "model"), "gpu": gpu, "wall_s": round(wall_s, 1), "commit": _git_commit(),
+        "n_params": _n_params(run_dir / "model"), "steps": _steps(run_dir / "model"), "gpu": gpu, "wall_s": round(wall_s, 1), "commit": _git_commit(),
         "nmse_mean": nmse["mean"], "nmse_std": nmse["std"], "nmse_worst_group": nmse["worst_group"],
         "rel_l2_mean": report["rel_l2"]["mean"], "per_step_nmse": report["per_step_nmse"],
         "rollout_steps": report["steps"], "test_trajectories": report["trajectories"],
@@ -258,9 +263,12 @@ NOT_BUDGET = ("trainer.compile", "trainer.capture", "trainer.progress", "trainer
               "eval.batch_size")
 
 
-def budget_of(result: dict[str, Any]) -> tuple:
+def budget_of(result: dict[str, Any]) -> tuple | None:
     """What every run of a table must share: size, epochs, batch size, learning rate, the
-    overrides that change the computation, and the precision."""
+    overrides that change the computation, and the precision (None for an untrained
+    reference, which has no budget)."""
+    if result.get("steps", 1) == 0:
+        return None
     extra = tuple(o for o in result.get("extra", []) if not o.lstrip("+~").startswith(NOT_BUDGET))
     return result["size"], result["epochs"], result["batch_size"], result.get("lr"), extra, result.get("precision")
 
@@ -310,7 +318,7 @@ def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
         if not found:
             out.append(f"Not run yet: `python recipes/benchmark.py run --table {name} --size paper`.\n")
             continue
-        budgets = sorted({budget_of(r) for r in found})
+        budgets = sorted({budget_of(r) for r in found} - {None}, key=str)
         gpus = sorted({r["gpu"] for r in found})
         commits = sorted({r["commit"][:10] for r in found})
         out.append("| model | " + " | ".join(f"{c} (ours)  | {c} (paper)" for c in table["recipes"]) + " |")
@@ -324,13 +332,14 @@ def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
             out.append(f"| `{row}` | " + " | ".join(cells) + " |")
         seeds = sorted({r["seed"] for r in found})
         budget = "; ".join(f"size={s}, {e} epochs, batch {b}, lr {lr}, precision {p}" + (f", {' '.join(x)}" if x else "")
-                           for s, e, b, lr, x, p in budgets)
+                           for s, e, b, lr, x, p in budgets) or "no trained run yet"
+        size, extra = (budgets[0][0], budgets[0][4]) if budgets else (found[0]["size"], ())
         notes = results.parent / "notes" / f"{name}.md"
         out.append(f"\nBudget: {budget}{' (MIXED: rerun at one budget)' if len(budgets) > 1 else ''}. "
                    f"Seeds run: {seeds} (± is the standard deviation over the seeds of a cell; a cell "
                    f"without it has one). GPU: {', '.join(gpus)}. Commits: {', '.join(commits)}. "
-                   f"Reproduce: `python recipes/benchmark.py run --table {name} --size {budgets[0][0]} "
-                   f"--seeds {' '.join(map(str, seeds))}{' -- ' + ' '.join(budgets[0][4]) if budgets[0][4] else ''}`.\n")
+                   f"Reproduce: `python recipes/benchmark.py run --table {name} --size {size} "
+                   f"--seeds {' '.join(map(str, seeds))}{' -- ' + ' '.join(extra) if extra else ''}`.\n")
         if notes.is_file():  # the discussion of the table, written by hand next to its results
             out.append(notes.read_text())
     return "\n".join(out)

@@ -28,6 +28,7 @@ RECEIVES = {
     "moe_pot": ("the frames only (routing by latent state)", "Wang et al. 2025 (MoE-POT)"),
     "conditioned_vit": ("frames, theta, pooled v(x), boundary summary", "GNO paper, Appendix F"),
     "pino": ("the frames (theta and v(x) in the loss only)", "Li et al. 2021 (PINO); GNO paper, Appendix J"),
+    "persistence": ("the last frame (copied forward; a reference)", "no training"),
     "fno": ("frames, theta, v(x), boundary channels", "Li et al. 2021 (FNO), neuraloperator"),
 }
 

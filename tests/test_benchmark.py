@@ -120,3 +120,20 @@ def test_a_failing_run_writes_nothing_and_the_others_go_on(tmp_path):
     assert "1 of 2 runs have no result (failed): heat-param/broken-seed0" in done.stderr
     assert "broken-seed0: FAILED" in done.stderr
     assert [p.name for p in results.glob("t/heat-param/*.json")] == ["fno-seed0.json"]
+
+
+def test_an_untrained_reference_has_no_budget_and_a_mixed_budget_is_flagged(tmp_path):
+    def result(model, steps, epochs, precision):
+        return {"table": "bc", "recipe": "heat-bc", "model": model, "seed": 0, "size": "paper", "epochs": epochs,
+                "batch_size": 64, "lr": 3e-4, "precision": precision, "extra": ["trainer.capture=true"], "steps": steps,
+                "gpu": "NVIDIA H100", "commit": "0" * 40, "nmse_mean": 0.5}
+
+    folder = tmp_path / "bc" / "heat-bc"
+    folder.mkdir(parents=True)
+    (folder / "gno-seed0.json").write_text(json.dumps(result("gno", 100, 10, "bf16")))
+    (folder / "persistence-seed0.json").write_text(json.dumps(result("persistence", 0, 2, "no")))
+    page = bench.render(bench.load_tables(), tmp_path)
+    assert "size=paper, 10 epochs, batch 64, lr 0.0003, precision bf16." in page and "MIXED" not in page
+    assert "trainer.capture" not in page.split("## `bc`")[1].split("## ")[0]  # speed-only: not the budget
+    (folder / "fno-seed0.json").write_text(json.dumps(result("fno", 100, 20, "bf16")))
+    assert "MIXED" in bench.render(bench.load_tables(), tmp_path)

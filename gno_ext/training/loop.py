@@ -501,6 +501,8 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
         else torch.ones(spec.channels)
     scale = scale.view(1, 1, -1, *([1] * spec.ndim)).to(device)
     n_params = sum(p.numel() for p in model.parameters())
+    if not any(p.requires_grad for p in model.parameters()):  # a reference with nothing to learn (persistence)
+        return _evaluate_only(cfg, model, binner, run_dir, device, precision, use_cpu, main, replace, say)
 
     epochs, accum = settings["trainer.epochs"], settings["trainer.grad_accum"]
     steps_per_epoch = math.ceil(len(sampler.global_batches(0)) / accum)
@@ -715,6 +717,31 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
             f"Report: {run_dir / 'eval' / 'report.md'}")
     _wait_for_everyone(accelerator)
     return accelerator, {"run_dir": str(run_dir), "step": step, "skipped": guard.skipped, "report": report}
+
+
+def _evaluate_only(cfg: dict[str, Any], model: nn.Module, binner: GroupBinner, run_dir: Path, device: torch.device,
+                   precision: str, use_cpu: bool, main: bool, replace: bool,
+                   say: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
+    """`_run` for a model without trainable parameters: the run folder, the model and its
+    evaluation, no training."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=use_cpu, mixed_precision=precision)
+    model = model.to(device)
+    say(f"run {run_dir}: {cfg['model']['name']} has no trainable parameters: evaluated, not trained")
+    if main:
+        if replace:
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        save_checkpoint(model, run_dir / "model", extra={"step": 0, "ema": False})
+    report = None
+    if cfg.get("eval", {}).get("enabled", True) and main:
+        report = evaluate_run(cfg, model, binner, run_dir / "eval", device, precision)
+        say(f"test rollout ({report['steps']} steps, {report['trajectories']} trajectories): nMSE "
+            f"{report['nmse']['mean']:.4e} +- {report['nmse']['std']:.4e}. Report: {run_dir / 'eval' / 'report.md'}")
+    _wait_for_everyone(accelerator)
+    return accelerator, {"run_dir": str(run_dir), "step": 0, "skipped": 0, "report": report}
 
 
 def _timed(batches: Iterable[Any], waited: list[float]) -> Iterator[Any]:

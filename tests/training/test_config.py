@@ -44,7 +44,7 @@ def _instantiate(cfg: dict, autocast: bool = False) -> None:
         out = model(batch.u_in, theta=batch.theta, theta_field=batch.theta_field, bc=batch.bc, grid=batch.grid)
     assert out.shape == batch.u_out[:, :1].shape
     assert torch.isfinite(out).all()
-    if autocast:
+    if autocast and out.requires_grad:  # (persistence has nothing to differentiate)
         out.float().square().mean().backward()
         assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 

@@ -10,7 +10,7 @@ import pytest
 from .conftest import load_train_module
 
 train_py = load_train_module()
-MODELS = [m for m in train_py.available("model") if m != "vit-10"]
+MODELS = [m for m in train_py.available("model") if m not in ("vit-10", "persistence")]
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -30,3 +30,27 @@ def test_vit_10_needs_trajectories_of_11_frames(train_module, tmp_path):
         train_module.main(["--recipe", "heat-joint", "size=smoke", "model=vit-10", "trainer.max_steps=2",
                            "eval.enabled=false", "trainer.progress=false", "trainer.tensorboard=false",
                            f"output_root={tmp_path}"])
+
+
+def test_persistence_is_evaluated_not_trained(train_module, tmp_path):
+    import torch
+    import yaml
+
+    from gno_ext.adapters import GeneratedDataset
+    from gno_ext.losses import nmse
+    from gno_ext.training.data import rollout_indices
+
+    result = train_module.main(["--recipe", "heat-param", "size=smoke", "model=persistence", "eval.figures=0",
+                                "trainer.progress=false", "trainer.tensorboard=false", f"output_root={tmp_path}"])
+    run = Path(result["run_dir"])
+    assert result["step"] == 0 and not (run / "checkpoints").exists() and not (run / "metrics.jsonl").exists()
+    assert (run / "model" / "model.safetensors").is_file()
+    report = result["report"]
+    # its rollout is the first frame repeated: the error follows from the test data alone
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    steps = report["steps"]
+    ds = GeneratedDataset(Path(cfg["data"]["root"]) / "datasets" / "heat-param", n_steps_output=steps, split="test")
+    firsts = [ds[i] for i in rollout_indices(ds)]
+    errors = torch.cat([nmse(s.u_in[-1:].expand(steps, *s.u_in.shape[1:])[None], s.u_out[None]) for s in firsts])
+    assert report["trajectories"] == len(firsts)
+    assert abs(report["nmse"]["mean"] - float(errors.mean())) < 1e-5 * float(errors.mean())

@@ -10,6 +10,7 @@
 | ``conditioned_vit`` | FiLM / Pos / Proj / Token at the encoder or every layer | frames, theta, pooled fields, boundary summary |
 | ``pino`` | FNO + PDE residual in the loss | the frames (theta only in the loss) |
 | ``fno`` | FNO with theta, fields and boundary channels | frames, theta, fields, boundary |
+| ``persistence`` | the last input frame copied forward (no weights; a reference) | the frames |
 
 ``cape_fno``, ``pino`` and ``fno`` need neuraloperator (imported when built).
 """
@@ -18,9 +19,10 @@ from gno_ext.models.baselines.cape import CAPE, CAPEFNO, CAPEAttn, CAPEUNet, UNe
 from gno_ext.models.baselines.conditioning import ConditionedViT, Conditioner
 from gno_ext.models.baselines.fno import ChannelFNO
 from gno_ext.models.baselines.moe_pot import MoEMLP, MoEPOT
+from gno_ext.models.baselines.persistence import Persistence
 from gno_ext.models.baselines.pino import PINO
 from gno_ext.models.baselines.unisolver import Unisolver
 from gno_ext.models.baselines.vit import Concat, ViT, ViTBackbone
 
 __all__ = ["ViT", "ViTBackbone", "Concat", "CAPE", "UNet", "CAPEUNet", "CAPEFNO", "CAPEAttn", "Unisolver", "MoEMLP",
-           "MoEPOT", "Conditioner", "ConditionedViT", "PINO", "ChannelFNO"]
+           "MoEPOT", "Conditioner", "ConditionedViT", "PINO", "ChannelFNO", "Persistence"]
