@@ -54,3 +54,31 @@ def test_persistence_is_evaluated_not_trained(train_module, tmp_path):
     errors = torch.cat([nmse(s.u_in[-1:].expand(steps, *s.u_in.shape[1:])[None], s.u_out[None]) for s in firsts])
     assert report["trajectories"] == len(firsts)
     assert abs(report["nmse"]["mean"] - float(errors.mean())) < 1e-5 * float(errors.mean())
+
+
+def test_the_rollouts_first_step_is_the_one_step_prediction_from_frame_0(train_module, tmp_path):
+    """The rollout adds nothing of its own to its first step: it equals the one-step error of the
+    test windows that start at frame 0 (which is why it exceeds the validation error, an average
+    over every start frame)."""
+    import torch
+    import yaml
+
+    from gno_ext.adapters import GeneratedDataset
+    from gno_ext.losses import nmse
+    from gno_ext.models.registry import from_checkpoint
+    from gno_ext.schema import collate
+    from gno_ext.training.data import rollout_indices
+
+    # time-dependent Dirichlet and Robin data: the first step must also read the data of the right times
+    result = train_module.main(["--recipe", "heat-bc-extended", "size=smoke", "trainer.max_steps=3", "eval.figures=0",
+                                "trainer.progress=false", "trainer.tensorboard=false", f"output_root={tmp_path}"])
+    run = Path(result["run_dir"])
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    model = from_checkpoint(run / "model").eval()
+    ds = GeneratedDataset(Path(cfg["data"]["root"]) / "datasets" / "heat-bc-extended", split="test")
+    batch = collate([ds[i] for i in rollout_indices(ds)][: result["report"]["trajectories"]])
+    with torch.no_grad():
+        pred = model(batch.u_in, theta=batch.theta, theta_field=batch.theta_field, bc=batch.bc, grid=batch.grid)
+    first = float(nmse(pred, batch.u_out[:, :1]).mean())
+    assert abs(result["report"]["per_step_nmse"][0] - first) < 1e-5 * first
+    assert "first step is the one-step prediction from frame 0" in (run / "eval" / "report.md").read_text()
