@@ -126,16 +126,13 @@ class GhostCells:
             kind = bc.kind[:, face].view(shape)
             vel = face_vel[axis].narrow(dim, 0 if lo else n, 1)
             inflow = (vel > 0) if lo else (vel < 0)
-            dirichlet = kind == BCType.DIRICHLET
-            bounded = kind != BCType.PERIODIC
+            bounded, dirichlet = kind != BCType.PERIODIC, kind == BCType.DIRICHLET
+            # each closure's points; they are laid over each other in this order, each one where it applies
+            where = {"outflow": bounded & ~inflow, "neumann": bounded & inflow & ~dirichlet,
+                     "dirichlet": inflow & dirichlet}
             self.faces.append({
                 "periodic": ~bounded,
-                "dirichlet": dirichlet,
-                "inflow": inflow,
-                # the closures some sample needs here (the others are not computed)
-                "needs": {"dirichlet": bool((inflow & dirichlet).any()),
-                          "neumann": bool((inflow & bounded & ~dirichlet).any()),
-                          "outflow": bool((~inflow & bounded).any())},
+                "closures": [(k, w) for k, w in where.items() if bool(w.any())],  # only those some point needs
             })
 
     def pad(self, u: Tensor, axis: int, values: Tensor) -> Tensor:
@@ -156,15 +153,12 @@ class GhostCells:
             inner = torch.movedim(inner, dim, -1)
             g = g.expand(*inner.shape[:-1], 1)
             cells = inner.narrow(-1, 0, self.degree)
-            inputs = {"dirichlet": lambda: torch.cat([g, cells], -1),
-                      "neumann": lambda: torch.cat([h * g, cells], -1), "outflow": lambda: inner}
             layer = None
-            for kind in ("outflow", "neumann", "dirichlet"):  # later kinds overwrite where they apply
-                if not f["needs"][kind]:
-                    continue
-                ghost = torch.movedim(extrapolate(inputs[kind](), self.weights[kind], h), -1, dim)
-                where = {"outflow": None, "neumann": f["inflow"], "dirichlet": f["inflow"] & f["dirichlet"]}[kind]
-                layer = ghost if layer is None or where is None else torch.where(where, ghost, layer)
+            for kind, where in f["closures"]:
+                data = {"outflow": None, "neumann": h * g, "dirichlet": g}[kind]
+                x = inner if data is None else torch.cat([data, cells], -1)
+                ghost = torch.movedim(extrapolate(x, self.weights[kind], h), -1, dim)
+                layer = ghost if layer is None else torch.where(where, ghost, layer)
             if layer is None:  # every sample is periodic on this face
                 layer = u.narrow(dim, 0, N_GHOST)
             # ghosts are built nearest first; the lo side's array order is farthest first
