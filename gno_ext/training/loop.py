@@ -559,10 +559,7 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
         say(f"resumed from {checkpoint} (step {step}, epoch {epoch0}, batch {batch0})")
 
     if main:
-        if replace:
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        _open_run_dir(run_dir, cfg, replace)
     if replace:
         _wait_for_everyone(accelerator)
     if tr.get("tensorboard", True):
@@ -708,13 +705,7 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     if main:
         save_checkpoint(final, run_dir / "model", extra={"step": step, "ema": ema is not None})
     _wait_for_everyone(accelerator)
-    report = None
-    if cfg.get("eval", {}).get("enabled", True) and main:
-        report = evaluate_run(cfg, final, binner, run_dir / "eval", device, precision)
-        say(f"test rollout ({report['steps']} steps, {report['trajectories']} trajectories): nMSE "
-            f"{report['nmse']['mean']:.4e} +- {report['nmse']['std']:.4e}, worst group {report['nmse']['worst_group']['label']} "
-            f"{report['nmse']['worst_group']['nmse_mean']:.4e}; relative L2 {report['rel_l2']['mean']:.4e}. "
-            f"Report: {run_dir / 'eval' / 'report.md'}")
+    report = _final_evaluation(cfg, final, binner, run_dir, device, precision, say) if main else None
     _wait_for_everyone(accelerator)
     return accelerator, {"run_dir": str(run_dir), "step": step, "skipped": guard.skipped, "report": report}
 
@@ -729,19 +720,36 @@ def _evaluate_only(cfg: dict[str, Any], model: nn.Module, binner: GroupBinner, r
     accelerator = Accelerator(cpu=use_cpu, mixed_precision=precision)
     model = model.to(device)
     say(f"run {run_dir}: {cfg['model']['name']} has no trainable parameters: evaluated, not trained")
-    if main:
-        if replace:
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-        save_checkpoint(model, run_dir / "model", extra={"step": 0, "ema": False})
     report = None
-    if cfg.get("eval", {}).get("enabled", True) and main:
-        report = evaluate_run(cfg, model, binner, run_dir / "eval", device, precision)
-        say(f"test rollout ({report['steps']} steps, {report['trajectories']} trajectories): nMSE "
-            f"{report['nmse']['mean']:.4e} +- {report['nmse']['std']:.4e}. Report: {run_dir / 'eval' / 'report.md'}")
+    if main:
+        _open_run_dir(run_dir, cfg, replace)
+        save_checkpoint(model, run_dir / "model", extra={"step": 0, "ema": False})
+        report = _final_evaluation(cfg, model, binner, run_dir, device, precision, say)
     _wait_for_everyone(accelerator)
     return accelerator, {"run_dir": str(run_dir), "step": 0, "skipped": 0, "report": report}
+
+
+def _open_run_dir(run_dir: Path, cfg: dict[str, Any], replace: bool) -> None:
+    """Create the run folder (replacing the old run where ``overwrite`` asked for it) with its
+    resolved configuration (main process only)."""
+    if replace:
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+
+def _final_evaluation(cfg: dict[str, Any], model: nn.Module, binner: GroupBinner, run_dir: Path,
+                      device: torch.device, precision: str, say: Callable[[str], None]) -> dict[str, Any] | None:
+    """The test rollouts of the final model and their report, unless ``eval.enabled`` is false
+    (main process only)."""
+    if not cfg.get("eval", {}).get("enabled", True):
+        return None
+    report = evaluate_run(cfg, model, binner, run_dir / "eval", device, precision)
+    worst = report["nmse"]["worst_group"]
+    say(f"test rollout ({report['steps']} steps, {report['trajectories']} trajectories): nMSE "
+        f"{report['nmse']['mean']:.4e} +- {report['nmse']['std']:.4e}, worst group {worst['label']} "
+        f"{worst['nmse_mean']:.4e}; relative L2 {report['rel_l2']['mean']:.4e}. Report: {run_dir / 'eval' / 'report.md'}")
+    return report
 
 
 def _timed(batches: Iterable[Any], waited: list[float]) -> Iterator[Any]:
