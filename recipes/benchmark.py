@@ -114,6 +114,8 @@ def _git_commit() -> str:
 
 
 def _n_params(model_dir: Path) -> int:
+    """Entries of the saved model's tensors: its parameters and its few buffers (normalisation
+    statistics)."""
     from safetensors import safe_open
 
     with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
