@@ -112,7 +112,9 @@ class GhostCells:
         self.grid, self.degree = grid, degree
         dtype, device = face_vel[0].dtype, face_vel[0].device
         shape = (-1,) + (1,) * (grid.ndim + 1)
-        self.weights = {kind: closure_weights(kind, degree, N_GHOST).to(dtype, device) for kind in CLOSURES}
+        # per axis, since the linear weights depend on the cell size normal to the face
+        self.weights = [{kind: closure_weights(kind, h, degree, N_GHOST).to(dtype, device) for kind in CLOSURES}
+                        for h in grid.spacing]
         self.bounded = [bool((bc.kind[:, 2 * a : 2 * a + 2] != BCType.PERIODIC).any()) for a in range(grid.ndim)]
         for axis, (n, bounded) in enumerate(zip(grid.shape, self.bounded)):
             if bounded and n < degree + 1:
@@ -157,7 +159,7 @@ class GhostCells:
             for kind, where in f["closures"]:
                 data = {"outflow": None, "neumann": h * g, "dirichlet": g}[kind]
                 x = inner if data is None else torch.cat([data, cells], -1)
-                ghost = torch.movedim(extrapolate(x, self.weights[kind], h), -1, dim)
+                ghost = torch.movedim(extrapolate(x, self.weights[axis][kind]), -1, dim)
                 layer = ghost if layer is None else torch.where(where, ghost, layer)
             if layer is None:  # every sample is periodic on this face
                 layer = u.narrow(dim, 0, N_GHOST)
@@ -222,20 +224,20 @@ def solve_advection(u0: Tensor, velocity: Tensor, bc: BoundarySpec, times: Seque
     periodic_axes = (bc.kind[:, 0::2] == BCType.PERIODIC)
     fvel = face_velocities(velocity, periodic_axes)
 
-    def data_at(t: Tensor | float) -> Tensor:  # all samples share the step when boundary_fn is given
-        return boundary_data(bc, grid, boundary_fn, float(t[0]) if isinstance(t, Tensor) else t, u0)
+    def data_at(t: float) -> Tensor:  # all samples share the step when boundary_fn is given
+        return boundary_data(bc, grid, boundary_fn, t, u0)
 
     ghosts = GhostCells(grid, bc, fvel)
     transport_op = transport_fn(compile)
+    constant = data_at(0.0) if boundary_fn is None else None  # read once: no time to look up per step
 
     def rhs(u: Tensor, data: Tensor) -> Tensor:
         padded = [ghosts.pad(u, a, data) for a in range(grid.ndim)]
         return -transport_op(u, padded, fvel, grid.spacing, scheme)
 
     def step(u: Tensor, h: Tensor, t: Tensor) -> Tensor:
-        if boundary_fn is None:
-            data = data_at(t)
-            return ssp_rk3(u, lambda v, _: rhs(v, data), h, t)
+        if constant is not None:
+            return ssp_rk3(u, lambda v, _: rhs(v, constant), h, t)
         t0, dt_step = float(t[0]), float(h[0])
         stages = iter(ssp_rk3_boundary_stages(data_at(t0), data_at(t0 + 0.5 * dt_step), data_at(t0 + dt_step)))
         return ssp_rk3(u, lambda v, _: rhs(v, next(stages)), h, t)

@@ -32,6 +32,9 @@ and the constant (or, for Neumann, linear) candidate on a jump.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
+
 import torch
 from torch import Tensor
 
@@ -41,8 +44,9 @@ CLOSURES = ("dirichlet", "neumann", "outflow")
 EPSILON = 1e-6
 
 
+@dataclass(frozen=True)
 class ClosureWeights:
-    """Precomputed candidates of one closure (float64).
+    """Precomputed candidates of one closure at one cell size.
 
     The closure's inputs are a vector ``v`` of length ``degree + 1``: ``(d, u_0, ...,
     u_{degree - 1})`` for ``"dirichlet"`` (``d = g``) and ``"neumann"`` (``d = h q``), ``(u_0,
@@ -55,17 +59,31 @@ class ClosureWeights:
     smoothness : Tensor, shape (K, degree + 1, degree + 1)
         Its indicator is ``v @ smoothness[k] @ v``; `extrapolate` adds ``h^2`` to the lowest
         candidate's (zero for a constant).
+    linear : Tensor, shape (K,)
+        The linear weights ``h^(K - 1 - k)``, the rest for the top degree.
+    h : float
+        Cell size normal to the face.
     lowest_degree : int
         Degree of candidate 0 (0, or 1 for Neumann).
     """
 
-    def __init__(self, ghost: Tensor, smoothness: Tensor, lowest_degree: int) -> None:
-        self.ghost, self.smoothness, self.lowest_degree = ghost, smoothness, lowest_degree
+    ghost: Tensor
+    smoothness: Tensor
+    linear: Tensor
+    h: float
+    lowest_degree: int
+    # ghost and smoothness laid out as (degree + 1, K * ...) matrices once, for `extrapolate`
+    products: tuple[Tensor, Tensor] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        k, n_ghost, m = self.ghost.shape
+        object.__setattr__(self, "products", (self.ghost.permute(2, 0, 1).reshape(m, k * n_ghost),
+                                              self.smoothness.permute(1, 0, 2).reshape(m, k * m)))
 
     def to(self, dtype: torch.dtype, device: torch.device | str) -> ClosureWeights:
         """A copy on ``device`` in ``dtype``."""
-        return ClosureWeights(self.ghost.to(dtype=dtype, device=device),
-                              self.smoothness.to(dtype=dtype, device=device), self.lowest_degree)
+        move = lambda t: t.to(dtype=dtype, device=device)
+        return ClosureWeights(move(self.ghost), move(self.smoothness), move(self.linear), self.h, self.lowest_degree)
 
 
 def _candidate(kind: str, degree: int, n_inputs: int, n_ghost: int) -> tuple[Tensor, Tensor]:
@@ -87,10 +105,8 @@ def _candidate(kind: str, degree: int, n_inputs: int, n_ghost: int) -> tuple[Ten
     for order in range(1, degree + 1):
         for i in range(order, degree + 1):
             for j in range(order, degree + 1):
-                fi = torch.prod(torch.arange(i - order + 1, i + 1, dtype=torch.float64))
-                fj = torch.prod(torch.arange(j - order + 1, j + 1, dtype=torch.float64))
                 e = i + j - 2 * order + 1
-                gram[i, j] += fi * fj * (-((-1.0) ** e)) / e  # int_{-1}^0 s^(e-1) ds
+                gram[i, j] += math.perm(i, order) * math.perm(j, order) * (-1.0) ** (e + 1) / e  # int_{-1}^0 s^(e-1) ds
     ghost = torch.zeros(n_ghost, n_inputs, dtype=torch.float64)
     smooth = torch.zeros(n_inputs, n_inputs, dtype=torch.float64)
     used = to_coeffs.shape[1]
@@ -99,18 +115,23 @@ def _candidate(kind: str, degree: int, n_inputs: int, n_ghost: int) -> tuple[Ten
     return ghost, smooth
 
 
-def closure_weights(kind: str, degree: int = 3, n_ghost: int = 3) -> ClosureWeights:
-    """The candidates of closure ``kind`` up to ``degree`` (see the module docstring)."""
+def closure_weights(kind: str, h: float, degree: int = 3, n_ghost: int = 3) -> ClosureWeights:
+    """The candidates of closure ``kind`` up to ``degree`` for cells of size ``h`` normal to the
+    face (see the module docstring), in float64."""
     if kind not in CLOSURES:
         raise ValueError(f"kind: expected one of {CLOSURES}, got {kind!r}")
     if degree < 1:
         raise ValueError(f"degree: must be at least 1, got {degree}")
     lowest = 1 if kind == "neumann" else 0
     parts = [_candidate(kind, k, degree + 1, n_ghost) for k in range(lowest, degree + 1)]
-    return ClosureWeights(torch.stack([g for g, _ in parts]), torch.stack([s for _, s in parts]), lowest)
+    n = len(parts)
+    linear = [h ** (n - 1 - k) for k in range(n - 1)]
+    linear.append(1.0 - sum(linear))
+    return ClosureWeights(torch.stack([g for g, _ in parts]), torch.stack([s for _, s in parts]),
+                          torch.tensor(linear, dtype=torch.float64), float(h), lowest)
 
 
-def extrapolate(inputs: Tensor, weights: ClosureWeights, h: float) -> Tensor:
+def extrapolate(inputs: Tensor, weights: ClosureWeights) -> Tensor:
     """Ghost values of one closure.
 
     Parameters
@@ -118,8 +139,7 @@ def extrapolate(inputs: Tensor, weights: ClosureWeights, h: float) -> Tensor:
     inputs : Tensor, shape (..., degree + 1)
         The closure's input vector (see `ClosureWeights`) at every face point.
     weights : ClosureWeights
-    h : float
-        Cell size normal to the face (sets the linear weights and the lowest indicator).
+        On the device and in the dtype of ``inputs``.
 
     Returns
     -------
@@ -127,14 +147,13 @@ def extrapolate(inputs: Tensor, weights: ClosureWeights, h: float) -> Tensor:
         Nearest ghost first.
     """
     k, n_ghost, m = weights.ghost.shape
-    # two matrix products on a (points, m) matrix: this runs at every stage on every bounded face
+    # matrix products on a (points, m) matrix: this runs at every stage on every bounded face
     flat = inputs.reshape(-1, m)
-    candidates = (flat @ weights.ghost.permute(2, 0, 1).reshape(m, k * n_ghost)).view(-1, k, n_ghost)
-    quad = (flat @ weights.smoothness.permute(1, 0, 2).reshape(m, k * m)).view(-1, k, m)
+    ghost, smoothness = weights.products
+    candidates = (flat @ ghost).view(-1, k, n_ghost)
+    quad = (flat @ smoothness).view(-1, k, m)
     beta = (quad * flat.unsqueeze(1)).sum(-1)
-    beta[:, 0] += h * h
-    linear = [h ** (k - 1 - j) for j in range(k - 1)]
-    linear.append(1.0 - sum(linear))
-    alpha = flat.new_tensor(linear) / (EPSILON + beta) ** 2
+    beta[:, 0] += weights.h ** 2
+    alpha = weights.linear / (EPSILON + beta) ** 2
     omega = alpha / alpha.sum(-1, keepdim=True)
     return (omega.unsqueeze(-1) * candidates).sum(1).view(*inputs.shape[:-1], n_ghost)
