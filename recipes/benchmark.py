@@ -1,11 +1,14 @@
 """The accuracy tables: plan, run (resumably, as a Hydra multirun) and render.
 
-    python recipes/benchmark.py plan   --table param --size paper
-    python recipes/benchmark.py run    --table param --size paper --seeds 0 1 [--launcher joblib] [-- trainer.epochs=20]
+    python recipes/benchmark.py plan   --table param
+    python recipes/benchmark.py run    --table param --seeds 0 1 [--launcher joblib] [-- trainer.compile=true]
     python recipes/benchmark.py render [--out docs/results.md]
 
 A table (``benchmarks/tables.yaml``) is a set of recipes (its columns) times rows (models, with
-optional overrides) times seeds. Each run trains with ``recipes/train.py`` and leaves one JSON
+optional overrides) times seeds, with a budget: the dataset size of each column (``size=bench``
+unless the paper's own size is affordable) and the training overrides (epochs, batch size) that
+every run of the table shares. ``--size`` and overrides after ``--`` replace those of the budget
+(e.g. ``--size smoke`` for a quick check); the result files record what was used. Each run trains with ``recipes/train.py`` and leaves one JSON
 file, ``benchmarks/results/<table>/<recipe>/<row>-seed<N>.json``; a run whose file exists is
 skipped, so the same command resumes a table across days and machines (commit the files).
 
@@ -45,10 +48,18 @@ REQUIRED = ("table", "recipe", "model", "seed", "size", "epochs", "batch_size", 
 
 
 def load_tables(path: str | Path = TABLES) -> dict[str, Any]:
-    """The tables of ``path``, each row completed with its model name and overrides."""
+    """The tables of ``path``, each row completed with its model name and overrides, and each
+    table with its budget (``{"size": ..., "sizes": {recipe: size}, "overrides": [...]}``,
+    from the file's default ``budget`` and the table's own)."""
     path = Path(path)
-    tables = yaml.safe_load(path.read_text())["tables"]
+    data = yaml.safe_load(path.read_text())
+    tables = data["tables"]
     for name, table in tables.items():
+        budget = {"size": "bench", "sizes": {}, "overrides": [], **(data.get("budget") or {}), **(table.get("budget") or {})}
+        unknown = sorted(set(budget["sizes"]) - set(table["recipes"]))
+        if unknown:
+            raise ValueError(f"{path}: table {name}: budget.sizes names {unknown}, not among its recipes {table['recipes']}")
+        table["budget"] = budget
         for row, spec in table["rows"].items():
             spec = table["rows"][row] = dict(spec or {})
             spec.setdefault("model", row)
@@ -71,14 +82,18 @@ class Run:
     overrides: tuple[str, ...]
     seed: int
     paper_nmse: float | None
+    size: str = "bench"
+    budget: tuple[str, ...] = ()
+    """The table's training overrides (epochs, batch size), the same for every run of it."""
 
     def path(self, results: Path = RESULTS) -> Path:
         return results / self.table / self.recipe / f"{self.row}-seed{self.seed}.json"
 
 
 def plan(tables: dict[str, Any], table: str, seeds: list[int], recipes: list[str] | None = None,
-         rows: list[str] | None = None) -> list[Run]:
-    """Every run of ``table`` (optionally a subset of its recipes and rows)."""
+         rows: list[str] | None = None, size: str | None = None) -> list[Run]:
+    """Every run of ``table`` (optionally a subset of its recipes and rows), at the sizes of the
+    table's budget or at ``size``."""
     if table not in tables:
         raise SystemExit(f"--table {table!r}: unknown; available: {', '.join(tables)}")
     spec = tables[table]
@@ -86,7 +101,7 @@ def plan(tables: dict[str, Any], table: str, seeds: list[int], recipes: list[str
         unknown = sorted(set(chosen or []) - set(known))
         if unknown:
             raise SystemExit(f"table {table}: no {kind} {unknown}; it has {known}")
-    out = []
+    out, budget = [], spec["budget"]
     for column, recipe in enumerate(spec["recipes"]):
         if recipes and recipe not in recipes:
             continue
@@ -94,8 +109,17 @@ def plan(tables: dict[str, Any], table: str, seeds: list[int], recipes: list[str
             if rows and row not in rows:
                 continue
             for seed in seeds:
-                out.append(Run(table, recipe, row, r["model"], tuple(r["overrides"]), seed, r["paper"][column]))
+                out.append(Run(table, recipe, row, r["model"], tuple(r["overrides"]), seed, r["paper"][column],
+                               size or budget["sizes"].get(recipe, budget["size"]), tuple(budget["overrides"])))
     return out
+
+
+def merge_overrides(budget: tuple[str, ...] | list[str], extra: list[str]) -> list[str]:
+    """The budget's overrides with those of ``extra`` replacing any of the same key, then the rest
+    of ``extra``."""
+    key = lambda o: o.lstrip("+~").split("=", 1)[0]
+    given = {key(o) for o in extra}
+    return [o for o in budget if key(o) not in given] + list(extra)
 
 
 def _git_commit() -> str:
@@ -128,21 +152,26 @@ def _steps(model_dir: Path) -> int:
 
 
 @contextlib.contextmanager
-def gpu_slot(lock_dir: Path | None = None) -> Iterator[str | None]:
+def gpu_slot(lock_dir: Path | None = None, per_gpu: int | None = None) -> Iterator[str | None]:
     """Hold one GPU of this host for the duration: the first whose lock file is free (waiting
     while all are held). Yields its index as a string for ``CUDA_VISIBLE_DEVICES``, or None on
-    a host without GPUs. Parallel jobs of a local launcher thereby use every GPU once."""
+    a host without GPUs. Parallel jobs of a local launcher thereby use every GPU once.
+
+    ``per_gpu`` (default ``$GNO_EXT_RUNS_PER_GPU``, else 1) runs that many jobs on each GPU at
+    once: for short runs, one compiles on the CPU while the other trains. It changes the
+    runs' wall times, never their results."""
     import torch
 
     count = torch.cuda.device_count()
     if count == 0:
         yield None
         return
+    per_gpu = per_gpu or int(os.environ.get("GNO_EXT_RUNS_PER_GPU", "1"))
     lock_dir = lock_dir or Path(tempfile.gettempdir()) / "gno_ext_gpu_locks"
     lock_dir.mkdir(parents=True, exist_ok=True)
     while True:
-        for k in range(count):
-            handle = open(lock_dir / f"gpu{k}.lock", "w")
+        for k, j in [(k, j) for j in range(per_gpu) for k in range(count)]:
+            handle = open(lock_dir / f"gpu{k}{f'-{j}' if j else ''}.lock", "w")
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -182,8 +211,7 @@ def result_from_run(run: Run, cfg: dict[str, Any], report: dict[str, Any], run_d
     }
 
 
-def execute(run: Run, size: str, extra: list[str], results: Path = RESULTS,
-            output_root: Path | None = None) -> Path | None:
+def execute(run: Run, extra: list[str], results: Path = RESULTS, output_root: Path | None = None) -> Path | None:
     """Train and evaluate ``run`` unless its result exists; write the result file atomically.
 
     The training runs in a child process (``recipes/train.py``) on a GPU of its own
@@ -196,8 +224,10 @@ def execute(run: Run, size: str, extra: list[str], results: Path = RESULTS,
         return None
     output_root = output_root or ROOT / "runs" / "benchmark"
     run_dir = output_root / run.table / run.recipe / f"{run.row}-seed{run.seed}"
-    args = [f"model={run.model}", f"size={size}", f"seed={run.seed}", f"run_dir={run_dir}", "resume=auto",
-            *run.overrides, *extra]
+    extra = merge_overrides(run.budget, extra)
+    # the row's own overrides last: they define the row (a speed override cannot undo them)
+    args = [f"model={run.model}", f"size={run.size}", f"seed={run.seed}", f"run_dir={run_dir}", "resume=auto",
+            *extra, *run.overrides]
     command = [sys.executable, str(ROOT / "recipes" / "train.py"), "--recipe", run.recipe, *args]
     # resume=auto continues a run that an earlier job left unfinished: its wall time is then this job's part only
     resumed = any((run_dir / "checkpoints").glob("step_*")) if run_dir.is_dir() else False
@@ -225,30 +255,32 @@ def execute(run: Run, size: str, extra: list[str], results: Path = RESULTS,
     return target
 
 
-def prepare(runs: list[Run], size: str, extra: list[str]) -> None:
+def prepare(runs: list[Run], extra: list[str]) -> None:
     """Generate every dataset the runs need, once, before parallel jobs open them."""
     from train import compose  # recipes/ is the script folder
 
     from gno_ext.training.data import prepare_data
 
-    for recipe in sorted({r.recipe for r in runs}):
+    for recipe, size in sorted({(r.recipe, r.size) for r in runs}):
         cfg = compose(recipe, [f"size={size}", *[o for o in extra if o.startswith("data.")]])
         prepare_data(cfg["data"])
 
 
-def sweep_command(runs: list[Run], size: str, extra: list[str], launcher: str | None, jobs: int | None) -> list[str]:
+def sweep_command(runs: list[Run], size: str | None, extra: list[str], launcher: str | None,
+                  jobs: int | None) -> list[str]:
     """The Hydra multirun over the runs' grid (``recipes/sweep.py -m ...``)."""
     table = {r.table for r in runs}.pop()
     join = lambda values: ",".join(sorted({str(v) for v in values}))
     command = [sys.executable, str(ROOT / "recipes" / "sweep.py"), "-m", f"table={table}",
                f"recipe={join(r.recipe for r in runs)}", f"row={join(r.row for r in runs)}",
-               f"seed={join(r.seed for r in runs)}", f"size={size}"]
+               f"seed={join(r.seed for r in runs)}", *([f"size={size}"] if size else [])]
     if extra:
         command.append("extra=[" + ",".join(json.dumps(o) for o in extra) + "]")
     if launcher:
         command.append(f"hydra/launcher={launcher}")
         if launcher == "joblib":
-            command.append(f"hydra.launcher.n_jobs={jobs or _local_gpus() or 1}")
+            per_gpu = int(os.environ.get("GNO_EXT_RUNS_PER_GPU", "1"))
+            command.append(f"hydra.launcher.n_jobs={jobs or _local_gpus() * per_gpu or 1}")
     return command
 
 
@@ -320,19 +352,23 @@ step. This is not a defect of the rollout, and it is the same for every model.
 """
 
 
+def _budget_text(budget: tuple) -> str:
+    size, epochs, batch, lr, extra, precision = budget
+    return f"size={size}, {epochs} epochs, batch {batch}, lr {lr}, precision {precision}" + \
+        (f", {' '.join(o for o in extra if not o.startswith(('trainer.epochs=', 'trainer.batch_size=')))}"
+         if any(not o.startswith(('trainer.epochs=', 'trainer.batch_size=')) for o in extra) else "")
+
+
 def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
     """The results page: every table, ours (mean ± std over seeds) beside the paper's value,
-    with the budget, GPUs and commits the results came from."""
+    with the budget of each column, the GPUs and commits the results came from."""
     out = [PAGE_HEAD]
     for name, table in tables.items():
         found = [json.loads(p.read_text()) for p in sorted((results / name).glob("*/*.json"))]
         out.append(f"## `{name}`: {table['title']}\n")
         if not found:
-            out.append(f"Not run yet: `python recipes/benchmark.py run --table {name} --size paper`.\n")
+            out.append(f"Not run yet: `python recipes/benchmark.py run --table {name}`.\n")
             continue
-        budgets = sorted({budget_of(r) for r in found} - {None}, key=str)
-        gpus = sorted({r["gpu"] for r in found})
-        commits = sorted({r["commit"][:10] for r in found})
         out.append("| model | " + " | ".join(f"{c} (ours) | {c} (paper)" for c in table["recipes"]) + " |")
         out.append("| --- |" + " --- | --- |" * len(table["recipes"]))
         for row, spec in table["rows"].items():
@@ -342,16 +378,34 @@ def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
                 paper = spec["paper"][column]
                 cells += [_cell(ours), "—" if paper is None else f"{paper:.2e}"]
             out.append(f"| `{row}` | " + " | ".join(cells) + " |")
+        # every run of a column must share one budget (an untrained reference has none)
+        columns: dict[tuple, list[str]] = {}
+        mixed = []
+        for recipe in table["recipes"]:
+            budgets = sorted({budget_of(r) for r in found if r["recipe"] == recipe} - {None}, key=str)
+            if len(budgets) > 1:
+                mixed.append(recipe)
+            for budget in budgets:
+                columns.setdefault(budget, []).append(recipe)
+        budget = "; ".join(f"{_budget_text(b)} ({', '.join(c)})" for b, c in columns.items()) or "no trained run yet"
         seeds = sorted({r["seed"] for r in found})
-        budget = "; ".join(f"size={s}, {e} epochs, batch {b}, lr {lr}, precision {p}" + (f", {' '.join(x)}" if x else "")
-                           for s, e, b, lr, x, p in budgets) or "no trained run yet"
-        size, extra = (budgets[0][0], budgets[0][4]) if budgets else (found[0]["size"], ())
+        gpus = sorted({r["gpu"] for r in found})
+        commits = sorted({r["commit"][:10] for r in found})
+        speed = sorted({o for r in found for o in r.get("extra", [])  # (a data folder is the machine's own)
+                        if o.lstrip("+~").startswith(NOT_BUDGET) and not o.startswith("data.root=")})
+        # what the results used beyond the table's budget (a size or overrides given on the command line)
+        spec = table["budget"]
+        other = sorted({o for b in columns for o in b[4]} - set(spec["overrides"]))
+        sizes = sorted({r["size"] for r in found if r["size"] != spec["sizes"].get(r["recipe"], spec["size"])})
+        flags = "".join(f" --size {s}" for s in sizes[:1]) + f" --seeds {' '.join(map(str, seeds))}"
+        after = other + speed
         notes = results.parent / "notes" / f"{name}.md"
-        out.append(f"\nBudget: {budget}{' (MIXED: rerun at one budget)' if len(budgets) > 1 else ''}. "
+        out.append(f"\nBudget: {budget}{f' (MIXED in {mixed}: rerun at one budget)' if mixed else ''}. "
                    f"Seeds run: {seeds} (± is the standard deviation over the seeds of a cell; a cell "
                    f"without it has one). GPU: {', '.join(gpus)}. Commits: {', '.join(commits)}. "
-                   f"Reproduce: `python recipes/benchmark.py run --table {name} --size {size} "
-                   f"--seeds {' '.join(map(str, seeds))}{' -- ' + ' '.join(extra) if extra else ''}`.\n")
+                   f"Reproduce: `python recipes/benchmark.py run --table {name}{flags}"
+                   f"{' -- ' + ' '.join(after) if after else ''}`"
+                   f"{' (the overrides after `--` change the speed only)' if speed and not other else ''}.\n")
         if notes.is_file():  # the discussion of the table, written by hand next to its results
             out.append(notes.read_text())
     return "\n".join(out)
@@ -363,7 +417,8 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("plan", "run"):
         p = sub.add_parser(name)
         p.add_argument("--table", required=True)
-        p.add_argument("--size", default="small", help="smoke | small | paper (recipes/conf/size)")
+        p.add_argument("--size", help="smoke | small | bench | paper (recipes/conf/size); default: the "
+                                      "table's budget in tables.yaml")
         p.add_argument("--seeds", type=int, nargs="+", default=[0])
         p.add_argument("--recipes", nargs="+", help="a subset of the table's recipes")
         p.add_argument("--rows", nargs="+", help="a subset of the table's rows")
@@ -371,7 +426,8 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--results", type=Path, default=RESULTS)
         if name == "run":
             p.add_argument("--launcher", help="a Hydra launcher (joblib: one run per local GPU at once)")
-            p.add_argument("--jobs", type=int, help="parallel jobs of the joblib launcher (default: GPUs)")
+            p.add_argument("--jobs", type=int, help="parallel jobs of the joblib launcher (default: GPUs times "
+                                                    "$GNO_EXT_RUNS_PER_GPU)")
             p.add_argument("--output-root", type=Path, help="where the run folders go (default: runs/benchmark)")
         p.add_argument("extra", nargs="*", help="Hydra overrides for every run (after --), e.g. trainer.epochs=20")
     p = sub.add_parser("render")
@@ -387,18 +443,18 @@ def main(argv: list[str] | None = None) -> None:
         else:
             print(text)
         return
-    runs = plan(tables, args.table, args.seeds, args.recipes, args.rows)
+    runs = plan(tables, args.table, args.seeds, args.recipes, args.rows, args.size)
     todo = [r for r in runs if not r.path(args.results).exists()]
     if args.command == "plan":
         for r in runs:
             state = "done" if r.path(args.results).exists() else "to run"
-            print(f"{r.table}/{r.recipe}/{r.row}-seed{r.seed}: {state}")
+            print(f"{r.table}/{r.recipe}/{r.row}-seed{r.seed} (size={r.size} {' '.join(r.budget)}): {state}")
         print(f"{len(todo)} of {len(runs)} runs to do")
         return
     if not todo:
         print(f"table {args.table}: all {len(runs)} runs have results")
         return
-    prepare(todo, args.size, args.extra)
+    prepare(todo, args.extra)
     command = sweep_command(todo, args.size, args.extra, args.launcher, args.jobs)
     if args.results != RESULTS:
         command.append(f"results={args.results.resolve()}")

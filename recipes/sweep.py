@@ -1,6 +1,6 @@
 """One run of a results table as a Hydra job; `recipes/benchmark.py run` starts the multirun.
 
-    python recipes/sweep.py -m table=param recipe=heat-param,advection-param row=gno,fno seed=0,1 size=paper
+    python recipes/sweep.py -m table=param recipe=heat-param,advection-param row=gno,fno seed=0,1
     python recipes/sweep.py -m ... hydra/launcher=joblib hydra.launcher.n_jobs=4   # one run per local GPU
     python recipes/sweep.py -m ... hydra/launcher=submitit_slurm                   # a SLURM cluster
 
@@ -20,8 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 def main(cfg: DictConfig) -> None:
     c = OmegaConf.to_container(cfg, resolve=True)
     tables = load_tables(c["tables"] or TABLES)
-    (run,) = plan(tables, c["table"], [int(c["seed"])], [c["recipe"]], [c["row"]])
-    execute(run, str(c["size"]), [str(o) for o in c["extra"]], Path(c["results"] or RESULTS),
+    (run,) = plan(tables, c["table"], [int(c["seed"])], [c["recipe"]], [c["row"]], c["size"])
+    execute(run, [str(o) for o in c["extra"]], Path(c["results"] or RESULTS),
             Path(c["output_root"]) if c["output_root"] else None)
 
 

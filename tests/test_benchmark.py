@@ -45,6 +45,25 @@ def test_plan_and_its_errors(tmp_path):
         bench.plan(tables, "bc", [0], rows=["vit-3"])
 
 
+def test_the_budget_sets_each_columns_size_and_the_shared_overrides(tmp_path):
+    tables = bench.load_tables()
+    runs = {r.recipe: r for r in bench.plan(tables, "param", [0], rows=["gno"])}
+    assert runs["heat-param"].size == "paper"  # affordable at the paper's counts
+    assert {runs[r].size for r in ("advection-param", "burgers-param", "ns-param")} == {"bench"}
+    assert runs["ns-param"].budget == ("trainer.epochs=10", "trainer.batch_size=64")
+    assert {r.size for r in bench.plan(tables, "param", [0], size="smoke")} == {"smoke"}
+    # a row that cannot be captured says so itself, after any speed override of the command
+    (cape,) = bench.plan(tables, "param", [0], ["heat-param"], ["cape_attn"])
+    assert cape.overrides == ("trainer.capture=false",)
+    assert bench.merge_overrides(("trainer.epochs=10", "trainer.batch_size=64"), ["trainer.epochs=1", "x=2"]) \
+        == ["trainer.batch_size=64", "trainer.epochs=1", "x=2"]
+    bad = tmp_path / "tables.yaml"
+    bad.write_text(yaml.safe_dump({"tables": {"t": {"title": "t", "recipes": ["heat-param"],
+                                                    "budget": {"sizes": {"heat-bc": "paper"}}, "rows": {"gno": {}}}}}))
+    with pytest.raises(ValueError, match=r"table t: budget.sizes names \['heat-bc'\], not among its recipes"):
+        bench.load_tables(bad)
+
+
 def test_paper_values_must_match_the_recipes(tmp_path):
     bad = tmp_path / "tables.yaml"
     bad.write_text(yaml.safe_dump({"tables": {"t": {"title": "t", "recipes": ["heat-param", "heat-bc"],
@@ -58,14 +77,15 @@ def test_the_sweep_config_composes():
 
     with initialize_config_dir(config_dir=str(RECIPES), version_base="1.3"):
         cfg = compose(config_name="sweep", overrides=["table=bc", "recipe=heat-bc", "row=gno", "seed=1"])
-    assert (cfg.table, cfg.recipe, cfg.row, cfg.seed, cfg.size) == ("bc", "heat-bc", "gno", 1, "small")
+    assert (cfg.table, cfg.recipe, cfg.row, cfg.seed, cfg.size) == ("bc", "heat-bc", "gno", 1, None)
 
 
 def test_a_run_writes_its_results_skips_them_next_time_and_renders(tmp_path):
     results, runs = tmp_path / "results", tmp_path / "runs"
     command = [sys.executable, str(RECIPES / "benchmark.py"), "run", "--table", "bc", "--recipes", "heat-bc",
                "--rows", "gno", "fno", "--size", "smoke", "--results", str(results), "--output-root", str(runs),
-               "--", "trainer.epochs=1", "trainer.progress=false", "eval.figures=0", "trainer.tensorboard=false"]
+               "--", "trainer.epochs=1", "trainer.batch_size=4", "trainer.progress=false", "eval.figures=0",
+               "trainer.tensorboard=false"]
     env = {"GNO_EXT_CACHE": str(tmp_path / "cache"), "GNO_EXT_SWEEP_DIR": str(tmp_path / "hydra")}
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env},
                           cwd=tmp_path)
@@ -77,7 +97,8 @@ def test_a_run_writes_its_results_skips_them_next_time_and_renders(tmp_path):
     assert (gno["table"], gno["recipe"], gno["model"], gno["seed"], gno["size"]) == ("bc", "heat-bc", "gno", 0, "smoke")
     assert gno["epochs"] == 1 and gno["gpu"] == "cpu" and gno["paper_nmse"] == 7.80e-2 and gno["n_params"] > 1000
     assert gno["nmse_mean"] > 0 and len(gno["per_step_nmse"]) == gno["rollout_steps"]
-    assert gno["extra"] == ["trainer.epochs=1", "trainer.progress=false", "eval.figures=0", "trainer.tensorboard=false"]
+    assert gno["extra"] == ["trainer.epochs=1", "trainer.batch_size=4", "trainer.progress=false", "eval.figures=0",
+                            "trainer.tensorboard=false"]  # the table's budget, replaced by the command's
     before = {f: f.stat().st_mtime_ns for f in files}
 
     again = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env},
@@ -88,7 +109,9 @@ def test_a_run_writes_its_results_skips_them_next_time_and_renders(tmp_path):
     page = bench.render(bench.load_tables(), results)
     line = next(l for l in page.splitlines() if l.startswith("| `gno` |") and "7.80e-02" in l)
     assert f"{gno['nmse_mean']:.2e}" in line
-    assert "size=smoke, 1 epochs, batch" in page and "precision no" in page and "GPU: cpu" in page
+    assert "size=smoke, 1 epochs, batch 4, lr 0.001, precision no (heat-bc)" in page and "GPU: cpu" in page
+    assert ("Reproduce: `python recipes/benchmark.py run --table bc --size smoke --seeds 0 -- trainer.batch_size=4 "
+            "trainer.epochs=1 eval.figures=0 ") in page  # what differs from the table's budget
 
 
 def test_no_gpu_no_slot():
@@ -98,6 +121,18 @@ def test_no_gpu_no_slot():
         pytest.skip("a host with GPUs")
     with bench.gpu_slot() as slot:
         assert slot is None
+
+
+def test_gpu_slots_share_every_gpu_out_before_doubling_up(tmp_path, monkeypatch):
+    import contextlib
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with contextlib.ExitStack() as stack:
+        slots = [stack.enter_context(bench.gpu_slot(tmp_path, per_gpu=2)) for _ in range(4)]
+    assert slots == ["0", "1", "0", "1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu0-1.lock", "gpu0.lock", "gpu1-1.lock", "gpu1.lock"]
 
 
 def test_the_results_page_is_rendered_from_the_committed_results():
@@ -113,7 +148,8 @@ def test_a_failing_run_writes_nothing_and_the_others_go_on(tmp_path):
     results = tmp_path / "results"
     command = [sys.executable, str(RECIPES / "benchmark.py"), "run", "--table", "t", "--size", "smoke",
                "--tables", str(tables), "--results", str(results), "--output-root", str(tmp_path / "runs"),
-               "--", "trainer.epochs=1", "trainer.progress=false", "eval.figures=0", "trainer.tensorboard=false"]
+               "--", "trainer.epochs=1", "trainer.batch_size=4", "trainer.progress=false", "eval.figures=0",
+               "trainer.tensorboard=false"]
     env = {**os.environ, "GNO_EXT_CACHE": str(tmp_path / "cache"), "GNO_EXT_SWEEP_DIR": str(tmp_path / "hydra")}
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode != 0
@@ -133,7 +169,16 @@ def test_an_untrained_reference_has_no_budget_and_a_mixed_budget_is_flagged(tmp_
     (folder / "gno-seed0.json").write_text(json.dumps(result("gno", 100, 10, "bf16")))
     (folder / "persistence-seed0.json").write_text(json.dumps(result("persistence", 0, 2, "no")))
     page = bench.render(bench.load_tables(), tmp_path)
-    assert "size=paper, 10 epochs, batch 64, lr 0.0003, precision bf16." in page and "MIXED" not in page
-    assert "trainer.capture" not in page.split("## `bc`")[1].split("## ")[0]  # speed-only: not the budget
+    assert "size=paper, 10 epochs, batch 64, lr 0.0003, precision bf16 (heat-bc)." in page and "MIXED" not in page
+    budget = page.split("## `bc`")[1].split("Budget: ")[1].split("Seeds run")[0]
+    assert "trainer.capture" not in budget  # speed-only: not the budget (but in the command that reproduces it)
     (folder / "fno-seed0.json").write_text(json.dumps(result("fno", 100, 20, "bf16")))
-    assert "MIXED" in bench.render(bench.load_tables(), tmp_path)
+    assert "(MIXED in ['heat-bc']: rerun at one budget)" in bench.render(bench.load_tables(), tmp_path)
+    # two columns at two budgets are not mixed: each is stated with its columns
+    (folder / "fno-seed0.json").unlink()
+    other = tmp_path / "bc" / "advection-bc"
+    other.mkdir()
+    (other / "gno-seed0.json").write_text(json.dumps({**result("gno", 100, 10, "bf16"), "recipe": "advection-bc",
+                                                      "size": "bench"}))
+    page = bench.render(bench.load_tables(), tmp_path)
+    assert "MIXED" not in page and "precision bf16 (advection-bc)" in page and "precision bf16 (heat-bc)" in page

@@ -73,7 +73,7 @@ def generate(name: str, size: str = "small", out: str | Path = "data", device: s
     ----------
     name : str
         Preset name (see `gno_ext.data.PRESETS`).
-    size : {"smoke", "small", "paper"}
+    size : {"smoke", "small", "bench", "paper"}
     out : str or Path
         Base folder (it will hold ``datasets/NAME``, like The Well's base path).
     device : str, optional

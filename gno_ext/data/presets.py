@@ -5,7 +5,9 @@ time axis. Its trajectories are enumerated deterministically: trajectory ``i`` o
 parameter value, a boundary setup and a seed that depend only on ``(preset, split, i)``, so the
 same index always gives the same trajectory, whatever the batch or the device.
 
-Sizes: ``smoke`` (seconds, for tests), ``small`` (a CPU in minutes), ``paper`` (the counts of
+Sizes: ``smoke`` (seconds, for tests), ``small`` (a CPU in minutes), ``bench`` (the paper's
+resolution, time axis, ranges and boundary types with about a fifth of its training windows or
+fewer: the results benchmark's tier, a GNO run in minutes on one GPU) and ``paper`` (the counts of
 Appendix C: e.g. heat-joint is 501 diffusivities x 15 setups x 10 trajectories for training).
 """
 
@@ -20,7 +22,7 @@ import numpy as np
 __all__ = ["Preset", "SplitPlan", "Trajectory", "PRESETS", "get_preset", "BOUNDARY_TYPES"]
 
 BOUNDARY_TYPES = ("periodic", "dirichlet", "neumann", "robin", "dirichlet-time")
-SIZES = ("smoke", "small", "paper")
+SIZES = ("smoke", "small", "bench", "paper")
 SPLITS = ("train", "valid", "test")
 
 
@@ -175,10 +177,10 @@ class Preset:
         return _seed(self.name, "velocity", split, param_index)
 
 
-def _plans(smoke: tuple, small: tuple, paper: tuple) -> dict[str, dict[str, SplitPlan]]:
+def _plans(smoke: tuple, small: tuple, bench: tuple, paper: tuple) -> dict[str, dict[str, SplitPlan]]:
     """Each argument: ((n_params_train, n_params_test), setups dict, (traj_train, traj_test))."""
     plans = {}
-    for size, ((p_train, p_test), setups, (t_train, t_test)) in zip(SIZES, (smoke, small, paper)):
+    for size, ((p_train, p_test), setups, (t_train, t_test)) in zip(SIZES, (smoke, small, bench, paper)):
         plans[size] = {"train": SplitPlan(p_train, setups, t_train),
                        "valid": SplitPlan(p_test, setups, t_test),
                        "test": SplitPlan(p_test, setups, t_test)}
@@ -192,8 +194,10 @@ OOD_SPEEDS = ((0.2, 0.45), (1.6, 2.5))
 BC_ONLY = ("periodic", "dirichlet", "neumann")
 BC_VALUES = ((-10.0, 10.0),)
 OOD_VALUES = ((-15.0, -10.0), (10.0, 15.0))
-RES = {"smoke": 16, "small": 32, "paper": 128}
-FRAMES = {"smoke": 6, "small": 21, "paper": 21}
+JOINT_BENCH = ((334, 100), dict.fromkeys(BC_ONLY, 1), (1, 1))
+RES = {"smoke": 16, "small": 32, "bench": 128, "paper": 128}
+FRAMES = {"smoke": 6, "small": 21, "bench": 21, "paper": 21}
+LONG = {"smoke": 6, "small": 41, "bench": 100, "paper": 100}  # Burgers and Navier-Stokes: 100 frames
 
 
 def _family(family: str, ndim: int, parameter: str, ranges: dict, log: bool, frame_dt: float,
@@ -205,27 +209,33 @@ def _family(family: str, ndim: int, parameter: str, ranges: dict, log: bool, fra
     bc_only = dict.fromkeys(BC_ONLY, 1)
     # Robin data is defined for diffusion only; advection gets time-dependent inflow data
     ext = {"dirichlet-time": 1, "robin": 1} if family == "heat" else {"dirichlet-time": 1}
+    # bench: every training parameter value with 2 trajectories (the paper: 10), test grids of a quarter
+    bench = (counts[0], counts[1] // 4)
     presets = [
         Preset(f"{family}-param", family, ndim, parameter, ranges, log, BC_VALUES, res, frames, frame_dt,
-               _plans(((3, 3), periodic, (1, 1)), ((16, 32), periodic, (4, 2)), (counts, periodic, (10, 2)))),
+               _plans(((3, 3), periodic, (1, 1)), ((16, 32), periodic, (4, 2)), (bench, periodic, (2, 1)),
+                      (counts, periodic, (10, 2)))),
         Preset(f"{family}-bc", family, ndim, parameter, ranges, log, BC_VALUES, res, frames, frame_dt,
                # paper: 100 Dirichlet and 100 Neumann setups x 10 trajectories and 1000 periodic
-               # trajectories for training; valid and test: the same setups structure, 2 per setup
+               # trajectories for training; valid and test: the same setups structure, 2 per setup.
+               # bench: all 100 setups of each type, 3 trajectories each (test: 50 setups x 1)
                {size: {split: SplitPlan(1, {"periodic": 1, "dirichlet": d, "neumann": d},
                                         {"periodic": p, "dirichlet": k, "neumann": k})
                        for split, (p, d, k) in zip(SPLITS, counts)} for size, counts in
                 (("smoke", ((2, 1, 1), (1, 1, 1), (1, 1, 1))), ("small", ((40, 8, 4), (8, 4, 2), (8, 4, 2))),
-                 ("paper", ((1000, 100, 10), (200, 100, 2), (200, 100, 2))))},
+                 ("bench", ((334, 100, 3), (100, 50, 1), (100, 50, 1))), ("paper", ((1000, 100, 10), (200, 100, 2), (200, 100, 2))))},
                fixed_parameter=fixed),
+        # bench: 334 parameter values (the paper: about 500), one setup of each type and one
+        # trajectory each (the paper: 5 setups x 10 trajectories); test: 100 values
         Preset(f"{family}-joint", family, ndim, parameter, ranges, log, BC_VALUES, res, frames, frame_dt,
-               _plans(((2, 2), bc_only, (1, 1)), ((8, 16), {k: 2 for k in bc_only}, (2, 1)),
+               _plans(((2, 2), bc_only, (1, 1)), ((8, 16), {k: 2 for k in bc_only}, (2, 1)), JOINT_BENCH,
                       (counts, {k: 5 for k in bc_only}, (10, 2))),
                joint=True),
     ]
     if extended:
         presets.append(Preset(f"{family}-bc-extended", family, ndim, parameter, ranges, log, BC_VALUES, res, frames,
                               frame_dt, _plans(((2, 2), ext, (1, 1)), ((8, 8), {k: 2 for k in ext}, (2, 1)),
-                                               ((101, 201), {k: 5 for k in ext}, (10, 2))), joint=True))
+                                               ((101, 50), {k: 1 for k in ext}, (5, 1)), ((101, 201), {k: 5 for k in ext}, (10, 2))), joint=True))
     return presets
 
 
@@ -235,28 +245,31 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     *_family("advection", 2, "speed", SPEED_RANGE, False, 0.01, 1.0, extended=True),
     Preset("advection-ood", "advection", 2, "speed", SPEED_RANGE, False, BC_VALUES, RES, FRAMES, 0.01,
            # the joint protocol, with a test split out of distribution in speed and boundary data
-           _plans(((2, 2), {k: 1 for k in BC_ONLY}, (1, 1)), ((8, 16), {k: 2 for k in BC_ONLY}, (2, 1)),
+           _plans(((2, 2), {k: 1 for k in BC_ONLY}, (1, 1)), ((8, 16), {k: 2 for k in BC_ONLY}, (2, 1)), JOINT_BENCH,
                   ((500, 1000), {k: 5 for k in BC_ONLY}, (10, 2))),
            joint=True, test_value_ranges=OOD_VALUES, test_parameter_ranges=OOD_SPEEDS,
            notes="test velocity fields have RMS speeds in [0.2, 0.45] or [1.6, 2.5] (training: [0.5, 1.5]), "
                  "so their Frobenius norms lie below the training minimum or above the maximum; test "
                  "Dirichlet values and Neumann fluxes lie in [-15, -10] U [10, 15] (training: [-10, 10])"),
     Preset("advection-3d", "advection", 3, "speed", SPEED_RANGE, False, BC_VALUES,
-           {"smoke": 8, "small": 16, "paper": 64}, FRAMES, 0.01,
+           {"smoke": 8, "small": 16, "bench": 64, "paper": 64}, FRAMES, 0.01,
            # both variations, as the 2D joint protocol: one setup of each type per velocity field
            _plans(((2, 2), {k: 1 for k in BC_ONLY}, (1, 1)), ((8, 8), {k: 1 for k in BC_ONLY}, (1, 1)),
-                  ((500, 600), {k: 1 for k in BC_ONLY}, (3, 1))),
+                  ((100, 50), {k: 1 for k in BC_ONLY}, (1, 1)), ((500, 600), {k: 1 for k in BC_ONLY}, (3, 1))),
            joint=True,
            notes="the paper gives no counts for its 64^3 dataset: 500 training fields x 3 boundary types "
                  "x 3 trajectories, 600 test fields x 3 types x 1"),
     Preset("burgers-param", "burgers", 2, "nu", {"train": (5e-4, 5e-2), "valid": (0.01, 1.0), "test": (0.01, 1.0)},
-           False, BC_VALUES, RES, {"smoke": 6, "small": 41, "paper": 100}, 0.01,
+           False, BC_VALUES, RES, LONG, 0.01,
+           # bench: 101 viscosities x 2 trajectories of 100 frames (about the windows of heat's bench)
            _plans(((3, 3), {"periodic": 1}, (1, 1)), ((16, 16), {"periodic": 1}, (2, 1)),
+                  ((101, 101), {"periodic": 1}, (2, 1)),
                   ((501, 1001), {"periodic": 1}, (10, 2))),
            notes="test viscosities lie on the paper's shifted interval [0.01, 1]"),
     Preset("ns-param", "ns", 2, "re", {"train": (500.0, 1000.0), "valid": (500.0, 1000.0), "test": (500.0, 1000.0)},
-           False, BC_VALUES, RES, {"smoke": 6, "small": 41, "paper": 100}, 0.1,
+           False, BC_VALUES, RES, LONG, 0.1,
            _plans(((3, 3), {"periodic": 1}, (1, 1)), ((11, 21), {"periodic": 1}, (2, 1)),
+                  ((101, 101), {"periodic": 1}, (2, 1)),
                   ((101, 501), {"periodic": 1}, (10, 2)))),
 ]}
 

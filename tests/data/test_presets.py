@@ -15,6 +15,26 @@ def test_paper_counts_of_appendix_c(name, train, test):
     assert len(p.plan("paper", "train")) == train and len(p.plan("paper", "test")) == test
 
 
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_the_bench_size_is_the_paper_protocol_with_fewer_trajectories(name):
+    p = get_preset(name)
+    assert p.resolution["bench"] == p.resolution["paper"] and p.frames["bench"] == p.frames["paper"]
+    windows = len(p.plan("bench", "train")) * (p.frames["bench"] - 1)
+    assert windows <= 31_000  # a fifth of heat-param's paper epoch (100k windows) or less
+    for split in ("train", "valid", "test"):
+        bench, paper = p.plan("bench", split), p.plan("paper", split)
+        assert 0 < len(bench) <= len(paper)
+        assert set(bench.setups) == set(paper.setups)  # every boundary type of the protocol
+        values, full = p.parameter_values("bench", split), p.parameter_values("paper", split)
+        assert values.min() == pytest.approx(full.min()) and values.max() == pytest.approx(full.max())
+    # the same ranges of boundary data, and the OOD test split out of the training range
+    faces = np.array([t.face_values for t in p.trajectories("bench", "test") if t.boundary != "periodic"])
+    if len(faces) and p.test_value_ranges:
+        assert np.abs(faces).min() >= 10
+    elif len(faces):
+        assert np.abs(faces).max() <= 10
+
+
 def test_parameter_grids_and_ranges():
     heat = get_preset("heat-param").parameter_values("paper", "train")
     assert len(heat) == 501 and heat[0] == pytest.approx(0.01) and heat[-1] == pytest.approx(1.0)
