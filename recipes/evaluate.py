@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="run folder (holds config.yaml)")
     parser.add_argument("--checkpoint", help="checkpoint or model folder (default: RUN/model, else the newest checkpoint)")
-    parser.add_argument("--out", help="report folder (default: RUN/eval or CHECKPOINT/eval)")
+    parser.add_argument("--out", help="report folder (default: RUN/eval for the final model, RUN/eval/<checkpoint> "
+                                      "for another checkpoint)")
     parser.add_argument("--steps", type=int, help="rollout steps (default: the run's eval.steps)")
     parser.add_argument("--split", help="split to evaluate (default: test)")
     parser.add_argument("--max-trajectories", type=int, help="evaluate at most this many trajectories")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -104,7 +105,45 @@ class GatedFNO(FNO, name="GatedFNO"):
         with condition_on(self, self.param_norm(theta).to(x.dtype)):
             return super().forward(x, output_shape=output_shape)
 
+    # neuraloperator's BaseModel saves with torch.save and loads with torch.load(weights_only=False),
+    # which runs whatever code a crafted file holds. These three keep its signatures and use the
+    # project's checkpoint format instead (safetensors and JSON, gno_ext.models.registry).
+    def save_checkpoint(self, save_folder: str | Path, save_name: str = "model") -> Path:
+        """Write the model to ``save_folder/save_name/`` (``model.safetensors``, ``config.json``)."""
+        from gno_ext.models.registry import save_checkpoint
+
+        return save_checkpoint(self, Path(save_folder) / save_name)
+
+    @classmethod
+    def from_checkpoint(cls, save_folder: str | Path, save_name: str = "model", map_location: Any = None) -> GatedFNO:
+        """Rebuild a model that `save_checkpoint` wrote; nothing is unpickled (neuraloperator's
+        ``*_metadata.pkl`` and ``*_state_dict.pt`` files are refused)."""
+        from gno_ext.models.registry import from_checkpoint
+
+        folder = _checkpoint_folder(save_folder, save_name)
+        model = from_checkpoint(folder, device=str(map_location or "cpu"))
+        if not isinstance(model, cls):
+            raise ValueError(f"{folder}: holds a {type(model).__name__}, not a {cls.__name__}")
+        return model
+
+    def load_checkpoint(self, save_folder: str | Path, save_name: str = "model", map_location: Any = None) -> None:
+        """Load the weights that `save_checkpoint` wrote into this model (safetensors only)."""
+        from gno_ext.models.registry import WEIGHTS_FILE, load_weights
+
+        folder = _checkpoint_folder(save_folder, save_name)
+        load_weights(self, folder / WEIGHTS_FILE, f"this {type(self).__name__}", str(map_location or "cpu"))
+
     def balance_loss(self) -> Tensor:
         """Sum of the gates' load-balance terms of the latest forward pass."""
         convs = [m for m in self.modules() if isinstance(m, GatedSpectralConv) and m.last_routing is not None]
         return sum(c.last_routing.balance_loss for c in convs)
+
+
+def _checkpoint_folder(save_folder: str | Path, save_name: str) -> Path:
+    folder = Path(save_folder) / save_name
+    pickled = [p.name for p in Path(save_folder).glob(f"{save_name}_*") if p.suffix in (".pt", ".pkl")]
+    if not folder.is_dir() and pickled:
+        raise ValueError(f"{save_folder}: {', '.join(sorted(pickled))} is neuraloperator's pickle format, which can "
+                         "run code when loaded and is not read here; GatedFNO checkpoints are safetensors and JSON "
+                         f"(GatedFNO.save_checkpoint writes {folder}/)")
+    return folder

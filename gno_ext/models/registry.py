@@ -173,9 +173,36 @@ def from_checkpoint(path: str | Path, device: str = "cpu") -> nn.Module:
         raise ValueError(f"{config_file}: not valid JSON ({err})") from err
     if not (isinstance(config, dict) and isinstance(config.get("name"), str) and isinstance(config.get("kwargs"), dict)):
         raise ValueError(f"{config_file}: expected an object with a model 'name' (string) and its 'kwargs' (object)")
+    _check_shapes(config, config_file, weights_file)  # before a model of any size is allocated
     model = get_model(config["name"], **config["kwargs"])
     load_weights(model, weights_file, f"the {config['name']!r} model of {config_file}", device)
     return model.to(device)
+
+
+def _check_shapes(config: dict[str, Any], config_file: Path, weights_file: Path) -> None:
+    """Compare the tensors the config describes (the model built on the meta device, which
+    allocates nothing) with those in the weights file's header, so that a config that does not
+    belong to the weights (``latent=16384``: gigabytes) is refused before it is built."""
+    try:
+        with safetensors.safe_open(str(weights_file), "pt") as f:
+            stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as err:  # safetensors raises its own error type for a damaged file
+        raise ValueError(f"{weights_file}: cannot be read as safetensors ({err})") from err
+    try:
+        with torch.device("meta"):
+            skeleton = get_model(config["name"], **config["kwargs"])
+    except (NotImplementedError, RuntimeError):  # a constructor that computes with its tensors
+        return                                   # (none of ours): checked when the weights load
+    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items() if torch.is_tensor(v)}
+    if expected == stored:
+        return
+    missing, unexpected = sorted(set(expected) - set(stored)), sorted(set(stored) - set(expected))
+    shapes = [f"{k}: {stored[k]} in the file, {expected[k]} from the config" for k in sorted(set(expected) & set(stored))
+              if expected[k] != stored[k]]
+    detail = "; ".join([*shapes[:3], *([f"missing {missing[:3]}"] if missing else []),
+                        *([f"unexpected {unexpected[:3]}"] if unexpected else [])])
+    raise ValueError(f"{weights_file}: does not fit the {config['name']!r} model that {config_file} describes "
+                     f"({detail}); nothing was built")
 
 
 def load_weights(module: nn.Module, file: str | Path, what: str = "the model", device: str = "cpu") -> None:

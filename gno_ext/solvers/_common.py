@@ -86,9 +86,16 @@ def boundary_data(bc: BoundarySpec, grid: Grid, boundary_fn: Callable[[float], T
     return v
 
 
+MAX_STEPS = 1_000_000
+"""The most time steps a solver plans for one solve (the paper's presets need at most about
+10^4); a plan beyond it is an error that names the step count and its cause. Each solver takes
+``max_steps=`` to allow more."""
+
+
 def march(state: Tensor, times: Tensor, max_dt: Callable[[Tensor], Tensor],
           step: Callable[[Tensor, Tensor, float], Tensor], dt: float | None = None,
-          record: Callable[[Tensor], Tensor] = lambda s: s, stats: dict | None = None) -> list[Tensor]:
+          record: Callable[[Tensor], Tensor] = lambda s: s, stats: dict | None = None,
+          max_steps: int = MAX_STEPS, cause: Callable[[int, Tensor], str] | None = None) -> list[Tensor]:
     """Advance a batched state to each output time with per-sample substeps.
 
     Every sample ``b`` goes from one output time to the next in ``n_b`` equal substeps,
@@ -111,6 +118,10 @@ def march(state: Tensor, times: Tensor, max_dt: Callable[[Tensor], Tensor],
         Maps the state to the recorded output frame.
     stats : dict, optional
         ``stats["steps"]`` is increased by the number of steps taken (largest over the batch).
+    max_steps : int
+        Refuse (`ValueError`) a plan of more steps than this to reach the last output time.
+    cause : callable, optional
+        ``cause(b, state) -> str``: what sets sample ``b``'s step (its parameter), for that error.
     """
     out: list[Tensor] = []
     t_now = 0.0
@@ -126,6 +137,13 @@ def march(state: Tensor, times: Tensor, max_dt: Callable[[Tensor], Tensor],
                                      f"is {worst:.4g} for this input (lower dt, or pass dt=None)")
                 limit = torch.full_like(limit, dt)
             n_sub = torch.ceil(interval / limit.double() - 1e-9).clamp(min=1).long()
+            planned = torch.ceil((float(times[-1]) - t_now) / limit.double() - 1e-9)  # to the end, at this step
+            if float(planned.max()) > max_steps:
+                b = int(planned.argmax())
+                raise ValueError(f"the time-step plan needs {float(planned[b]):,.0f} steps to reach t={float(times[-1]):g}, "
+                                 f"more than max_steps={max_steps:,}: the step of sample {b} is {float(limit[b]):.3g}"
+                                 + (f", set by its {cause(b, state)}" if cause else "") + ". Check that value (or "
+                                 "pass max_steps= to allow the plan)")
             real = state.real.dtype if state.is_complex() else state.dtype
             h = (interval / n_sub.double()).to(device=state.device, dtype=real)
             n_max = int(n_sub.max())

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from gno_ext.schema import BCType, BoundarySpec, Grid, face_view
 from gno_ext.solvers._common import (
+    MAX_STEPS,
     batch_parameter,
     boundary_data,
     check_boundary,
@@ -174,7 +175,7 @@ def solve_advection(u0: Tensor, velocity: Tensor, bc: BoundarySpec, times: Seque
                     *, grid: Grid | None = None, scheme: str = "weno5", cfl: float = 0.5,
                     dt: float | None = None,
                     boundary_fn: Callable[[float], Tensor] | None = None,
-                    stats: dict | None = None, compile: bool = False) -> Tensor:
+                    stats: dict | None = None, compile: bool = False, max_steps: int = MAX_STEPS) -> Tensor:
     r"""Solve $u_t + v \cdot \nabla u = 0$ for a batch.
 
     Parameters
@@ -201,6 +202,9 @@ def solve_advection(u0: Tensor, velocity: Tensor, bc: BoundarySpec, times: Seque
     stats : dict, optional
         If given, ``stats["steps"]`` receives the number of time steps taken (largest over the
         batch).
+    max_steps : int
+        Refuse a plan of more time steps than this (`gno_ext.solvers._common.MAX_STEPS`) with an
+        error that names the step count and the parameter that set the step.
     compile : bool
         ``torch.compile`` the transport operator (see `gno_ext.solvers.reconstruction.transport_fn`).
 
@@ -245,5 +249,7 @@ def solve_advection(u0: Tensor, velocity: Tensor, bc: BoundarySpec, times: Seque
     limit = advection_max_dt(fvel, grid, cfl if dt is None else MAX_CFL)
     if boundary_fn is not None and dt is None:
         dt = float(limit.min())
-    frames = march(u0, t_out, lambda u: limit, step, dt, stats=stats)
+    speed = torch.stack([f.abs().flatten(1).amax(1) for f in fvel]).amax(0)
+    frames = march(u0, t_out, lambda u: limit, step, dt, stats=stats, max_steps=max_steps,
+                   cause=lambda b, u: f"velocity (largest face speed {float(speed[b]):.3g})")
     return torch.stack(frames, 1)

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from gno_ext.schema import BCType, BoundarySpec, Grid
 from gno_ext.solvers._common import (
+    MAX_STEPS,
     batch_parameter,
     check_boundary,
     check_field,
@@ -52,7 +53,7 @@ def _wrap(u: Tensor, axis: int) -> Tensor:
 def solve_burgers(u0: Tensor, nu: float | Tensor, times: Sequence[float] | Tensor, *,
                   grid: Grid | None = None, bc: BoundarySpec | None = None,
                   scheme: str = "weno5", cfl: float = 0.4, dt: float | None = None,
-                  stats: dict | None = None, compile: bool = False) -> Tensor:
+                  stats: dict | None = None, compile: bool = False, max_steps: int = MAX_STEPS) -> Tensor:
     r"""Solve the viscous Burgers equation on a periodic box.
 
     Parameters
@@ -76,6 +77,9 @@ def solve_burgers(u0: Tensor, nu: float | Tensor, times: Sequence[float] | Tenso
     stats : dict, optional
         If given, ``stats["steps"]`` receives the number of time steps taken (largest over the
         batch).
+    max_steps : int
+        Refuse a plan of more time steps than this (`gno_ext.solvers._common.MAX_STEPS`) with an
+        error that names the step count and the parameter that set the step.
     compile : bool
         ``torch.compile`` the transport operator (see `gno_ext.solvers.reconstruction.transport_fn`).
 
@@ -115,4 +119,5 @@ def solve_burgers(u0: Tensor, nu: float | Tensor, times: Sequence[float] | Tenso
 
     courant = cfl if dt is None else MAX_CFL
     max_dt = lambda u: advection_max_dt(face_velocities(u, periodic_axes), grid, courant)
-    return torch.stack(march(u0, t_out, max_dt, step, dt, stats=stats), 1)
+    cause = lambda b, u: f"velocity (largest |u| {float(u[b].abs().max()):.3g})"
+    return torch.stack(march(u0, t_out, max_dt, step, dt, stats=stats, max_steps=max_steps, cause=cause), 1)

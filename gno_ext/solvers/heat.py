@@ -33,6 +33,7 @@ from torch import Tensor
 
 from gno_ext.schema import BCType, BoundarySpec, Grid
 from gno_ext.solvers._common import (
+    MAX_STEPS,
     batch_parameter,
     boundary_data,
     check_boundary,
@@ -72,7 +73,7 @@ def heat_max_dt(alpha: Tensor, grid: Grid) -> Tensor:
 
 def solve_heat(u0: Tensor, alpha: float | Tensor, bc: BoundarySpec, times: Sequence[float] | Tensor,
                *, grid: Grid | None = None, method: str = "exact", dt: float | None = None,
-               boundary_fn: BoundaryFn | None = None, stats: dict | None = None) -> Tensor:
+               boundary_fn: BoundaryFn | None = None, stats: dict | None = None, max_steps: int = MAX_STEPS) -> Tensor:
     r"""Solve $u_t = \alpha \Delta u$ for a batch of initial conditions.
 
     Parameters
@@ -98,6 +99,9 @@ def solve_heat(u0: Tensor, alpha: float | Tensor, bc: BoundarySpec, times: Seque
     stats : dict, optional
         If given, ``stats["steps"]`` receives the number of time steps taken (0 for the exact path with constant data) (largest over the
         batch).
+    max_steps : int
+        Refuse a plan of more time steps than this (`gno_ext.solvers._common.MAX_STEPS`) with an
+        error that names the step count and the parameter that set the step.
 
     Returns
     -------
@@ -124,11 +128,11 @@ def solve_heat(u0: Tensor, alpha: float | Tensor, bc: BoundarySpec, times: Seque
         if boundary_fn is not None and dt is None:
             # One common step keeps every sample at the same time, where boundary_fn is sampled.
             dt = float(heat_max_dt(alpha_b, grid).min())
-        return _solve_ftcs(u0, alpha_b, bc, grid, t_out, dt, r, s, data_at, stats)
-    return _solve_spectral(u0, alpha_b, bc, grid, t_out, dt, r, s, data_at, boundary_fn is not None, stats)
+        return _solve_ftcs(u0, alpha_b, bc, grid, t_out, dt, r, s, data_at, stats, max_steps)
+    return _solve_spectral(u0, alpha_b, bc, grid, t_out, dt, r, s, data_at, boundary_fn is not None, stats, max_steps)
 
 
-def _solve_spectral(u0, alpha, bc, grid, t_out, dt, r, s, data_at, time_dependent, stats) -> Tensor:
+def _solve_spectral(u0, alpha, bc, grid, t_out, dt, r, s, data_at, time_dependent, stats, max_steps) -> Tensor:
     batch, channels = u0.shape[:2]
     periodic = (bc.kind == BCType.PERIODIC).cpu()
     bases = [AxisEigenbasis(grid, a, r.cpu(), periodic, u0.dtype, u0.device) for a in range(grid.ndim)]
@@ -166,6 +170,10 @@ def _solve_spectral(u0, alpha, bc, grid, t_out, dt, r, s, data_at, time_dependen
         t_now, b_now = 0.0, source(0.0)
         intervals = (t_out[1:] - t_out[:-1]).tolist() + ([float(t_out[0])] if t_out[0] > 0 else [])
         step = dt if dt is not None else min(intervals) / 20
+        if float(t_out[-1]) / step > max_steps:
+            raise ValueError(f"the time-step plan needs {float(t_out[-1]) / step:,.0f} steps to reach t={float(t_out[-1]):g}, "
+                             f"more than max_steps={max_steps:,}: the step is dt={step:.3g}. Check that value (or "
+                             "pass max_steps= to allow the plan)")
         for t_next in t_out.tolist():
             n_sub = max(1, int(torch.ceil(torch.tensor((t_next - t_now) / step - 1e-9))))
             h = (t_next - t_now) / n_sub
@@ -185,12 +193,13 @@ def _solve_spectral(u0, alpha, bc, grid, t_out, dt, r, s, data_at, time_dependen
     return out.reshape(batch, channels, len(frames), *grid.shape).transpose(1, 2).contiguous()
 
 
-def _solve_ftcs(u0, alpha, bc, grid, t_out, dt, r, s, data_at, stats) -> Tensor:
+def _solve_ftcs(u0, alpha, bc, grid, t_out, dt, r, s, data_at, stats, max_steps) -> Tensor:
     shape = (-1,) + (1,) * (grid.ndim + 1)
     laplacian = FDLaplacian(grid, bc, r, s)
 
     def step(u: Tensor, h: Tensor, t: Tensor) -> Tensor:
         return u + (h * alpha).view(shape) * laplacian(u, data_at(float(t[0])))
 
-    frames = march(u0, t_out, lambda u: heat_max_dt(alpha, grid), step, dt, stats=stats)
+    frames = march(u0, t_out, lambda u: heat_max_dt(alpha, grid), step, dt, stats=stats, max_steps=max_steps,
+                   cause=lambda b, u: f"diffusivity alpha={float(alpha[b]):.3g}")
     return torch.stack(frames, 1)

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from gno_ext.schema import BCType, BoundarySpec, Grid
 from gno_ext.solvers._common import (
+    MAX_STEPS,
     batch_parameter,
     check_boundary,
     check_field,
@@ -87,7 +88,7 @@ def solve_navier_stokes(w0: Tensor, nu: float | Tensor, times: Sequence[float] |
                         grid: Grid | None = None, bc: BoundarySpec | None = None,
                         forcing: Tensor | None | str = "kolmogorov", cfl: float = 0.4,
                         dt: float | None = None, output: str = "vorticity",
-                        stats: dict | None = None) -> Tensor:
+                        stats: dict | None = None, max_steps: int = MAX_STEPS) -> Tensor:
     r"""Solve 2-D incompressible Navier-Stokes from an initial vorticity.
 
     Parameters
@@ -113,6 +114,9 @@ def solve_navier_stokes(w0: Tensor, nu: float | Tensor, times: Sequence[float] |
     stats : dict, optional
         If given, ``stats["steps"]`` receives the number of time steps taken (largest over the
         batch).
+    max_steps : int
+        Refuse a plan of more time steps than this (`gno_ext.solvers._common.MAX_STEPS`) with an
+        error that names the step count and the parameter that set the step.
 
     Returns
     -------
@@ -181,5 +185,6 @@ def solve_navier_stokes(w0: Tensor, nu: float | Tensor, times: Sequence[float] |
     for axis, n in enumerate(grid.shape):
         if n % 2 == 0:
             w_hat.select(axis - 2, n // 2 if axis == 0 else -1).zero_()
-    frames = march(w_hat, t_out, max_dt, step, dt, record, stats)
+    cause = lambda b, w: f"velocity (largest |u| {float(_streamfunction_velocity(w, kx, ky, grid)[b].abs().max()):.3g})"
+    frames = march(w_hat, t_out, max_dt, step, dt, record, stats, max_steps, cause)
     return torch.stack(frames, 1)

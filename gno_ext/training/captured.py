@@ -147,7 +147,7 @@ class CapturedSteps:
     def forward_backward(self, batch: PDEBatch, groups: Tensor, dro: bool) -> tuple[Tensor, Tensor | None]:
         """Replay (capturing it first for a new signature) the forward and backward passes on
         ``batch``, which leave the gradients, clipped, in the flat buffers. Returns the loss and
-        the gradient norm before clipping (None without clipping): device tensors that the next
+        the gradient norm (before clipping, if any): device tensors that the next
         replay overwrites."""
         key = (signature(batch), signature(groups), dro)
         if key not in self.graphs:
@@ -161,8 +161,11 @@ class CapturedSteps:
                 if self.average:
                     self.flat.average_grads()
                 out["loss"] = loss.detach()
+                params = list(self.flat.parameters())
                 if self.clip:
-                    out["norm"] = torch.nn.utils.clip_grad_norm_(list(self.flat.parameters()), self.clip, foreach=True)
+                    out["norm"] = torch.nn.utils.clip_grad_norm_(params, self.clip, foreach=True)
+                else:  # the norm all the same, for the non-finite guard
+                    out["norm"] = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
 
             self.graphs[key] = (self._capture(run, self.warmup), static, static_groups, out)
         replay, static, static_groups, out = self.graphs[key]

@@ -446,6 +446,7 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     resume = cfg.get("resume", False)
     resume = "false" if resume in (False, None, "false", "False") else str(resume)
     checkpoint, replace = None, False
+    _check_run_dir(run_dir, resume, bool(cfg.get("overwrite", False)))
     if resume == "auto":
         checkpoint = latest_checkpoint(run_dir)
     elif resume != "false":
@@ -632,8 +633,6 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
                 groups = binner(batch.theta, batch.bc.kind).to(device, non_blocking=True)
                 batch = batch_to(batch, device)
                 last_micro = (micro + 1) % accum == 0 or micro == n_batches - 1
-                if micro % accum == 0:
-                    finite = True
                 replayed = captured is not None
                 if replayed:  # forward, backward, gradients into the flat buffers, clipping: one replay
                     loss, captured_norm = captured.forward_backward(batch, groups, dro)
@@ -644,7 +643,7 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
                 # checked once the backward pass is queued (the check waits for the GPU): a non-finite
                 # loss in any micro-batch skips the whole update, whose gradients it has reached
                 loss_value = float(loss)  # the one wait for the device per micro-batch (the gradient norm's aside)
-                finite = guard.ok(loss_value, "loss", step) and finite
+                guard.check(loss_value, "loss")
                 batch_index += 1
                 seen += len(batch.theta) * world
                 window_seen += len(batch.theta) * world
@@ -656,14 +655,15 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
                     flat.gather_grads()                    # the parameters' own gradients
                     if average:
                         flat.average_grads()
-                if finite and clip:
+                if guard.clean:  # the gradient norm (clipped to trainer.clip if set), checked like the loss
                     if replayed:
                         grad_norm = float(captured_norm)
                     else:
                         params = model.parameters() if flat is None else flat.parameters()
-                        grad_norm = float(accelerator.clip_grad_norm_(params, float(clip)))
+                        grad_norm = float(accelerator.clip_grad_norm_(params, float(clip) if clip else math.inf))
                     if precision != "fp16":  # fp16: the loss scaler skips steps with inf gradients itself
-                        finite = guard.ok(grad_norm, "gradient norm", step)
+                        guard.check(grad_norm, "gradient norm")
+                finite = guard.update(step)  # a non-finite loss of any micro-batch, or gradient, skips the update
                 if finite:
                     captured.optimizer_step() if replayed else optimizer.step()
                     scheduler.step()
@@ -729,12 +729,42 @@ def _evaluate_only(cfg: dict[str, Any], model: nn.Module, binner: GroupBinner, r
     return accelerator, {"run_dir": str(run_dir), "step": 0, "skipped": 0, "report": report}
 
 
+RUN_MARKER = ".gno_ext_run"
+"""The file that marks a folder as a run that gno_ext made: only such a folder is ever deleted
+(``overwrite=true``), resumed or trained into once it holds anything."""
+
+
+def _check_run_dir(run_dir: Path, resume: str, overwrite: bool) -> None:
+    """Refuse a ``run_dir`` that holds anything but a run: nothing there is deleted, resumed or
+    mixed with a new run. A run written before the marker existed (``config.yaml`` beside a
+    ``model/`` or ``checkpoints/``) may be resumed, never deleted."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise FileExistsError(f"run_dir={run_dir}: is a file, not a run folder; choose another folder with run_dir=...")
+    if not run_dir.exists() or (run_dir / RUN_MARKER).is_file() or not any(run_dir.iterdir()):
+        return
+    legacy = (run_dir / "config.yaml").is_file() and ((run_dir / "model").is_dir() or (run_dir / "checkpoints").is_dir())
+    if legacy and resume != "false" and not overwrite:
+        return
+    held = sorted(p.name for p in run_dir.iterdir())
+    what = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
+    if legacy:
+        raise FileExistsError(f"run_dir={run_dir}: a run made before gno_ext marked its runs ({RUN_MARKER}), so "
+                              "overwrite=true does not delete it: continue it with resume=auto, delete it yourself, "
+                              "or choose another folder with run_dir=...")
+    raise FileExistsError(f"run_dir={run_dir}: not a gno_ext run folder (it holds {what}; no {RUN_MARKER}); nothing "
+                          "in it is deleted, resumed or written. Choose another folder with run_dir=...")
+
+
 def _open_run_dir(run_dir: Path, cfg: dict[str, Any], replace: bool) -> None:
     """Create the run folder (replacing the old run where ``overwrite`` asked for it) with its
-    resolved configuration (main process only)."""
+    marker and its resolved configuration (main process only)."""
     if replace:
+        if not (run_dir / RUN_MARKER).is_file():  # checked again at the moment of deleting
+            raise FileExistsError(f"run_dir={run_dir}: not a gno_ext run folder (no {RUN_MARKER}); not deleted")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_MARKER).write_text(json.dumps({"made_by": "gno_ext", "purpose": "marks a training run folder; "
+                                                  "overwrite=true may delete this folder"}) + "\n")
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
 
 
@@ -786,7 +816,9 @@ def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, ou
     checkpoint : str or Path, optional
         A checkpoint folder (default: the run's final ``model/``, else its newest checkpoint).
     out_dir : str or Path, optional
-        Where the report goes (default: ``RUN/eval``, or ``CHECKPOINT/eval``).
+        Where the report goes (default: ``RUN/eval`` for the run's final model, else
+        ``RUN/eval/<checkpoint>``, named by the checkpoint's path: the report of any checkpoint,
+        of this run or another, stays with the run whose data it used).
     overrides : mapping, optional
         Changes to the ``eval`` section (``steps``, ``split``, ``max_trajectories``, ...).
     device : str, optional
@@ -818,16 +850,32 @@ def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, ou
     except ValueError as error:
         raise ValueError(f"evaluation on {device}, precision {precision!r}: {error}") from None
     model = from_checkpoint(checkpoint, device=device)
+    cfg["model"] = {**cfg.get("model", {}), "name": model.model_config["name"]}  # the model evaluated, not the run's
     train_ds = open_split(cfg["data"], "train", int(cfg["data"].get("n_steps_input", 1)), 1, metadata_only=True)
-    out = Path(out_dir) if out_dir else (run_dir / "eval" if checkpoint == run_dir / "model" else checkpoint / "eval")
-    return evaluate_run(cfg, model, training_groups(cfg, train_ds)[3], out, device, precision)
+    if out_dir is None:
+        own = checkpoint.resolve() == (run_dir / "model").resolve()
+        out_dir = run_dir / "eval" if own else run_dir / "eval" / _checkpoint_label(run_dir, checkpoint)
+    return evaluate_run(cfg, model, training_groups(cfg, train_ds)[3], Path(out_dir), device, precision,
+                        checkpoint=str(checkpoint))
+
+
+def _checkpoint_label(run_dir: Path, checkpoint: Path) -> str:
+    """A folder name for a checkpoint's report: its path inside the run (``checkpoints-step_00000040``),
+    or its last three path parts for a checkpoint of another folder (``other-run-model``)."""
+    path = checkpoint.resolve()
+    try:
+        parts = path.relative_to(run_dir.resolve()).parts
+    except ValueError:
+        parts = path.parts[-3:]
+    return "-".join(p for p in parts if p not in ("", "/"))
 
 
 def evaluate_run(cfg: Mapping[str, Any], model: nn.Module, binner: GroupBinner, out_dir: Path,
-                 device: torch.device | str = "cpu", precision: str = "no") -> dict[str, Any]:
+                 device: torch.device | str = "cpu", precision: str = "no", checkpoint: str | None = None
+                 ) -> dict[str, Any]:
     """Roll out ``model`` on the test split of ``cfg``'s data and write the report into ``out_dir``
     (``precision``: ``"bf16"`` or ``"fp16"`` for autocast, ``"no"`` for float32; the report
-    records it)."""
+    records it, and ``checkpoint``, the folder the model came from, where given)."""
     ev, data_cfg = cfg.get("eval", {}), cfg["data"]
     t_in = int(data_cfg.get("n_steps_input", 1))
     steps = int(ev.get("steps", 10))
@@ -844,7 +892,7 @@ def evaluate_run(cfg: Mapping[str, Any], model: nn.Module, binner: GroupBinner, 
     result = evaluate_rollouts(model, ds, indices, steps, binner, device, int(ev.get("batch_size", 16)), dtype,
                                keep_examples=int(ev.get("figures", 3)))
     info = {"recipe": cfg["recipe"]["name"], "model": cfg["model"]["name"], "size": cfg.get("size"), "split": split,
-            "precision": precision}
+            "precision": precision, **({"checkpoint": checkpoint} if checkpoint else {})}
     log_theta = bool(binner.log and binner.log[0])
     return write_report(result, binner, out_dir, info, log_theta=log_theta,
                         parameter=str(cfg["recipe"].get("parameter", "theta[0]")), figures=int(ev.get("figures", 3)) > 0)

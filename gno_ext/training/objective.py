@@ -76,34 +76,59 @@ class NonFiniteLossError(RuntimeError):
 
 @dataclass
 class NonFiniteGuard:
-    """Skip updates whose loss (or gradient norm) is NaN or Inf, and stop after ``patience``
-    consecutive ones with an error that says what to check.
+    """Skip updates whose loss or gradient norm is NaN or Inf, and stop after ``patience``
+    consecutive such updates with an error that says what to check.
 
-    The checked values are global (equal on every process), so all processes skip together.
+    Per update: `check` each value (every micro-batch's loss, then the gradient norm), then
+    `update` once, which counts the update as non-finite if any checked value was. The checked
+    values are global (equal on every process), so all processes skip together.
     """
 
     patience: int = 5
     skipped: int = 0
     consecutive: int = 0
+    _bad: tuple[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.patience < 1:
             raise ValueError(f"trainer.max_nonfinite: must be >= 1, got {self.patience}")
 
-    def ok(self, value: Tensor | float, what: str, step: int) -> bool:
-        """True when ``value`` is finite; otherwise count it (and raise after ``patience``)."""
+    @property
+    def clean(self) -> bool:
+        """No non-finite value checked since the last `update`."""
+        return self._bad is None
+
+    def check(self, value: Tensor | float, what: str) -> bool:
+        """True when ``value`` is finite; otherwise remember it for this update's `update`."""
         v = float(value)
         if math.isfinite(v):
+            return True
+        if self._bad is None:
+            self._bad = (what, v)
+        return False
+
+    def update(self, step: int) -> bool:
+        """End of an update: True when every value checked for it was finite. Otherwise count it
+        as skipped, and raise `NonFiniteLossError` after ``patience`` consecutive ones."""
+        bad, self._bad = self._bad, None
+        if bad is None:
             self.consecutive = 0
             return True
         self.skipped += 1
         self.consecutive += 1
         if self.consecutive >= self.patience:
+            what, v = bad
             raise NonFiniteLossError(
-                f"training stopped at step {step}: {self.consecutive} consecutive updates with a non-finite {what} "
-                f"({v}); {self.skipped} skipped in all. Check the learning rate (optimizer.lr), the precision "
-                f"(trainer.precision: fp16 overflows more easily than bf16) and the data (NaN in the inputs).")
+                f"training stopped at step {step}: {self.consecutive} consecutive updates with a non-finite loss or "
+                f"gradient (this one: {what} {v}); {self.skipped} skipped in all. Check the learning rate "
+                f"(optimizer.lr), the precision (trainer.precision: fp16 overflows more easily than bf16) and the "
+                f"data (NaN in the inputs).")
         return False
+
+    def ok(self, value: Tensor | float, what: str, step: int) -> bool:
+        """An update with one checked value: `check` then `update`."""
+        self.check(value, what)
+        return self.update(step)
 
 
 def choose_precision(requested: str, device_type: str, world_size: int = 1) -> str:

@@ -59,3 +59,43 @@ def test_forward_ignores_extra_sample_keys_and_requires_theta():
     assert model(x, theta=torch.rand(2, 1), y=x).shape == (2, 1, 16, 16)
     with pytest.raises(TypeError):
         model(x)
+
+
+class _Payload:
+    """Unpickling this creates ``marker``: the code a crafted checkpoint would run."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import pathlib
+
+        return pathlib.Path.touch, (pathlib.Path(self.marker),)
+
+
+def test_neuraloperators_loaders_use_the_safe_format_and_never_unpickle(tmp_path):
+    """(Before, GatedFNO inherited neuraloperator's from_checkpoint/load_checkpoint, which load with
+    torch.load(weights_only=False): a crafted checkpoint ran code.)"""
+    model = GatedFNO(n_modes=(4, 4), in_channels=1, out_channels=1, hidden_channels=8, n_params=1)
+    written = model.save_checkpoint(tmp_path, "gfno")
+    assert sorted(p.name for p in written.iterdir()) == ["config.json", "model.safetensors"]
+    again = GatedFNO.from_checkpoint(tmp_path, "gfno")
+    x, theta = torch.randn(2, 1, 16, 16), torch.rand(2, 1)
+    torch.testing.assert_close(again(x, theta=theta), model(x, theta=theta))
+    other = GatedFNO(n_modes=(4, 4), in_channels=1, out_channels=1, hidden_channels=8, n_params=1)
+    other.load_checkpoint(tmp_path, "gfno")
+    torch.testing.assert_close(other(x, theta=theta), model(x, theta=theta))
+
+    # neuraloperator's own layout, with a payload in both files: refused, and nothing runs
+    marker = tmp_path / "code-ran"
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    torch.save(_Payload(marker), evil / "model_metadata.pkl")
+    torch.save(_Payload(marker), evil / "model_state_dict.pt")
+    for load in (lambda: GatedFNO.from_checkpoint(evil, "model"), lambda: other.load_checkpoint(evil, "model")):
+        with pytest.raises(ValueError, match=r"model_metadata.pkl, model_state_dict.pt is neuraloperator's pickle "
+                                             r"format, which can run code"):
+            load()
+    assert not marker.exists()
+    with pytest.raises(FileNotFoundError, match="not a checkpoint folder"):
+        GatedFNO.from_checkpoint(tmp_path, "nothing-here")

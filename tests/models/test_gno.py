@@ -183,6 +183,26 @@ def test_a_damaged_checkpoint_names_the_file_at_fault(tmp_path):
     assert isinstance(from_checkpoint(path), GNO)  # restored: it loads again
 
 
+def test_a_config_that_does_not_fit_its_weights_is_refused_before_the_model_is_built(tmp_path, monkeypatch):
+    """(Before, the model of config.json was built first: latent=16384 allocated gigabytes before
+    the weights' shapes were compared.)"""
+    import json
+
+    import gno_ext.models.registry as registry
+
+    path = save_checkpoint(tiny(), tmp_path / "ckpt")
+    config = json.loads((path / "config.json").read_text())
+    config["kwargs"]["latent"] = 16384
+    (path / "config.json").write_text(json.dumps(config))
+    built, build = [], registry.get_model
+    monkeypatch.setattr(registry, "get_model", lambda *a, **k: built.append(torch.get_default_device().type)
+                        or build(*a, **k))
+    with pytest.raises(ValueError, match=r"model.safetensors: does not fit the 'gno' model that .*config.json describes "
+                                         r"\(.*: \(16,\) in the file, \(4096,\) from the config.*\); nothing was built"):
+        from_checkpoint(path)
+    assert built == ["meta"]  # only the skeleton, which allocates nothing
+
+
 def test_registry():
     assert {"gno", "gated_fno"} <= set(available_models())
     assert isinstance(get_model("gno", latent=32, patch=8, depth=1, heads=4), GNO)

@@ -87,6 +87,17 @@ def test_non_finite_guard():
         guard.ok(float("nan"), "loss", 6)
 
 
+def test_a_non_finite_gradient_counts_even_when_the_loss_is_finite():
+    guard = NonFiniteGuard(patience=2)
+    for step in range(2):
+        assert guard.check(0.25, "loss") and guard.clean
+        assert not guard.check(float("nan"), "gradient norm") and not guard.clean
+        if step == 0:
+            assert not guard.update(step) and guard.consecutive == 1 and guard.clean
+    with pytest.raises(NonFiniteLossError, match="2 consecutive updates.*this one: gradient norm nan"):
+        guard.update(1)
+
+
 def test_choose_precision_cpu():
     assert choose_precision("auto", "cpu") == "no"
     with pytest.raises(ValueError, match="mixed precision is for GPUs"):

@@ -13,7 +13,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from gno_ext.models import from_checkpoint
+from gno_ext.models import from_checkpoint, get_model, save_checkpoint
 from gno_ext.training import NonFiniteLossError, latest_checkpoint
 from gno_ext.training.checkpoint import list_checkpoints
 
@@ -60,6 +60,17 @@ def test_heat_param_smoke_end_to_end(train_module, tmp_path):
     with pytest.raises(ValueError, match="evaluation on cpu, precision 'bf16': .*mixed precision is for GPUs"):
         evaluate.main([str(run), "--device", "cpu", "--precision", "bf16", "--out", str(tmp_path / "bad")])
     assert not (tmp_path / "bad").exists()
+    # a checkpoint's report goes under the run, named by the checkpoint, labelled with the model it
+    # holds (before: RUN's model name, written into the checkpoint's own folder)
+    other = save_checkpoint(get_model("persistence"), tmp_path / "other-run" / "model")
+    for checkpoint, folder, model in ((ckpts[-1], f"checkpoints-{ckpts[-1].name}", "gno"),
+                                      (other, None, "persistence")):
+        rep = evaluate.main([str(run), "--checkpoint", str(checkpoint), "--max-trajectories", "1"])
+        written = [p.parent for p in (run / "eval").glob("*/report.json")]
+        target = run / "eval" / (folder or f"{tmp_path.name}-other-run-model")
+        assert target in written and json.loads((target / "report.json").read_text())["model"] == model == rep["model"]
+        assert rep["checkpoint"] == str(checkpoint) and not (checkpoint / "eval").exists()
+    assert sorted(p.name for p in other.iterdir()) == ["config.json", "model.safetensors"]
 
 
 def test_a_later_run_in_the_same_process_may_change_precision(train_module, tmp_path):
@@ -86,6 +97,35 @@ def test_existing_run_and_resume_checks(train_module, tmp_path):
     assert done["step"] == 8
     fresh = train_module.main([*args, "overwrite=true"])
     assert fresh["step"] == 4
+
+
+def test_a_folder_that_is_not_a_run_is_never_deleted_resumed_or_trained_into(train_module, tmp_path):
+    """(Before, overwrite=true deleted whatever run_dir= named, a dataset or a user's notes, and
+    resume=auto started a fresh run in such a folder.)"""
+    notes = tmp_path / "my-notes"
+    notes.mkdir()
+    (notes / "thesis.tex").write_text("years of work")
+    args = ["--recipe", "heat-param", "size=smoke", f"run_dir={notes}", "trainer.epochs=1", *QUIET]
+    for extra in (["overwrite=true"], ["resume=auto"], ["resume=auto", "overwrite=true"], []):
+        with pytest.raises(FileExistsError, match=r"my-notes: not a gno_ext run folder \(it holds thesis.tex; no "
+                                                  r"\.gno_ext_run\); nothing in it is deleted") as error:
+            train_module.main([*args, *extra])
+        assert "overwrite=true" not in str(error.value)  # never suggested for a folder that is not a run
+    assert sorted(p.name for p in notes.iterdir()) == ["thesis.tex"]
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(FileExistsError, match="a-file: is a file, not a run folder"):
+        train_module.main([*args[:3], f"run_dir={tmp_path / 'a-file'}", "overwrite=true", *QUIET])
+
+    # a run is marked, and overwrite=true replaces it; a run from before the marker is resumed, never deleted
+    run = tmp_path / "run"
+    train_module.main([*args[:3], f"run_dir={run}", "trainer.epochs=1", *QUIET])
+    assert (run / ".gno_ext_run").is_file()
+    train_module.main([*args[:3], f"run_dir={run}", "trainer.epochs=1", "overwrite=true", *QUIET])
+    (run / ".gno_ext_run").unlink()
+    with pytest.raises(FileExistsError, match="a run made before gno_ext marked its runs"):
+        train_module.main([*args[:3], f"run_dir={run}", "trainer.epochs=1", "overwrite=true", *QUIET])
+    assert train_module.main([*args[:3], f"run_dir={run}", "trainer.epochs=2", "resume=auto", *QUIET])["step"] == 8
+    assert (run / ".gno_ext_run").is_file()
 
 
 def test_a_failing_overwrite_leaves_the_old_run_and_bad_settings_are_named(train_module, tmp_path):
@@ -304,6 +344,29 @@ def test_a_non_finite_micro_batch_skips_the_whole_update(train_module, tmp_path,
                                 "eval.enabled=false", *QUIET])
     assert result["skipped"] == 1 and result["step"] == 3
     assert all(torch.isfinite(w).all() for w in run_weights(Path(result["run_dir"])).values())
+
+
+@pytest.mark.parametrize("clip", ["null", "1.0"])
+def test_non_finite_gradients_with_a_finite_loss_stop_the_run(train_module, tmp_path, monkeypatch, clip):
+    """(Before, the finite loss reset the count before the gradient was checked, and without
+    clipping the gradient was not checked at all: every update was skipped, or applied with NaN,
+    and the run saved its model and exited 0.)"""
+    import gno_ext.training.loop as loop
+
+    mse = loop.mse_per_sample
+
+    def mse_with_nan_gradients(pred, target):
+        value = mse(pred, target)
+        if value.requires_grad:
+            value.register_hook(lambda g: g * float("nan"))
+        return value
+
+    monkeypatch.setattr(loop, "mse_per_sample", mse_with_nan_gradients)
+    with pytest.raises(NonFiniteLossError, match=r"3 consecutive updates with a non-finite loss or gradient "
+                                                 r"\(this one: gradient norm nan\)"):
+        train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}", f"trainer.clip_grad={clip}",
+                           "trainer.max_nonfinite=3", *QUIET])
+    assert not any(tmp_path.rglob("model.safetensors"))
 
 
 def test_non_finite_training_data_is_named_before_training(train_module, tmp_path, monkeypatch):
