@@ -38,11 +38,11 @@ from typing import Any
 import h5py
 import numpy as np
 import torch
-from gno_ext.adapters.files import ProcessFiles
+from gno_ext.adapters.files import ProcessFiles, open_h5
 from gno_ext.adapters.windows import Windows, window_boundary_values
 from torch.utils.data import Dataset
 
-from gno_ext.schema import BoundarySpec, Grid, PDEBatch, PDESample
+from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, PDESample
 
 __all__ = ["ArrayDataset", "open_custom"]
 
@@ -113,6 +113,13 @@ class ArrayDataset(Dataset):
         if not hasattr(u, "shape") or len(u.shape) < 4:
             raise ValueError(f"u: expected an array of shape (N, T, C, *S), got {getattr(u, 'shape', type(u))}")
         n, t = u.shape[:2]
+        if not (np.isfinite(dt) and dt > 0):
+            raise ValueError(f"{name}: dt = {dt}: the time between frames must be a finite number above 0")
+        if theta is not None:
+            values = np.asarray(theta, dtype=np.float64)
+            if not np.isfinite(values).all():
+                row = np.argwhere(~np.isfinite(values))[0].tolist()
+                raise ValueError(f"{name}: theta{row} = {values[tuple(row)]}: the parameters must be finite numbers")
         u, theta, theta_field, group = _wrap(u), _wrap(theta), _wrap(theta_field), _wrap(group)
         self.u, self.name, self.dt, self.stride = u, name, float(dt), stride
         self.grid = grid or Grid(tuple(u.shape[3:]))
@@ -198,10 +205,14 @@ def open_custom(path: str | Path, n_steps_input: int = 1, n_steps_output: int = 
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     if path.suffix == ".npz":
-        store: Any = np.load(path)
+        try:
+            store: Any = _NpzArrays(np.load(path, allow_pickle=False), path)
+        except (OSError, ValueError, EOFError) as err:  # zipfile.BadZipFile is an OSError
+            detail = "not a zip archive" if "pickle" in str(err) else f"{type(err).__name__}: {err}"
+            raise ValueError(f"{path}: not a readable .npz archive of numeric arrays ({detail})") from None
         attrs: dict[str, Any] = {}
     elif path.suffix in (".h5", ".hdf5"):
-        store = h5py.File(path, "r")
+        store = open_h5(path)
         attrs = dict(store.attrs)
     else:
         raise ValueError(f"{path}: expected an .h5, .hdf5 or .npz file")
@@ -215,7 +226,13 @@ def open_custom(path: str | Path, n_steps_input: int = 1, n_steps_output: int = 
     grid = Grid(tuple(u.shape[3:]), tuple(np.asarray(extent).tolist()) if extent is not None else ())
     bc = None
     if "bc_kind" in keys:
-        kind = torch.as_tensor(np.asarray(store["bc_kind"]), dtype=torch.long)
+        codes = np.asarray(store["bc_kind"])
+        valid = {int(k) for k in BCType}
+        whole = np.issubdtype(codes.dtype, np.integer) or (np.isfinite(codes).all() and (codes == np.round(codes)).all())
+        if not whole or not set(np.unique(codes).astype(np.int64).tolist()) <= valid:
+            bad = next(v for v in codes.reshape(-1).tolist() if not (float(v).is_integer() and int(v) in valid))
+            raise ValueError(f"{path}: bc_kind holds {bad!r}, not a BCType code ({', '.join(f'{int(k)} {k.name}' for k in BCType)})")
+        kind = torch.as_tensor(codes.astype(np.int64), dtype=torch.long)
         values = get("bc_values")
         values = (torch.as_tensor(np.asarray(values), dtype=torch.float32) if values is not None
                   else torch.zeros(*kind.shape, 1, 1))
@@ -225,3 +242,23 @@ def open_custom(path: str | Path, n_steps_input: int = 1, n_steps_output: int = 
     return ArrayDataset(u, theta=get("theta"), grid=grid, dt=scalar("dt", 1.0), bc=bc,
                         theta_field=get("theta_field"), group=get("group"), n_steps_input=n_steps_input,
                         n_steps_output=n_steps_output, name=path.name, **kwargs)
+
+
+class _NpzArrays:
+    """The arrays of an ``.npz`` file, read without unpickling: an array of Python objects is an
+    error that names it (numpy's own message suggests ``allow_pickle=True``, which runs code)."""
+
+    def __init__(self, archive: Any, path: Path) -> None:
+        self.archive, self.path = archive, path
+
+    def keys(self) -> list[str]:
+        return list(self.archive.keys())
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        try:
+            return self.archive[key]
+        except ValueError as err:
+            if "pickle" not in str(err):
+                raise
+            raise ValueError(f"{self.path}: array {key!r} holds Python objects, which are not read (unpickling can "
+                             "run code); store numeric arrays") from None

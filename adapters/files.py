@@ -13,7 +13,21 @@ from typing import Any
 
 import h5py
 
-__all__ = ["ProcessFiles"]
+__all__ = ["ProcessFiles", "open_h5"]
+
+
+def open_h5(path: str | Path) -> h5py.File:
+    """``h5py.File(path, "r")`` with an error that names the file: a missing, empty, truncated or
+    non-HDF5 file raises `ValueError` (`FileNotFoundError` if it does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        return h5py.File(path, "r")
+    except OSError as err:  # h5py: "unable to synchronously open file (...)", without the name
+        size = path.stat().st_size if path.is_file() else None
+        what = "an empty file" if size == 0 else "not a readable HDF5 file"
+        raise ValueError(f"{path}: {what} ({err})") from err
 
 
 class ProcessFiles:
@@ -30,7 +44,7 @@ class ProcessFiles:
 
     def get(self, path: str | Path) -> h5py.File:
         """The file at ``path``, opened once in this process."""
-        return self.memo(("file", str(path)), lambda: h5py.File(path, "r"))
+        return self.memo(("file", str(path)), lambda: open_h5(path))
 
     def memo(self, key: Hashable, make: Callable[[], Any]) -> Any:
         """A value computed once per process (e.g. a file's dataset layout)."""

@@ -10,9 +10,9 @@ Supported published layouts (1-D and 2-D):
 
 Parameters come from the root attributes when present, else from the published file-name
 pattern (``..._beta0.1``, ``..._Nu0.001``, ``..._M0.1_Eta0.01_Zeta0.01_...``): every
-``_<letters><number>`` token of the file name is a parameter. The boundary type comes from the
-name (``periodic`` -> PERIODIC, ``trans`` for transmissive -> OPEN) unless ``boundary=`` is
-given. Only the frames of the window asked for are read; each DataLoader worker opens its own
+``_<letters><number>`` token of the file name is a parameter. The boundary type of PDEBench's
+published files comes from their names (`PUBLISHED_BOUNDARIES`: the conditions PDEBench's
+generators impose) unless ``boundary=`` is given. Only the frames of the window asked for are read; each DataLoader worker opens its own
 file handle.
 """
 
@@ -26,13 +26,13 @@ from typing import Any
 import h5py
 import numpy as np
 import torch
-from gno_ext.adapters.files import ProcessFiles
+from gno_ext.adapters.files import ProcessFiles, open_h5
 from gno_ext.adapters.windows import Windows, split_trajectories
 from torch.utils.data import Dataset
 
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, PDESample
 
-__all__ = ["PDEBenchDataset", "parameters_from_name"]
+__all__ = ["PDEBenchDataset", "parameters_from_name", "PUBLISHED_BOUNDARIES"]
 
 CFD_FIELDS = ("density", "Vx", "Vy", "Vz", "pressure")
 _PARAM = re.compile(r"^([A-Za-z]+)(\d[\d.eE+-]*)$")
@@ -51,12 +51,25 @@ def parameters_from_name(name: str) -> dict[str, float]:
     return out
 
 
+PUBLISHED_BOUNDARIES: tuple[tuple[str, BCType, str], ...] = (
+    (r"^1d_advection_sols_", BCType.PERIODIC, "1-D advection"),
+    (r"^1d_burgers_sols_", BCType.PERIODIC, "1-D Burgers"),
+    (r"^reacdiff_", BCType.PERIODIC, "1-D diffusion-reaction"),
+    (r"^2d_diff-react", BCType.NEUMANN, "2-D diffusion-reaction: no flux through the walls"),
+    (r"^2d_rdb", BCType.NEUMANN, "2-D shallow water (radial dam break): zero-gradient extrapolation"),
+    (r"_periodic(_|$)", BCType.PERIODIC, "compressible Navier-Stokes, periodic"),
+    (r"_trans(_|$)", BCType.OPEN, "compressible Navier-Stokes, transmissive (outgoing)"),
+)
+"""File-name patterns of PDEBench's published datasets (lower case) and the boundary condition of
+every face that PDEBench's generators impose on them. ``1D_diff-sorp`` (a Dirichlet and a
+Cauchy face) and the incompressible Navier-Stokes files are not listed: pass ``boundary=``."""
+
+
 def _boundary_from_name(name: str) -> BCType | None:
     lower = Path(name).stem.lower()
-    if "periodic" in lower:
-        return BCType.PERIODIC
-    if "trans" in lower:
-        return BCType.OPEN
+    for pattern, kind, _ in PUBLISHED_BOUNDARIES:
+        if re.search(pattern, lower):
+            return kind
     return None
 
 
@@ -93,9 +106,17 @@ class PDEBenchDataset(Dataset):
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: no such PDEBench file")
-        with h5py.File(self.path, "r") as f:
+        for key, value in (("n_steps_input", n_steps_input), ("n_steps_output", n_steps_output), ("stride", stride)):
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{key}: expected an integer >= 1, got {value!r}")
+        with open_h5(self.path) as f:
             self.layout, self.fields, shape, coords, n_traj, n_frames, attrs = self._inspect(f)
         self.params = {**parameters_from_name(self.path.name), **attrs}
+        bad = {k: v for k, v in self.params.items() if not np.isfinite(v)}
+        if bad:
+            name, value = next(iter(bad.items()))
+            raise ValueError(f"{self.path}: parameter {name} = {value} (from the attributes or the file name): "
+                             "not a finite number")
         names = list(parameters) if parameters is not None else sorted(self.params)
         missing = [n for n in names if n not in self.params]
         if missing:
@@ -105,13 +126,20 @@ class PDEBenchDataset(Dataset):
         self.parameter_names = names
         kind = BCType.parse(boundary) if boundary is not None else _boundary_from_name(self.path.name)
         if kind is None:
-            raise ValueError(f"{self.path.name}: the boundary type is not in the file name; pass "
-                             f"boundary='periodic' (or 'open', 'dirichlet', 'neumann')")
+            raise ValueError(f"{self.path.name}: the boundary type is not in the file name, which is not one of "
+                             f"PDEBench's published names; pass boundary='periodic' (or 'open', 'dirichlet', "
+                             f"'neumann')")
         d = len(shape)
         self.bc = BoundarySpec.from_types([kind] * (2 * d))
-        spacing = [float(c[1] - c[0]) for c in coords[:d]]
-        self.grid = Grid(shape, tuple(n * h for n, h in zip(shape, spacing)))
+        names = (["x", "y", "z"][:d] if self.layout == "seed" else ["x-coordinate", "y-coordinate", "z-coordinate"][:d])
+        for axis, (c, n) in enumerate(zip(coords[:d], shape)):
+            _check_axis(self.path, names[axis], c, {n}, f"the fields' axis {axis + 1} of {n} cells")
         t = coords[d]
+        # PDEBench's 1-D files store one time more than frames (the end time): both are accepted
+        _check_axis(self.path, "t-coordinate" if self.layout != "seed" else "grid/t", t, {n_frames, n_frames + 1},
+                    f"the {n_frames} frames")
+        spacing = [float(c[1] - c[0]) if len(c) > 1 else 1.0 for c in coords[:d]]
+        self.grid = Grid(shape, tuple(n * h for n, h in zip(shape, spacing)))
         self.dt = float(t[1] - t[0]) * stride if len(t) > 1 else 1.0
         self.trajectories = split_trajectories(n_traj, split, split_fractions)
         if parameter_filter is not None and not parameter_filter(dict(self.params)):
@@ -211,3 +239,16 @@ class PDEBenchDataset(Dataset):
     def _meta(self, traj: int, start: int) -> dict[str, Any]:
         return {"dataset": "pdebench", "file": self.path.name, "trajectory": traj, "start": start,
                 "fields": list(self.fields)}
+
+
+def _check_axis(path: Path, name: str, values: np.ndarray, lengths: set[int], what: str) -> None:
+    """A coordinate array: as long as the axis it describes, finite and strictly increasing."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    if len(values) not in lengths:
+        raise ValueError(f"{path}: {name} has {len(values)} values, but {what} need "
+                         f"{' or '.join(map(str, sorted(lengths)))}")
+    steps = np.diff(values)
+    if not np.all(np.isfinite(values)) or not np.all(steps > 0):
+        first = int(np.flatnonzero(~(np.isfinite(steps) & (steps > 0)))[0]) if len(steps) else 0
+        raise ValueError(f"{path}: {name} must increase strictly (finite, positive steps); it does not after "
+                         f"entry {first} ({values[first:first + 2].tolist()})")

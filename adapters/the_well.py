@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from gno_ext.adapters.files import ProcessFiles
+from gno_ext.adapters.files import ProcessFiles, open_h5
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, PDESample
 
 __all__ = ["WellAdapter", "WELL_BC"]
@@ -87,6 +87,9 @@ class WellAdapter(Dataset):
                  **well_kwargs: Any) -> None:
         from the_well.data import WellDataset
 
+        for key, value in (("n_steps_input", n_steps_input), ("n_steps_output", n_steps_output), ("stride", stride)):
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{key}: expected an integer >= 1, got {value!r}")
         if reader not in ("the_well", "h5py"):
             raise ValueError(f"reader: expected 'the_well' or 'h5py', got {reader!r}")
         if reader == "h5py" and normalize:
@@ -95,7 +98,13 @@ class WellAdapter(Dataset):
 
         folder = _split_folder(Path(path), name, split)
         files = sorted(list(folder.glob("*.hdf5")) + list(folder.glob("*.h5")))
-        params = [self._constant_scalars(f) for f in files]
+        if not files:
+            raise FileNotFoundError(f"{folder}: no .hdf5 or .h5 file")
+        params = [check_well_file(f) for f in files]  # every field's shape against the file's axes
+        for f, p in zip(files, params):
+            missing = sorted(set().union(*params) - set(p))
+            if missing:
+                raise ValueError(f"{f}: has no constant scalar {missing[0]!r}, which other files of {folder} have")
         include = [f.name for f, p in zip(files, params) if parameter_filter is None or parameter_filter(p)]
         if not include:
             raise ValueError(f"{folder}: parameter_filter kept no file")
@@ -124,14 +133,6 @@ class WellAdapter(Dataset):
             self._codes = first["boundary_conditions"].long().flatten().tolist()
             self._folder = folder
             self._scalars = {Path(f).name: p for f, p in zip(files, params)}
-
-    @staticmethod
-    def _constant_scalars(file: Path) -> dict[str, float]:
-        with h5py.File(file, "r") as f:
-            if "scalars" not in f:
-                return {}
-            return {k: float(v[()]) for k, v in f["scalars"].items()
-                    if v.shape == () and not v.attrs.get("time_varying", False)}
 
     def __len__(self) -> int:
         return len(self.well)
@@ -265,3 +266,47 @@ class WellAdapter(Dataset):
                         theta_field=None if constant is None else torch.from_numpy(constant),
                         group=torch.tensor([self._groups.get(r, 0) for r in raw], dtype=torch.long),
                         meta=[self._meta(i, place) for i, place in zip(indices, places)])
+
+
+def check_well_file(path: Path) -> dict[str, float]:
+    """Check a file of The Well's layout and return its constant scalars.
+
+    Every field's shape must be what the file's axes give (trajectories, time, space and the
+    component axes of its tensor order), the time axis must increase strictly and the constant
+    scalars must be finite: a mismatch raises `ValueError` naming the file, the field and both
+    shapes, before any window is read (a short field would otherwise be broadcast into a batch).
+    """
+    with open_h5(path) as f:
+        try:
+            n = int(f.attrs["n_trajectories"])
+            dims = f["dimensions"]
+            names = [str(a.decode() if isinstance(a, bytes) else a) for a in dims.attrs["spatial_dims"]]
+            space = tuple(int(dims[a].shape[-1]) for a in names)
+            time = dims["time"][()]
+        except KeyError as err:
+            raise ValueError(f"{path}: not in The Well's layout (missing {err})") from None
+        steps = np.diff(time, axis=-1)
+        if not np.all(np.isfinite(time)) or not np.all(steps > 0):
+            bad = np.flatnonzero(~(np.isfinite(steps) & (steps > 0)).reshape(-1))
+            raise ValueError(f"{path}: dimensions/time must increase strictly; it does not after entry "
+                             f"{int(bad[0]) if len(bad) else 0} (values {np.round(time.reshape(-1)[:6], 6).tolist()} ...)")
+        for order in (0, 1, 2):
+            group = f.get(f"t{order}_fields")
+            if group is None:
+                continue
+            for field in group.attrs.get("field_names", []):
+                field = field.decode() if isinstance(field, bytes) else str(field)
+                ds = group[field]
+                expected = ((n,) if ds.attrs.get("sample_varying", True) else ()) + \
+                    ((time.shape[-1],) if ds.attrs.get("time_varying", True) else ()) + space + (len(space),) * order
+                if tuple(ds.shape) != expected:
+                    raise ValueError(f"{path}: field t{order}_fields/{field} has shape {tuple(ds.shape)}, but the "
+                                     f"file's axes give {expected} (n_trajectories {n}, {time.shape[-1]} times, space "
+                                     f"{space}{f', {order} component axes' if order else ''})")
+        scalars = {}
+        for key, v in (f["scalars"].items() if "scalars" in f else []):
+            if v.shape == () and not v.attrs.get("time_varying", False):
+                scalars[key] = float(v[()])
+                if not np.isfinite(scalars[key]):
+                    raise ValueError(f"{path}: constant scalar {key} = {scalars[key]}: not a finite number")
+        return scalars

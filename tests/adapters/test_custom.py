@@ -108,3 +108,37 @@ def test_process_files_open_once_per_process_and_pickle_empty(tmp_path):
     assert calls == [1]
     clone = pickle.loads(pickle.dumps(files))  # what a DataLoader worker receives
     assert clone._cache == {} and clone.get(path)["x"][3] == 3
+
+
+@pytest.mark.parametrize("arrays,match", [
+    ({"theta": np.array([[0.1], [np.nan]])}, r"theta\[1, 0\] = nan: the parameters must be finite"),
+    ({"dt": np.array(0.0)}, r"dt = 0.0: the time between frames must be a finite number above 0"),
+    ({"dt": np.array(-0.1)}, r"dt = -0.1"),
+    ({"dt": np.array(np.nan)}, r"dt = nan"),
+    ({"bc_kind": np.array([1.5, 1, 1, 1])}, r"bc_kind holds 1.5, not a BCType code \(0 PERIODIC, 1 DIRICHLET"),
+    ({"bc_kind": np.array([9, 1, 1, 1])}, r"bc_kind holds 9, not a BCType code"),
+])
+def test_bad_values_of_a_users_file_are_named(tmp_path, arrays, match):
+    """(Before, each of these passed silently: NaN parameters, a zero or negative time step,
+    boundary codes truncated to a type.)"""
+    path = tmp_path / "runs.npz"
+    np.savez(path, u=np.zeros((2, 4, 1, 8, 8), np.float32), **arrays)
+    with pytest.raises(ValueError, match=rf"runs.npz: {match}"):
+        open_dataset("custom", path)
+
+
+def test_unreadable_files_are_named_and_no_pickle_is_suggested(tmp_path):
+    garbage = tmp_path / "runs.npz"
+    garbage.write_bytes(b"not a zip archive" * 10)
+    with pytest.raises(ValueError, match=r"runs.npz: not a readable .npz archive") as error:
+        open_dataset("custom", garbage)
+    objects = tmp_path / "objects.npz"
+    np.savez(objects, u=np.zeros((2, 4, 1, 8, 8), np.float32), theta=np.array([{"a": 1}, None], dtype=object))
+    with pytest.raises(ValueError, match=r"objects.npz: array 'theta' holds Python objects, which are not read") as other:
+        open_dataset("custom", objects)
+    for e in (error, other):
+        assert "allow_pickle" not in str(e.value)
+    for content, what in ((b"", "an empty file"), (b"x" * 64, "not a readable HDF5 file")):
+        (tmp_path / "runs.h5").write_bytes(content)
+        with pytest.raises(ValueError, match=rf"runs.h5: {what}"):
+            open_dataset("custom", tmp_path / "runs.h5")

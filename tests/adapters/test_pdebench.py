@@ -50,9 +50,9 @@ def test_cfd_layout_channels_parameters_and_boundary_from_name(tmp_path):
 def test_per_seed_layout_and_dataloader_workers(tmp_path):
     path = tmp_path / "2D_diff-react_NA_NA.h5"
     data = write_seeds_2d(path)
-    with pytest.raises(ValueError, match="boundary type is not in the file name"):
-        PDEBenchDataset(path)
-    ds = PDEBenchDataset(path, boundary="neumann")
+    ds = PDEBenchDataset(path)  # PDEBench's published name: no-flux walls (its generator's Laplacian)
+    assert ds.bc.kind.tolist() == [BCType.NEUMANN] * 4
+    assert PDEBenchDataset(path, boundary="dirichlet").bc.kind.tolist() == [BCType.DIRICHLET] * 4  # an override
     s = ds[5]  # seed 1, start 0
     assert torch.equal(s.u_in[0], torch.from_numpy(np.moveaxis(data[1][0], -1, 0)))
     loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate)
@@ -117,3 +117,58 @@ def test_batched_reads_equal_per_sample_reads(tmp_path):
     loader = torch.utils.data.DataLoader(both, batch_size=4, shuffle=True, collate_fn=collate,
                                          generator=torch.Generator().manual_seed(0))
     assert sum(len(b) for b in loader) == len(both)
+
+
+@pytest.mark.parametrize("name,kind", [
+    ("1D_Advection_Sols_beta0.1.hdf5", BCType.PERIODIC), ("1D_Burgers_Sols_Nu0.001.hdf5", BCType.PERIODIC),
+    ("ReacDiff_Nu0.5_Rho1.0.hdf5", BCType.PERIODIC), ("2D_rdb_NA_NA.h5", BCType.NEUMANN),
+    ("1D_CFD_Shock_Eta1.e-8_Zeta1.e-8_trans_Train.hdf5", BCType.OPEN),
+    ("2D_CFD_Rand_M0.1_Eta0.01_Zeta0.01_periodic_128_Train.hdf5", BCType.PERIODIC),
+])
+def test_published_files_open_without_a_boundary_argument(tmp_path, name, kind):
+    """(Before, PDEBench's own names were refused: "the boundary type is not in the file name".)"""
+    path = tmp_path / name
+    write_tensor_1d(path)
+    assert PDEBenchDataset(path).bc.kind.tolist() == [kind] * 2
+    other = tmp_path / "my_simulation.h5"
+    write_tensor_1d(other)
+    with pytest.raises(ValueError, match="not one of PDEBench's published names; pass boundary="):
+        PDEBenchDataset(other)
+
+
+def _edit(path, key, value):
+    with h5py.File(path, "r+") as f:
+        if key in f:
+            del f[key]
+        f[key] = value
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("x-coordinate", np.linspace(0, 1, 4), r"x-coordinate has 4 values, but the fields' axis 1 of 16 cells need 16"),
+    ("t-coordinate", np.array([0.0, 0.1, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]), r"t-coordinate must increase strictly .* "
+                                                                         r"after entry 1"),
+    ("t-coordinate", np.full(8, np.nan), "t-coordinate must increase strictly"),
+    ("t-coordinate", np.arange(8)[::-1] * 0.1, "t-coordinate must increase strictly"),
+])
+def test_bad_coordinates_are_named(tmp_path, key, value, match):
+    path = tmp_path / "1D_Advection_Sols_beta0.1.hdf5"
+    write_tensor_1d(path)
+    _edit(path, key, value)
+    with pytest.raises(ValueError, match=match):
+        PDEBenchDataset(path)
+
+
+def test_bad_parameters_windows_and_files_are_named(tmp_path):
+    path = tmp_path / "1D_Advection_Sols_beta0.1.hdf5"
+    write_tensor_1d(path)
+    with h5py.File(path, "r+") as f:
+        f.attrs["beta"] = np.nan
+    with pytest.raises(ValueError, match=r"1D_Advection_Sols_beta0.1.hdf5: parameter beta = nan .*not a finite number"):
+        PDEBenchDataset(path)
+    write_tensor_1d(path)
+    for key, value in (("n_steps_input", 0), ("stride", 0)):
+        with pytest.raises(ValueError, match=rf"{key}: expected an integer >= 1, got 0"):
+            PDEBenchDataset(path, **{key: value})
+    path.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"1D_Advection_Sols_beta0.1.hdf5: an empty file"):
+        PDEBenchDataset(path)

@@ -189,3 +189,54 @@ def test_direct_reader_accepts_large_finite_values(tmp_path):
         f["t0_fields/density"][0, 0] = 3e38
     batch = open_dataset("the_well", split, reader="h5py").__getitems__([0, 1])
     assert batch.u_in[0, 0, 0].min() == np.float32(3e38)
+
+
+def _one_file_split(tmp_path, edit=None):
+    split = tmp_path / "datasets" / "turbulent_radiative_layer_2D" / "data" / "train"
+    split.mkdir(parents=True)
+    path = split / "turbulent_radiative_layer_tcool_0.03.hdf5"
+    write_well_trl(path, 0.03, 0, n=N, t=T, shape=(16, 8))
+    if edit:
+        with h5py.File(path, "r+") as f:
+            edit(f)
+    return path
+
+
+@pytest.mark.parametrize("reader", ["the_well", "h5py"])
+def test_a_field_shorter_than_the_time_axis_is_named_when_the_file_is_indexed(tmp_path, reader):
+    """(Before, the direct reader broadcast the short read into the batch: windows got other
+    samples' frames or uninitialised memory, and training went on.)"""
+    def shorten(f):
+        short = f["t0_fields/pressure"][:, : T - 1]
+        del f["t0_fields/pressure"]
+        f["t0_fields/pressure"] = short
+        f["t0_fields/pressure"].attrs.update({"sample_varying": True, "time_varying": True})
+
+    path = _one_file_split(tmp_path, shorten)
+    with pytest.raises(ValueError, match=rf"{path.name}: field t0_fields/pressure has shape \(2, 3, 16, 8\), but the "
+                                         rf"file's axes give \(2, 4, 16, 8\) \(n_trajectories 2, 4 times"):
+        open_dataset("the_well", tmp_path, name="turbulent_radiative_layer_2D", reader=reader)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda f: f["dimensions/time"].__setitem__(slice(None), np.array([0, 1, 1, 2], np.float32)),
+     "dimensions/time must increase strictly; it does not after entry 1"),
+    (lambda f: f["scalars/tcool"].__setitem__((), np.nan), r"constant scalar tcool = nan: not a finite number"),
+    (lambda f: f["t1_fields/velocity"].attrs.__setitem__("time_varying", False),
+     r"field t1_fields/velocity has shape \(2, 4, 16, 8, 2\), but the file's axes give \(2, 16, 8, 2\)"),
+])
+def test_bad_time_axes_and_scalars_are_named(tmp_path, edit, match):
+    _one_file_split(tmp_path, edit)
+    with pytest.raises(ValueError, match=match):
+        open_dataset("the_well", tmp_path, name="turbulent_radiative_layer_2D")
+
+
+def test_unreadable_files_and_bad_window_settings_are_named(tmp_path):
+    path = _one_file_split(tmp_path)
+    for key, value in (("n_steps_input", 0), ("stride", 0), ("n_steps_output", 1.5)):
+        with pytest.raises(ValueError, match=rf"{key}: expected an integer >= 1, got {value}"):
+            open_dataset("the_well", tmp_path, name="turbulent_radiative_layer_2D", **{key: value})
+    for content, what in ((b"", "an empty file"), (b"garbage" * 100, "not a readable HDF5 file")):
+        path.write_bytes(content)
+        with pytest.raises(ValueError, match=rf"{path.name}: {what}"):
+            open_dataset("the_well", tmp_path, name="turbulent_radiative_layer_2D")
