@@ -15,10 +15,13 @@ temporary files never count. The same trajectory index always gives the same tra
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +107,49 @@ def generate(name: str, size: str = "small", out: str | Path = "data", device: s
     preset = get_preset(name)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     root = Path(out) / "datasets" / preset.name
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root, progress):  # one generating process per dataset folder; the manifest is read under the lock
+        _remove_temporaries(root)
+        return _generate(preset, size, root, device, batch_size, shard_size, splits, progress, on_shard, dtype)
+
+
+TEMPORARY = re.compile(r"^\..+\.(hdf5|json)\.tmp-\d+$")  # what an interrupted write of ours leaves (writer.py)
+
+
+@contextlib.contextmanager
+def _locked(root: Path, progress: bool) -> Iterator[None]:
+    """Hold ``root/.generate.lock`` (an advisory lock, released when the process ends): a second
+    process that generates into the same folder waits here, then resumes what the first left."""
+    with open(root / ".generate.lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress:
+                print(f"{root}: another process is generating this dataset; waiting for it to finish", flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _remove_temporaries(root: Path) -> None:
+    """Remove the hidden partial files that interrupted runs left (only names of our pattern)."""
+    for folder in (root, *sorted((root / "data").glob("*"))):
+        for path in folder.glob(".*.tmp-*"):
+            if path.is_file() and TEMPORARY.match(path.name):
+                path.unlink()
+
+
+def _shard_intact(path: Path, record: dict[str, Any]) -> bool:
+    """A shard the manifest lists is there with its recorded size and checksum."""
+    if not path.is_file() or ("bytes" in record and path.stat().st_size != record["bytes"]):
+        return False
+    return _sha256(path) == record.get("sha256")
+
+
+def _generate(preset: Preset, size: str, root: Path, device: str, batch_size: int, shard_size: int,
+              splits: tuple[str, ...], progress: bool, on_shard: Callable[[Path], None] | None, dtype: str) -> Path:
     manifest_path = root / "manifest.json"
     manifest: dict[str, Any] = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     current = protocol(preset, size)
@@ -127,9 +173,15 @@ def generate(name: str, size: str = "small", out: str | Path = "data", device: s
         folder.mkdir(parents=True, exist_ok=True)
         key = f"{split}/{fname}"
         path = folder / fname
-        if key in manifest["files"] and path.exists():
-            bar.update(len(trajs))
-            continue
+        if key in manifest["files"]:
+            if _shard_intact(path, manifest["files"][key]):
+                bar.update(len(trajs))
+                continue
+            # listed, but missing, truncated or changed since it was written: made again
+            print(f"{path}: does not match the size and checksum the manifest recorded; generating it again",
+                  flush=True)
+            del manifest["files"][key]
+            _write_json(manifest_path, manifest)
         parts = []
         for k in range(0, len(trajs), batch_size):
             parts.append(simulate(preset, trajs[k : k + batch_size], size, device))
@@ -146,7 +198,7 @@ def generate(name: str, size: str = "small", out: str | Path = "data", device: s
                         attrs={"preset": preset.name, "split": split, "size": size, "boundary": trajs[0].boundary,
                                "fingerprint": config["fingerprint"]},
                         dtype=dtype)
-        manifest["files"][key] = {"trajectories": len(trajs), "sha256": _sha256(path)}
+        manifest["files"][key] = {"trajectories": len(trajs), "bytes": path.stat().st_size, "sha256": _sha256(path)}
         _write_json(manifest_path, manifest)
         if on_shard is not None:
             on_shard(path)

@@ -108,6 +108,7 @@ def test_interrupted_generation_resumes_to_the_same_dataset(tmp_path):
     generate("heat-joint", "smoke", tmp_path / "run", device="cpu", shard_size=2, progress=False,
              on_shard=seen.append)
     assert len(seen) == len(json.loads((full / "manifest.json").read_text())["files"]) - 2
+    assert not list(root.rglob(".*.tmp-*"))  # the interrupted write's leftover is removed
     done = json.loads((root / "manifest.json").read_text())
     ref = json.loads((full / "manifest.json").read_text())
     assert done["complete"]
@@ -194,3 +195,48 @@ def test_batched_in_memory_reads_equal_per_sample_reads(name, tmp_path):
         assert (a is None and b is None) or torch.equal(a, b), key
     assert torch.equal(fast.bc.kind, slow.bc.kind) and torch.equal(fast.bc.values, slow.bc.values)
     assert torch.equal(fast.bc.robin_coeffs(), slow.bc.robin_coeffs()) and fast.meta == slow.meta
+
+
+def test_a_listed_shard_that_was_truncated_is_made_again(tmp_path, capsys):
+    """(Before, a shard the manifest listed was skipped on resume whatever its state, and reading
+    it crashed later.)"""
+    root = generate("heat-param", "smoke", tmp_path, device="cpu", shard_size=1, progress=False)
+    manifest = json.loads((root / "manifest.json").read_text())
+    key = sorted(manifest["files"])[0]
+    shard = root / "data" / key
+    good = shard.read_bytes()
+    shard.write_bytes(good[: len(good) // 2])
+    generate("heat-param", "smoke", tmp_path, device="cpu", shard_size=1, progress=False)
+    assert f"{shard}: does not match the size and checksum the manifest recorded" in capsys.readouterr().out
+    assert shard.read_bytes() == good  # the same trajectories, deterministically
+    assert json.loads((root / "manifest.json").read_text())["files"][key]["bytes"] == len(good)
+    assert len(GeneratedDataset(root, split=key.split("/")[0])) > 0
+
+
+def test_a_second_process_waits_for_the_first_and_only_our_temporaries_are_removed(tmp_path):
+    """(Before, two processes generating into one folder with different shard sizes both exited 0
+    and left duplicated trajectories.)"""
+    import fcntl
+    import subprocess
+    import sys
+
+    root = tmp_path / "datasets" / "heat-param"
+    (root / "data" / "train").mkdir(parents=True)
+    ours = [root / ".manifest.json.tmp-12", root / "data" / "train" / ".heat-param_periodic_0000.hdf5.tmp-34"]
+    theirs = root / "data" / "train" / ".my-notes.txt"
+    for path in (*ours, theirs):
+        path.write_text("x")
+    held = open(root / ".generate.lock", "w")
+    fcntl.flock(held, fcntl.LOCK_EX)  # a first process at work
+    cmd = [sys.executable, "-m", "gno_ext.data.cli", "generate", "heat-param", "--size", "smoke", "--out",
+           str(tmp_path), "--device", "cpu", "--shard-size", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert "another process is generating this dataset; waiting" in proc.stdout.readline()
+    assert not (root / "manifest.json").exists()  # it waits: nothing written
+    fcntl.flock(held, fcntl.LOCK_UN)
+    held.close()
+    assert proc.wait(timeout=300) == 0, proc.stdout.read()
+    assert not any(p.exists() for p in ours) and theirs.read_text() == "x"
+    # the first process's dataset is not mixed with another shard size
+    with pytest.raises(ValueError, match="refusing to mix"):
+        generate("heat-param", "smoke", tmp_path, device="cpu", shard_size=1, progress=False)
