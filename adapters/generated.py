@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from gno_ext.adapters.files import ProcessFiles
+from gno_ext.adapters.files import ProcessFiles, open_h5
 from gno_ext.adapters.windows import Windows, window_boundary_values
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch, PDESample
 
@@ -58,7 +58,7 @@ class GeneratedDataset(Dataset):
         self.stride = stride
         self.meta_per_file, lengths = [], []
         for file in self.files:
-            with h5py.File(file, "r") as f:
+            with open_h5(file) as f:
                 if "gno_ext" not in f:
                     raise ValueError(f"{file.name}: not a gno_ext file (no 'gno_ext' group)")
                 fields = [("t0_fields", k) for k in f["t0_fields"].attrs["field_names"]]
@@ -89,7 +89,7 @@ class GeneratedDataset(Dataset):
         if in_memory:
             self._memory = {}
             for i, m in enumerate(self.meta_per_file):
-                with h5py.File(self.files[i], "r") as f:
+                with open_h5(self.files[i]) as f:
                     for order, name in m["fields"] + ([("t1_fields", "velocity_field")] if m["velocity"] else []):
                         self._memory[(i, order, name)] = f[order][name][()]
 

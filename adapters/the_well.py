@@ -123,7 +123,7 @@ class WellAdapter(Dataset):
         self.field_names = [n for order in sorted(meta.field_names) for n in meta.field_names[order]]
         values = sorted({tuple(p.get(k, np.nan) for k in self.parameter_names) for p in params})
         self._groups = {v: i for i, v in enumerate(values)}
-        with h5py.File(files[0], "r") as f:
+        with open_h5(files[0]) as f:
             dims = [f["dimensions"][a][()] for a in f["dimensions"].attrs["spatial_dims"]]
         extent = tuple(float(len(c) * (c[1] - c[0])) for c in dims)
         self.grid = Grid(tuple(meta.spatial_resolution), extent)
