@@ -27,7 +27,7 @@ import h5py
 import numpy as np
 import torch
 from gno_ext.adapters.files import ProcessFiles, open_h5
-from gno_ext.adapters.windows import Windows, split_trajectories
+from gno_ext.adapters.windows import Windows, check_window_settings, split_trajectories
 from torch.utils.data import Dataset
 
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, PDESample
@@ -106,9 +106,7 @@ class PDEBenchDataset(Dataset):
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: no such PDEBench file")
-        for key, value in (("n_steps_input", n_steps_input), ("n_steps_output", n_steps_output), ("stride", stride)):
-            if not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{key}: expected an integer >= 1, got {value!r}")
+        check_window_settings(n_steps_input, n_steps_output, stride)
         with open_h5(self.path) as f:
             self.layout, self.fields, shape, coords, n_traj, n_frames, attrs = self._inspect(f)
         self.params = {**parameters_from_name(self.path.name), **attrs}

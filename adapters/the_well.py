@@ -33,6 +33,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from gno_ext.adapters.files import ProcessFiles, open_h5
+from gno_ext.adapters.windows import check_window_settings
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, PDESample
 
 __all__ = ["WellAdapter", "WELL_BC"]
@@ -87,9 +88,7 @@ class WellAdapter(Dataset):
                  **well_kwargs: Any) -> None:
         from the_well.data import WellDataset
 
-        for key, value in (("n_steps_input", n_steps_input), ("n_steps_output", n_steps_output), ("stride", stride)):
-            if not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{key}: expected an integer >= 1, got {value!r}")
+        check_window_settings(n_steps_input, n_steps_output, stride)
         if reader not in ("the_well", "h5py"):
             raise ValueError(f"reader: expected 'the_well' or 'h5py', got {reader!r}")
         if reader == "h5py" and normalize:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 from dataclasses import dataclass
 
 import bisect
@@ -11,7 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import ConcatDataset
 
-__all__ = ["Windows", "window_boundary_values", "BatchedConcat", "split_trajectories"]
+__all__ = ["Windows", "window_boundary_values", "BatchedConcat", "split_trajectories", "check_window_settings"]
 
 
 def window_boundary_values(values: torch.Tensor, frames: np.ndarray, n_steps_input: int) -> torch.Tensor:
@@ -69,9 +70,7 @@ class Windows:
     stride: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("n_steps_input", "n_steps_output", "stride"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        check_window_settings(self.n_steps_input, self.n_steps_output, self.stride)
         span = (self.n_steps_input + self.n_steps_output - 1) * self.stride + 1
         per = np.maximum(np.asarray(self.lengths, dtype=np.int64) - span + 1, 0)
         if per.sum() == 0:
@@ -149,3 +148,10 @@ class BatchedConcat(ConcatDataset):
         return PDEBatch(u_in=cat("u_in"), u_out=cat("u_out"), theta=cat("theta"), bc=bc, grid=first.grid,
                         dt=cat("dt"), theta_field=None if first.theta_field is None else cat("theta_field"),
                         group=cat("group"), meta=[meta[i] for i in inverse.tolist()])
+
+
+def check_window_settings(n_steps_input: Any, n_steps_output: Any, stride: Any) -> None:
+    """Refuse window settings that are not integers >= 1, naming the setting and its value."""
+    for key, value in (("n_steps_input", n_steps_input), ("n_steps_output", n_steps_output), ("stride", stride)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{key}: expected an integer >= 1, got {value!r}")
