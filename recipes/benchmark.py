@@ -207,7 +207,7 @@ def result_from_run(run: Run, cfg: dict[str, Any], report: dict[str, Any], run_d
         "nmse_mean": nmse["mean"], "nmse_std": nmse["std"], "nmse_worst_group": nmse["worst_group"],
         "rel_l2_mean": report["rel_l2"]["mean"], "per_step_nmse": report["per_step_nmse"],
         "rollout_steps": report["steps"], "test_trajectories": report["trajectories"],
-        "paper_nmse": run.paper_nmse,
+        "paper_nmse": run.paper_nmse, "groups": report.get("groups", []),
     }
 
 
@@ -361,9 +361,86 @@ def _budget_text(budget: tuple) -> str:
          if any(not o.startswith(('trainer.epochs=', 'trainer.batch_size=')) for o in extra) else "")
 
 
+FIGURES = "results"  # the figures' folder, beside the page (docs/results/)
+
+
+def _ranked(found: list[dict[str, Any]], recipe: str) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The column's rows as (row, its results), best mean first; `persistence` apart (last)."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for r in found:
+        if r["recipe"] == recipe:
+            rows.setdefault(r["model"], []).append(r)
+    mean = lambda rs: sum(r["nmse_mean"] for r in rs) / len(rs)
+    trained = sorted(((m, rs) for m, rs in rows.items() if m != "persistence"), key=lambda x: mean(x[1]))
+    return trained + [(m, rs) for m, rs in rows.items() if m == "persistence"]
+
+
+def _shown(found: list[dict[str, Any]], recipe: str) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The rows a column's figures show: the GNO, the two best other trained rows, persistence."""
+    ranked = _ranked(found, recipe)
+    others = [x for x in ranked if x[0] not in ("gno", "persistence")][:2]
+    return [x for x in ranked if x[0] == "gno"] + others + [x for x in ranked if x[0] == "persistence"]
+
+
+def write_figures(tables: dict[str, Any], results: Path, folder: Path) -> list[Path]:
+    """Per column of every table: the per-step error of the rollout, and the error per DRO group
+    (boundary configuration x parameter bin) where the results record it, for the GNO, the two
+    best other rows and persistence (mean over seeds). Returns the files written."""
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        found = [json.loads(p.read_text()) for p in sorted((results / name).glob("*/*.json"))]
+        for recipe in table["recipes"]:
+            shown = _shown(found, recipe)
+            if not shown:
+                continue
+            fig, ax = plt.subplots(figsize=(5.5, 3.6))
+            for row, rs in shown:
+                curve = np.mean([r["per_step_nmse"] for r in rs], axis=0)
+                ax.semilogy(np.arange(1, len(curve) + 1), curve, marker="o", ms=3,
+                            ls="--" if row == "persistence" else "-", label=f"{row} ({len(rs)} seed{'s' * (len(rs) > 1)})")
+            ax.set_xlabel("rollout step")
+            ax.set_ylabel("nMSE of the step")
+            ax.set_title(f"{name}: {recipe}")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+            fig.tight_layout()
+            path = folder / f"{name}-{recipe}-per_step.png"
+            fig.savefig(path, dpi=110)
+            plt.close(fig)
+            written.append(path)
+            grouped = [(row, rs) for row, rs in shown if all(r.get("groups") for r in rs)]
+            if grouped:
+                labels = [g["label"] for g in grouped[0][1][0]["groups"]]
+                fig, ax = plt.subplots(figsize=(max(5.5, 0.5 * len(labels) + 2), 3.8))
+                width = 0.8 / len(grouped)
+                for k, (row, rs) in enumerate(grouped):
+                    by_label = [np.mean([next((g["nmse_mean"] for g in r["groups"] if g["label"] == lab), np.nan)
+                                         for r in rs]) for lab in labels]
+                    ax.bar(np.arange(len(labels)) + k * width, by_label, width, label=row)
+                ax.set_yscale("log")
+                ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels, rotation=60, ha="right", fontsize=7)
+                ax.set_ylabel("rollout nMSE")
+                ax.set_title(f"{name}: {recipe}, error per group")
+                ax.legend(fontsize=8)
+                fig.tight_layout()
+                path = folder / f"{name}-{recipe}-groups.png"
+                fig.savefig(path, dpi=110)
+                plt.close(fig)
+                written.append(path)
+    return written
+
+
 def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
     """The results page: every table, ours (mean ± std over seeds) beside the paper's value,
-    with the budget of each column, the GPUs and commits the results came from."""
+    with the budget of each column, the GPUs and commits the results came from, and the
+    figures that `write_figures` draws."""
     out = [PAGE_HEAD]
     for name, table in tables.items():
         found = [json.loads(p.read_text()) for p in sorted((results / name).glob("*/*.json"))]
@@ -408,6 +485,19 @@ def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
                    f"Reproduce: `python recipes/benchmark.py run --table {name}{flags}"
                    f"{' -- ' + ' '.join(after) if after else ''}`"
                    f"{' (the overrides after `--` change the speed only)' if speed and not other else ''}.\n")
+        figures = []
+        for recipe in table["recipes"]:
+            shown = _shown(found, recipe)
+            if shown:
+                rows = ", ".join(f"`{row}`" for row, _ in shown)
+                figures.append(f"![{name} {recipe}: per-step error of {rows}]({FIGURES}/{name}-{recipe}-per_step.png)")
+                if all(r.get("groups") for _, rs in shown for r in rs):
+                    figures.append(f"![{name} {recipe}: error per group]({FIGURES}/{name}-{recipe}-groups.png)")
+        if figures:
+            out.append("Per-step error of the rollout (mean over seeds) for the GNO, the two best other rows and "
+                       "persistence" + (", and their error per group (boundary configuration and parameter bin)"
+                                         if any("groups.png" in f for f in figures) else "") + ":\n")
+            out.append("\n".join(figures) + "\n")
         if notes.is_file():  # the discussion of the table, written by hand next to its results
             out.append(notes.read_text())
     return "\n".join(out)
@@ -442,6 +532,7 @@ def main(argv: list[str] | None = None) -> None:
         text = render(tables, args.results)
         if args.out:
             args.out.write_text(text)
+            write_figures(tables, args.results, args.out.parent / FIGURES)
         else:
             print(text)
         return

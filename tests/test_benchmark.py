@@ -182,3 +182,26 @@ def test_an_untrained_reference_has_no_budget_and_a_mixed_budget_is_flagged(tmp_
                                                       "size": "bench"}))
     page = bench.render(bench.load_tables(), tmp_path)
     assert "MIXED" not in page and "precision bf16 (advection-bc)" in page and "precision bf16 (heat-bc)" in page
+
+
+def test_figures_show_the_gno_the_two_best_rows_and_persistence(tmp_path):
+    def result(model, nmse, groups=True):
+        return {"table": "bc", "recipe": "heat-bc", "model": model, "seed": 0, "size": "bench", "epochs": 10,
+                "batch_size": 64, "lr": 3e-4, "precision": "bf16", "extra": [], "steps": 0 if model == "persistence" else 9,
+                "gpu": "NVIDIA H100", "commit": "0" * 40, "nmse_mean": nmse, "per_step_nmse": [nmse / 2, nmse, 2 * nmse],
+                "groups": [{"label": "dirichlet, alpha in [0.1, 0.1]", "nmse_mean": nmse},
+                           {"label": "neumann, alpha in [0.1, 0.1]", "nmse_mean": 2 * nmse}] if groups else []}
+
+    folder = tmp_path / "bc" / "heat-bc"
+    folder.mkdir(parents=True)
+    for model, nmse in (("gno", 0.3), ("fno", 0.1), ("unisolver", 0.2), ("vit-5", 0.25), ("persistence", 1.6)):
+        (folder / f"{model}-seed0.json").write_text(json.dumps(result(model, nmse)))
+    page = bench.render(bench.load_tables(), tmp_path)
+    assert "per-step error of `gno`, `fno`, `unisolver`, `persistence`](results/bc-heat-bc-per_step.png)" in page
+    assert "](results/bc-heat-bc-groups.png)" in page and "vit-5`" not in page.split("Per-step")[1].split("\n\n")[1]
+    written = bench.write_figures(bench.load_tables(), tmp_path, tmp_path / "figures")
+    assert sorted(p.name for p in written) == ["bc-heat-bc-groups.png", "bc-heat-bc-per_step.png"]
+    assert all(p.stat().st_size > 1000 for p in written)
+    # results without the groups (older files): no group figure is promised
+    (folder / "fno-seed0.json").write_text(json.dumps(result("fno", 0.1, groups=False)))
+    assert "groups.png" not in bench.render(bench.load_tables(), tmp_path)
