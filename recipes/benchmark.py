@@ -8,9 +8,11 @@ A table (``benchmarks/tables.yaml``) is a set of recipes (its columns) times row
 optional overrides) times seeds, with a budget: the dataset size of each column (``size=bench``
 unless the paper's own size is affordable) and the training overrides (epochs, batch size) that
 every run of the table shares. ``--size`` and overrides after ``--`` replace those of the budget
-(e.g. ``--size smoke`` for a quick check); the result files record what was used. Each run trains with ``recipes/train.py`` and leaves one JSON
-file, ``benchmarks/results/<table>/<recipe>/<row>-seed<N>.json``; a run whose file exists is
-skipped, so the same command resumes a table across days and machines (commit the files).
+(e.g. ``--size smoke`` for a quick check); the result files record what was used.
+
+Each run trains with ``recipes/train.py`` and leaves one JSON file,
+``benchmarks/results/<table>/<recipe>/<row>-seed<N>.json``; a run whose file exists is skipped,
+so the same command resumes a table across days and machines (commit the files).
 
 ``run`` prepares the datasets once, then starts ``recipes/sweep.py -m`` — Hydra's multirun —
 over the table's grid. With Hydra's default launcher the runs go one after another; with

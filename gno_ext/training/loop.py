@@ -655,7 +655,7 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
                     flat.gather_grads()                    # the parameters' own gradients
                     if average:
                         flat.average_grads()
-                if guard.clean:  # the gradient norm (clipped to trainer.clip if set), checked like the loss
+                if guard.clean:  # the gradient norm (clipped where trainer.clip_grad is set), checked like the loss
                     if replayed:
                         grad_norm = float(captured_norm)
                     else:
