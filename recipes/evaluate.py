@@ -43,4 +43,15 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    import os
+    import sys
+
+    try:
+        main()
+    except (FileNotFoundError, ValueError, KeyError) as err:  # a bad path or setting: one line
+        if os.environ.get("GNO_EXT_DEBUG"):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -80,6 +80,7 @@ def test_the_sweep_config_composes():
     assert (cfg.table, cfg.recipe, cfg.row, cfg.seed, cfg.size) == ("bc", "heat-bc", "gno", 1, None)
 
 
+@pytest.mark.slow
 def test_a_run_writes_its_results_skips_them_next_time_and_renders(tmp_path):
     results, runs = tmp_path / "results", tmp_path / "runs"
     command = [sys.executable, str(RECIPES / "benchmark.py"), "run", "--table", "bc", "--recipes", "heat-bc",
@@ -141,6 +142,7 @@ def test_the_results_page_is_rendered_from_the_committed_results():
         "docs/results.md is stale: python recipes/benchmark.py render --out docs/results.md"
 
 
+@pytest.mark.slow
 def test_a_failing_run_writes_nothing_and_the_others_go_on(tmp_path):
     tables = tmp_path / "tables.yaml"
     tables.write_text(yaml.safe_dump({"tables": {"t": {"title": "t", "recipes": ["heat-param"], "rows": {

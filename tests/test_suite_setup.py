@@ -30,18 +30,21 @@ def _threads_in_a_worker(**env) -> list[str]:
     return out.stdout.split()
 
 
+@pytest.mark.slow
 def test_xdist_processes_share_the_cores():
     cores = len(os.sched_getaffinity(0))
     share = str(max(1, cores // 64))
     assert _threads_in_a_worker(PYTEST_XDIST_WORKER_COUNT="64") == [share, share]
 
 
+@pytest.mark.slow
 def test_explicit_thread_settings_win():
     # one process alone would get every core; the explicit settings say one thread
     assert _threads_in_a_worker(PYTEST_XDIST_WORKER_COUNT="1", OMP_NUM_THREADS="1",
                                 TORCHINDUCTOR_COMPILE_THREADS="1") == ["1", "1"]
 
 
+@pytest.mark.slow
 def test_without_xdist_torch_keeps_its_default():
     threads, _ = _threads_in_a_worker()
     base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTEST_XDIST_WORKER_COUNT")}

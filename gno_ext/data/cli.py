@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from gno_ext.data.generate import dataset_info, generate
@@ -15,6 +16,18 @@ from gno_ext.data.presets import PRESETS, SIZES
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``gno-data`` command; a bad path or argument is one line on stderr and exit status 2
+    (``GNO_EXT_DEBUG=1`` for the traceback)."""
+    try:
+        return _main(argv)
+    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as err:
+        if os.environ.get("GNO_EXT_DEBUG"):
+            raise
+        print(f"gno-data: error: {err.args[0] if isinstance(err, KeyError) and err.args else err}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gno-data", description="Generate and inspect gno_ext datasets.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the presets")

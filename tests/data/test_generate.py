@@ -135,6 +135,7 @@ def test_cli(tmp_path, capsys):
         generate("heat", "smoke", tmp_path)
 
 
+@pytest.mark.slow
 def test_a_killed_generation_resumes(tmp_path):
     import os
     import signal
@@ -213,6 +214,7 @@ def test_a_listed_shard_that_was_truncated_is_made_again(tmp_path, capsys):
     assert len(GeneratedDataset(root, split=key.split("/")[0])) > 0
 
 
+@pytest.mark.slow
 def test_a_second_process_waits_for_the_first_and_only_our_temporaries_are_removed(tmp_path):
     """(Before, two processes generating into one folder with different shard sizes both exited 0
     and left duplicated trajectories.)"""

@@ -143,6 +143,7 @@ def test_kernels_compiled_for_ada_and_h100_fit_their_shared_memory(arch):
 
 
 @needs_triton
+@pytest.mark.slow
 def test_fused_kernels_match_the_pytorch_path_in_tritons_interpreter():
     """Forward pass and every gradient (description, state, weights, biases, norm parameters)
     of the fused kernels equal the PyTorch path in float32, and the FLOP counts agree."""

@@ -370,6 +370,7 @@ def test_row_move_is_a_gather_both_ways():
     assert "index_select" in " ".join(ops.names) and not any("index_add" in n or "scatter" in n for n in ops.names)
 
 
+@pytest.mark.slow
 def test_chunked_kernel_bank_compiles_into_one_graph_with_gradients():
     """The chunked path (row moves, products, attention) traces with ``fullgraph=True``, and
     the compiled forward and backward passes match eager mode."""

@@ -220,6 +220,7 @@ def test_kernels_compiled_for_a100_ada_and_h100_fit_their_shared_memory(monkeypa
 
 
 @needs_triton
+@pytest.mark.slow
 def test_kernels_match_the_reference_in_tritons_interpreter():
     """Forward, input, weight and bias gradients of the Triton kernels (run by Triton's CPU
     interpreter, in a process of its own: the interpreter is chosen when the kernels are

@@ -67,6 +67,7 @@ def test_backward_tiles_keys_up_to_one_tile_of_queries():
 
 
 @needs_triton
+@pytest.mark.slow
 def test_float32_takes_the_kernels_only_where_they_fit(monkeypatch):
     """Float32 inputs take the kernels at head widths up to 64 on devices that allow an H100's
     227 KiB per program, not on an A100's 163 or an Ada GPU's 99 KiB. Under `torch.compile`
@@ -226,6 +227,7 @@ print("interpreted attention agrees")
 
 
 @needs_triton
+@pytest.mark.slow
 def test_kernels_match_the_reference_in_tritons_interpreter():
     """Output, log-sum-exp and the gradients of queries, keys and values of the Triton kernels
     (Triton's CPU interpreter, a process of its own) equal `scaled_dot_product_attention` in

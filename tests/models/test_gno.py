@@ -308,6 +308,7 @@ def test_boundary_description_is_the_sum_of_its_embeddings():
     assert kind.unique().numel() == len(BCType)
 
 
+@pytest.mark.slow
 def test_gno_compiles_into_one_graph():
     """`torch.compile(fullgraph=True)` traces the whole forward pass, boundary features of every
     type included (a graph break would split CUDA graphs and run that part eagerly), with the
@@ -450,6 +451,7 @@ print("tf32 settings followed")
 
 
 @pytest.mark.skipif(not hasattr(torch.backends.cuda.matmul, "fp32_precision"), reason="PyTorch without fp32_precision")
+@pytest.mark.slow
 def test_tf32_allowed_follows_both_of_pytorchs_settings():
     """`tf32_allowed` (which picks the kernels' float32 product precision and the float32
     attention path) follows ``allow_tf32``, `torch.set_float32_matmul_precision` and the newer

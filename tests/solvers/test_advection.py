@@ -91,6 +91,7 @@ def test_bad_input_errors():
         solve_advection(u0, v * float("nan"), bc, [0.1])
 
 
+@pytest.mark.slow
 def test_compiled_transport_matches_eager():
     grid = Grid((16, 16))
     x, y = grid.coordinates(torch.float32)

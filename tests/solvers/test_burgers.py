@@ -11,6 +11,7 @@ from .conftest import F64
 PI = math.pi
 
 
+@pytest.mark.slow
 def test_low_viscosity_is_stable_and_respects_the_maximum_principle():
     grid = Grid((64, 64))
     u0 = gaussian_random_field(grid, [11, 12], channels=2, length_scale=0.3, dtype=F64)

@@ -25,6 +25,7 @@ def test_every_case_has_bounds():
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.slow
 def test_observed_order_of_convergence(name):
     low, high, finest = BOUNDS[name]
     errors, orders = CASES[name].run()

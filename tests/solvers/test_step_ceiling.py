@@ -15,6 +15,7 @@ def _bc(kind, batch=2):
     return BoundarySpec.from_types([kind] * 4, batch_size=batch)
 
 
+@pytest.mark.slow
 def test_advection_names_the_velocity():
     velocity = torch.ones(2, 2, 16, 16)
     velocity[1] *= 1e8

@@ -123,7 +123,7 @@ def test_sizes_come_from_data_not_yaml(cache):
 
 
 def test_bad_recipe_and_arguments(train_module):
-    with pytest.raises(SystemExit, match="unknown; available"):
+    with pytest.raises(SystemExit, match=r"--recipe .heat-nonexistent.: unknown; did you mean heat-joint\? \(available: "):
         train_module.compose("heat-nonexistent", [])
     with pytest.raises(SystemExit):
         train_module.parse(["--recipe", "heat-param", "--epochs", "3"])  # overrides are key=value

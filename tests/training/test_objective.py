@@ -58,6 +58,7 @@ def test_sharded_objective_equals_one_process(dro):
     assert abs(float(own) - float(expected)) > 1e-3
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_match_one(tmp_path, cache):
     """2 CPU processes (torchrun, gloo, a GNO whose gate routes samples to different kernels)
     give the loss and gradients of 1 process holding the same global batch."""

@@ -86,6 +86,7 @@ def test_a_later_run_in_the_same_process_may_change_precision(train_module, tmp_
     assert result["step"] == 1
 
 
+@pytest.mark.slow
 def test_existing_run_and_resume_checks(train_module, tmp_path):
     args = ["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}", "trainer.epochs=1", *QUIET]
     train_module.main(args)
@@ -99,6 +100,7 @@ def test_existing_run_and_resume_checks(train_module, tmp_path):
     assert fresh["step"] == 4
 
 
+@pytest.mark.slow
 def test_a_folder_that_is_not_a_run_is_never_deleted_resumed_or_trained_into(train_module, tmp_path):
     """(Before, overwrite=true deleted whatever run_dir= named, a dataset or a user's notes, and
     resume=auto started a fresh run in such a folder.)"""
@@ -128,6 +130,7 @@ def test_a_folder_that_is_not_a_run_is_never_deleted_resumed_or_trained_into(tra
     assert (run / ".gno_ext_run").is_file()
 
 
+@pytest.mark.slow
 def test_a_failing_overwrite_leaves_the_old_run_and_bad_settings_are_named(train_module, tmp_path):
     args = ["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}", "trainer.epochs=1", *QUIET]
     done = train_module.main(args)
@@ -167,6 +170,7 @@ def test_a_failing_overwrite_leaves_the_old_run_and_bad_settings_are_named(train
     assert latest_checkpoint(Path(done["run_dir"])) is not None
 
 
+@pytest.mark.slow
 def test_kill_and_resume_reaches_the_samerun_weights(tmp_path, cache):
     """A run killed (SIGKILL) mid-training and resumed with resume=auto ends with exactly the
     weights of an uninterrupted run (CPU, deterministic)."""
@@ -225,6 +229,7 @@ def test_a_damaged_training_checkpoint_names_its_weights_file(tmp_path):
         load_training_checkpoint(path, model, opt, sched)
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path, cache):
     """torchrun with 2 CPU processes (gloo) and batch 2 each trains like 1 process with batch 4:
     the same global batches, the objective reduced across processes, one run folder; with the
@@ -307,6 +312,7 @@ def test_cpu_processes_meet_in_a_barrier_without_a_device(monkeypatch):
     assert calls == [("accelerate",)]
 
 
+@pytest.mark.slow
 def test_a_failing_process_names_its_root_cause_to_torchrun(tmp_path, cache):
     """recipes/train.py records a failing process's exception for the launcher, so torchrun's
     summary shows the traceback of the root cause, not only an exit code."""
@@ -389,6 +395,7 @@ def test_non_finite_training_data_is_named_before_training(train_module, tmp_pat
     assert not any(tmp_path.rglob("*.safetensors"))
 
 
+@pytest.mark.slow
 def test_dataloader_workers_give_the_losses_of_the_main_process(train_module, tmp_path):
     """Workers (kept alive across epochs) read the batches the sampler chose for each epoch:
     two epochs with 2 workers log exactly the losses of reading in the main process."""
@@ -402,6 +409,7 @@ def test_dataloader_workers_give_the_losses_of_the_main_process(train_module, tm
     assert len(losses[0]) == 8 and losses[2] == losses[0]
 
 
+@pytest.mark.slow
 def test_trl_on_a_well_layout_dataset(train_module, tmp_path, trl_root):
     result = train_module.main(["--recipe", "trl", "size=smoke", f"data.root={trl_root}", f"output_root={tmp_path}",
                                 *QUIET])
@@ -431,6 +439,7 @@ def test_gradient_accumulation_matches_the_larger_batch(train_module, tmp_path):
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=5e-5, msg=key)
 
 
+@pytest.mark.slow
 def test_flat_parameters_train_like_the_parameters_themselves(train_module, tmp_path):
     """trainer.flat_parameters (the default) takes the optimizer steps of an AdamW over the
     parameters themselves: both phases of the curriculum, gradient clipping on."""
@@ -444,6 +453,7 @@ def test_flat_parameters_train_like_the_parameters_themselves(train_module, tmp_
         torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-6, msg=key)
 
 
+@pytest.mark.slow
 def test_ema_weights_are_the_final_model_and_survive_resume(train_module, tmp_path):
     args = ["--recipe", "heat-param", "size=smoke", "trainer.ema.enabled=true", "trainer.ema.decay=0.5",
             "eval.enabled=false", f"run_dir={tmp_path / 'run'}", *QUIET]
@@ -461,6 +471,7 @@ def test_ema_weights_are_the_final_model_and_survive_resume(train_module, tmp_pa
                  ["n_averaged"]) == 8
 
 
+@pytest.mark.slow
 def test_ddp_with_kernels_a_batch_does_not_select(tmp_path, cache):
     """GatedFNO runs only each sample's kernel, so a process's batch leaves kernels without
     gradient; with find_unused_parameters=auto the 2-process run trains, and (checked here so the
@@ -475,6 +486,7 @@ def test_ddp_with_kernels_a_batch_does_not_select(tmp_path, cache):
     assert off.returncode != 0 and "were not used in producing loss" in off.stderr
 
 
+@pytest.mark.slow
 def test_the_process_group_is_destroyed_after_the_ddp_model(tmp_path, cache):
     """Destroyed while the DDP model was alive, gloo's process group could lose its last
     reference in DDP's reducer, whose destructor joins gloo's worker thread while holding the
@@ -489,6 +501,7 @@ def test_the_process_group_is_destroyed_after_the_ddp_model(tmp_path, cache):
     assert sorted(alive) == [("0", "0"), ("1", "0")], out.stdout[-3000:]
 
 
+@pytest.mark.slow
 def test_custom_recipe_on_a_users_file(train_module, tmp_path, custom_file):
     """--recipe custom on an .npz: trajectories split 8/1/1 in consecutive blocks, trained and
     evaluated; an empty split is a clear error."""

@@ -1,0 +1,70 @@
+"""The command line a new user meets: one clear line for a mistake, with the closest valid name,
+recipe descriptions in --list, the default recipe, and Ctrl-C's hint to resume."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gno_ext.data.cli import main as gno_data
+
+from ._recipes import RECIPES, load_recipe
+
+train = load_recipe("train")
+
+
+@pytest.mark.parametrize("override,message", [
+    ("trainer.epoch=3", "error: trainer.epoch: no such setting; did you mean trainer.epochs?"),
+    ("trainer.dro.tua=2", "error: trainer.dro.tua: no such setting; did you mean trainer.dro.tau?"),
+    ("model=gnoo", "error: model=gnoo: unknown; did you mean gno? (available: "),
+    ("size=papr", "error: size=papr: unknown; did you mean paper? (available: bench, paper, small, smoke)"),
+])
+def test_a_misspelled_setting_or_config_name_gets_one_line_with_the_closest_valid_one(override, message):
+    """(Before: about 40 lines of Hydra traceback advising `+key=value`.)"""
+    with pytest.raises(SystemExit) as error:
+        train.compose("heat-param", ["size=smoke", override])
+    text = str(error.value)
+    assert text.startswith(message) and "\n" not in text and "+trainer" not in text
+    with pytest.raises(SystemExit, match=r"--recipe 'heat-parm': unknown; did you mean heat-param\?"):
+        train.compose("heat-parm")
+
+
+def test_list_describes_the_recipes_and_print_config_needs_no_recipe(capsys):
+    train.main(["--list"])
+    out = capsys.readouterr().out
+    assert "  heat-bc                Heat equation at fixed alpha = 0.1" in out
+    assert all(f"  {r}" in out for r in train.available("recipe"))
+    train.main(["--print-config", "size=smoke"])  # the default recipe: the README's main job
+    assert "name: heat-param" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_bad_paths_give_one_line(tmp_path, capsys):
+    assert gno_data(["info", str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err.strip() == f"gno-data: error: {tmp_path / 'nothing'}: no manifest.json (not a " \
+                                              "generated dataset folder)"
+    done = subprocess.run([sys.executable, str(RECIPES / "evaluate.py"), str(tmp_path / "nothing")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.strip() == f"error: {tmp_path / 'nothing'}: not a run folder " \
+                                                          "(no config.yaml)"
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_training_is_one_line_with_the_way_to_resume(tmp_path):
+    env = {**os.environ, "GNO_EXT_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, str(RECIPES / "train.py"), "size=small", f"output_root={tmp_path}",
+                             "trainer.progress=false", "trainer.tensorboard=false", "trainer.num_workers=0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    for line in proc.stdout:  # interrupted once training has started
+        if line.startswith("run "):
+            break
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert err.strip().splitlines()[-1] == ("interrupted: the last checkpoint is kept; run the same command with "
+                                            "resume=auto to continue")
+    assert "Traceback" not in err
