@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--checkpoint", help="checkpoint or model folder (default: RUN/model, else the newest checkpoint)")
     parser.add_argument("--out", help="report folder (default: RUN/eval for the final model, RUN/eval/<checkpoint> "
                                       "for another checkpoint)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a report already in the output folder")
     parser.add_argument("--steps", type=int, help="rollout steps (default: the run's eval.steps)")
     parser.add_argument("--split", help="split to evaluate (default: test)")
     parser.add_argument("--max-trajectories", type=int, help="evaluate at most this many trajectories")
@@ -34,7 +35,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     overrides = {k: v for k, v in (("steps", args.steps), ("split", args.split),
                                    ("max_trajectories", args.max_trajectories)) if v is not None}
-    report = evaluate_saved(args.run, args.checkpoint, args.out, overrides, args.device, args.precision)
+    report = evaluate_saved(args.run, args.checkpoint, args.out, overrides, args.device, args.precision,
+                            overwrite=args.overwrite)
     n = report["nmse"]
     print(f"{report['trajectories']} trajectories, {report['steps']} steps: nMSE {n['mean']:.4e} +- {n['std']:.4e}, "
           f"worst group {n['worst_group']['label']} {n['worst_group']['nmse_mean']:.4e}; relative L2 "
@@ -48,7 +50,7 @@ if __name__ == "__main__":
 
     try:
         main()
-    except (FileNotFoundError, ValueError, KeyError) as err:  # a bad path or setting: one line
+    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as err:  # a bad path or setting: one line
         if os.environ.get("GNO_EXT_DEBUG"):
             raise
         print(f"error: {err}", file=sys.stderr)

@@ -5,10 +5,12 @@ own predictions fed back). Per trajectory:
 
 * nMSE $= \|\hat u - u\|^2 / \|u - \bar u\|^2$ over the whole rollout (time, channels, space);
 * relative L2 $= \|\hat u - u\| / \|u\|$ over the rollout;
-* the per-step nMSE (each step on its own), averaged into an error curve.
+* the per-step nMSE (each step on its own), averaged into an error curve, beside that of
+  persistence (the input frame copied forward: what a model that learnt nothing scores).
 
 The report gives the mean and standard deviation over trajectories and the worst DRO group
-(boundary configuration x parameter bin, the same groups training uses).
+(boundary configuration x parameter bin, the same groups training uses), and shows the rollouts
+of the worst, the median and the best trajectory.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from gno_ext.losses import nmse, relative_l2
 from gno_ext.models.rollout import rollout
-from gno_ext.schema import collate
+from gno_ext.schema import BCType, collate
 from gno_ext.training.data import GroupBinner, batch_to
 
 __all__ = ["evaluate_rollouts", "write_report"]
@@ -50,33 +52,49 @@ def evaluate_rollouts(model: nn.Module, dataset: Dataset, indices: list[int], st
         The training run's groups.
     device, batch_size, autocast_dtype
     keep_examples : int
-        Trajectories kept (prediction and truth) for the figures.
+        Trajectories kept (prediction and truth) for the figures: the worst, the median and the
+        best by nMSE, in that order (at most 3; they are rolled out again once chosen).
 
     Returns
     -------
     dict
-        ``nmse``, ``rel_l2`` (per trajectory, numpy), ``per_step`` (trajectories x steps),
-        ``theta``, ``group``, ``examples`` and ``steps``.
+        ``nmse``, ``rel_l2`` (per trajectory, numpy), ``per_step`` and ``per_step_persistence``
+        (trajectories x steps), ``theta``, ``group``, ``examples`` and ``steps``.
     """
     model.eval()
     device = torch.device(device)
-    loader = DataLoader(Subset(dataset, indices), batch_size=batch_size, shuffle=False, collate_fn=collate)
-    out: dict[str, list] = {"nmse": [], "rel_l2": [], "per_step": [], "theta": [], "group": []}
-    examples: list[dict[str, np.ndarray]] = []
-    for batch in loader:
-        batch = batch_to(batch, device)
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            pred = rollout(model, batch, steps).float()
-        truth = batch.u_out[:, :steps].float()
+
+    def roll(chosen: list[int]):
+        loader = DataLoader(Subset(dataset, chosen), batch_size=batch_size, shuffle=False, collate_fn=collate)
+        for batch in loader:
+            batch = batch_to(batch, device)
+            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                pred = rollout(model, batch, steps).float()
+            yield batch, pred, batch.u_out[:, :steps].float()
+
+    out: dict[str, list] = {"nmse": [], "rel_l2": [], "per_step": [], "per_step_persistence": [], "theta": [],
+                            "group": []}
+    for batch, pred, truth in roll(indices):
+        still = batch.u_in[:, -1:].float().expand_as(truth)  # persistence: the input frame copied forward
         out["nmse"].append(nmse(pred, truth).cpu())
         out["rel_l2"].append(relative_l2(pred, truth).cpu())
         out["per_step"].append(torch.stack([nmse(pred[:, k], truth[:, k]) for k in range(steps)], 1).cpu())
+        out["per_step_persistence"].append(torch.stack([nmse(still[:, k], truth[:, k]) for k in range(steps)], 1).cpu())
         out["theta"].append(batch.theta.cpu())
         out["group"].append(binner(batch.theta.cpu(), batch.bc.kind.cpu()))
-        for b in range(min(keep_examples - len(examples), len(pred))):
-            examples.append({"pred": pred[b].cpu().numpy(), "truth": truth[b].cpu().numpy(),
-                             "theta": batch.theta[b].cpu().numpy()})
     result: dict[str, Any] = {k: torch.cat(v).numpy() for k, v in out.items()}
+    order = np.argsort(result["nmse"], kind="stable")
+    picks = [("worst", int(order[-1])), ("median", int(order[len(order) // 2])), ("best", int(order[0]))]
+    picks = picks[:max(0, min(keep_examples, 3))]
+    examples: list[dict[str, Any]] = []
+    if picks:  # rolled out again (the same result: evaluation is deterministic), in the picks' order
+        rows = [(batch, pred, truth) for batch, pred, truth in roll([indices[i] for _, i in picks])]
+        flat = [(b, p[j], t[j], j) for b, p, t in rows for j in range(len(p))]
+        for (label, i), (batch, pred, truth, j) in zip(picks, flat):
+            kinds = [BCType(int(k)).name.lower() for k in batch.bc.kind[j].tolist()]
+            examples.append({"pred": pred.cpu().numpy(), "truth": truth.cpu().numpy(), "label": label,
+                             "theta": batch.theta[j].cpu().numpy(), "boundary": kinds,
+                             "nmse": float(result["nmse"][i])})
     result["examples"], result["steps"] = examples, steps
     return result
 
@@ -95,6 +113,8 @@ def summarize(result: Mapping[str, Any], binner: GroupBinner) -> dict[str, Any]:
         "nmse": {"mean": float(e.mean()), "std": float(e.std()), "worst_group": worst},
         "rel_l2": {"mean": float(result["rel_l2"].mean()), "std": float(result["rel_l2"].std())},
         "per_step_nmse": [float(x) for x in result["per_step"].mean(0)],
+        "per_step_nmse_persistence": [float(x) for x in result["per_step_persistence"].mean(0)]
+        if "per_step_persistence" in result else [],
         "groups": per_group,
     }
 
@@ -108,7 +128,11 @@ def _figures(result: Mapping[str, Any], out: Path, log_theta: bool, parameter: s
     files = []
     fig, ax = plt.subplots(figsize=(5, 3.2))
     curve = result["per_step"].mean(0)
-    ax.semilogy(np.arange(1, len(curve) + 1), curve, marker="o")
+    ax.semilogy(np.arange(1, len(curve) + 1), curve, marker="o", label="model")
+    if "per_step_persistence" in result:
+        still = result["per_step_persistence"].mean(0)
+        ax.semilogy(np.arange(1, len(still) + 1), still, ls="--", color="grey", label="persistence (input copied)")
+        ax.legend(fontsize=8)
     ax.set(xlabel="rollout step", ylabel="nMSE (mean over trajectories)", title="error along the rollout")
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -149,11 +173,14 @@ def _figures(result: Mapping[str, Any], out: Path, log_theta: bool, parameter: s
                     a.set_yticks([])
                 a.set_title(f"{name}, step {k + 1}", fontsize=9)
         theta = ", ".join(f"{v:.3g}" for v in np.atleast_1d(ex["theta"]))
-        fig.suptitle(f"rollout {n} (theta = {theta})", fontsize=10)
+        what = f"{ex['label']} trajectory (nMSE {ex['nmse']:.3g}), " if "label" in ex else f"rollout {n}, "
+        faces = f", faces {'/'.join(ex['boundary'])}" if ex.get("boundary") else ""
+        fig.suptitle(f"{what}{parameter} = {theta}{faces}", fontsize=10)
         fig.tight_layout()
-        fig.savefig(out / f"rollout_{n}.png", dpi=100)
+        name = f"rollout_{ex.get('label', n)}.png"
+        fig.savefig(out / name, dpi=100)
         plt.close(fig)
-        files.append(f"rollout_{n}.png")
+        files.append(name)
     return files
 
 
@@ -173,17 +200,24 @@ def write_report(result: Mapping[str, Any], binner: GroupBinner, out_dir: str | 
     lines = [f"# Evaluation: {summary.get('recipe', '')} {summary.get('model', '')}".rstrip(), "",
              f"{summary['trajectories']} test trajectories, autoregressive rollout of {summary['steps']} steps"
              + (f" ({PRECISION_NAMES.get(summary['precision'], summary['precision'])})." if "precision" in summary else "."), "",
+             "nMSE is the squared error of a trajectory's rollout divided by its variance about its mean, "
+             r"$\|\hat u - u\|^2 / \|u - \bar u\|^2$ over all steps, channels and points (0 is perfect, 1 the "
+             r"error of predicting the mean); relative L2 is $\|\hat u - u\| / \|u\|$.", "",
              "| metric | mean | std |", "|---|---|---|",
              f"| nMSE | {n['mean']:.4e} | {n['std']:.4e} |", f"| relative L2 | {r['mean']:.4e} | {r['std']:.4e} |", "",
              f"Worst group: {n['worst_group']['label']} (nMSE {n['worst_group']['nmse_mean']:.4e}, "
              f"{n['worst_group']['n']} trajectories).", "", "| group | trajectories | nMSE | rel. L2 |", "|---|---|---|---|"]
     lines += [f"| {g['label']} | {g['n']} | {g['nmse_mean']:.4e} | {g['rel_l2_mean']:.4e} |" for g in summary["groups"]]
-    lines += ["", "Per-step nMSE: " + ", ".join(f"{x:.3e}" for x in summary["per_step_nmse"]), "",
-              "Each rollout starts from a trajectory's initial condition, so its first step is the one-step "
+    lines += ["", "Per-step nMSE: " + ", ".join(f"{x:.3e}" for x in summary["per_step_nmse"]), ""]
+    if summary["per_step_nmse_persistence"]:
+        lines += ["Persistence (the input frame copied forward): "
+                  + ", ".join(f"{x:.3e}" for x in summary["per_step_nmse_persistence"]), ""]
+    lines += ["Each rollout starts from a trajectory's initial condition, so its first step is the one-step "
               "prediction from frame 0. Training and the one-step validation draw windows from every start "
               "frame, and for decaying or smoothing dynamics (heat) the step from the rough initial "
               "condition is much harder than the later ones: a first step well above the one-step "
-              "validation error is expected there, not a defect of the rollout.", ""]
+              "validation error is expected there, not a defect of the rollout. The rollouts shown are "
+              "those of the worst, the median and the best trajectory.", ""]
     lines += [f"![{f}]({f})" for f in summary["figures"]]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     return summary

@@ -806,7 +806,7 @@ def training_groups(cfg: Mapping[str, Any], train_ds: Dataset) -> tuple[Any, Any
 
 def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, out_dir: str | Path | None = None,
                    overrides: Mapping[str, Any] | None = None, device: str | None = None,
-                   precision: str | None = None) -> dict[str, Any]:
+                   precision: str | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Evaluate a finished or running run from its folder (what ``recipes/evaluate.py`` does).
 
     Parameters
@@ -828,6 +828,8 @@ def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, ou
         ``trainer.precision``, resolved as training resolves it (`choose_precision`); float32
         elsewhere. So the report reproduces the one that training wrote at its end on the same
         kind of device.
+    overwrite : bool
+        Replace a report already in the output folder (default: refuse, naming it).
     """
     from gno_ext.models.registry import from_checkpoint
 
@@ -855,6 +857,9 @@ def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, ou
     if out_dir is None:
         own = checkpoint.resolve() == (run_dir / "model").resolve()
         out_dir = run_dir / "eval" if own else run_dir / "eval" / _checkpoint_label(run_dir, checkpoint)
+    if (Path(out_dir) / "report.json").exists() and not overwrite:
+        raise FileExistsError(f"{Path(out_dir) / 'report.json'}: an earlier report is there; write this one elsewhere "
+                              "(--out DIR) or replace it (--overwrite)")
     return evaluate_run(cfg, model, training_groups(cfg, train_ds)[3], Path(out_dir), device, precision,
                         checkpoint=str(checkpoint))
 

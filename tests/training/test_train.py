@@ -47,10 +47,16 @@ def test_heat_param_smoke_end_to_end(train_module, tmp_path):
     assert report["steps"] == 5  # smoke trajectories have 6 frames: eval.steps is capped
     assert report["nmse"]["mean"] > 0 and len(report["per_step_nmse"]) == 5
     assert report["nmse"]["worst_group"]["nmse_mean"] >= report["nmse"]["mean"] - 1e-12
-    for name in ("per_step_nmse.png", "error_vs_parameter.png", "rollout_0.png", "report.md"):
+    for name in ("per_step_nmse.png", "error_vs_parameter.png", "rollout_worst.png", "report.md"):  # eval.figures=1
         assert (run / "eval" / name).stat().st_size > 0
+    # the report shows the worst, median and best trajectories, persistence beside the model, and says what nMSE is
+    assert len(report["per_step_nmse_persistence"]) == report["steps"]
+    text = (run / "eval" / "report.md").read_text()
+    assert "divided by its variance about its mean" in text and "Persistence (the input frame copied forward)" in text
     # recipes/evaluate.py reproduces the numbers from the saved model
     evaluate = load_recipe("evaluate")
+    with pytest.raises(FileExistsError, match=r"eval/report.json: an earlier report is there; .*--overwrite"):
+        evaluate.main([str(run)])  # never replaced silently
     again = evaluate.main([str(run), "--out", str(tmp_path / "again")])
     assert again["nmse"]["mean"] == pytest.approx(report["nmse"]["mean"], rel=1e-6)
     # ... in the precision that training used at its end (on a GPU: bf16 autocast), which the report names
