@@ -39,7 +39,7 @@ above 128; more boundary tokens per sample than `gno_ext.layers._boundary_kernel
 their PyTorch paths. Each row's ``ran`` says which paths the step took, read from
 the operators that ran while its FLOPs were counted.
 
-    python recipes/bench_model.py --device cuda --batch 1 256 --out docs/benchmarks/model_h100.json
+    python recipes/bench_model.py --device cuda --batch 1 256 --out benchmarks/history/model_h100.json
     python recipes/bench_model.py --batch 256 --modes graphs --chunk 0 4     # gathered kernels against chunks of 4
     python recipes/bench_model.py --batch 256 --modes graphs --boundary fused unfused   # boundary operator paths
     python recipes/bench_model.py --batch 32 --shape 128 384 --channels 4    # The Well TRL size

@@ -24,7 +24,7 @@ and their gradients copied back. Two regimes:
     registers. A step holds ``BK`` keys' scores instead of all keys', and the tiles are
     software-pipelined (the next keys load while the current ones are used): at the GNO's
     sizes (64 queries, 65 or 97 keys) 26 to 28 % faster on an H100 than the query-tiled kernel
-    (docs/benchmarks.md, eleventh round). More queries (`_token_attention_backward`): the
+    (benchmarks/history.md, eleventh round). More queries (`_token_attention_backward`): the
     program loops over the query tiles, writing ``dq`` for each and accumulating ``dk`` and
     ``dv`` for all keys in registers;
 
@@ -66,7 +66,7 @@ __all__ = ["CONFIG", "FLOAT32_MAX_HEAD_DIM", "FLOAT32_SHARED_MEMORY", "KEY_TILED
            "key_tiled", "one_tile", "supported", "token_attention",
            "token_attention_backward"]
 
-# Launch configuration of each pass (chosen by sweeps on an H100, docs/benchmarks.md): BQ
+# Launch configuration of each pass (chosen by sweeps on an H100, benchmarks/history.md): BQ
 # queries per tile (an upper bound, reduced to the query count), BK keys per tile, warps per
 # program, pipelining stages. "backward_keys": the key-tiled backward pass (up to
 # KEY_TILED_QUERIES queries); "backward": the query-tiled one (more queries). "forward_tiles" and
@@ -84,7 +84,7 @@ KEY_TILED_QUERIES = 64  # queries (padded to a power of two) up to which the bac
 # passes loop over key tiles. At 64 queries and 97 keys (head width 32, padded to 128) one
 # tile's forward pass is faster (51.9 against 55.4 us at batch 256); at 192 queries and 193
 # keys (padded to 256) the tiled passes are (forward 19.9 against 22.0 us, forward + backward
-# 72.8 against 107.1 us at batch 32; H100, compiled, bf16; docs/benchmarks.md, fifteenth round).
+# 72.8 against 107.1 us at batch 32; H100, compiled, bf16; benchmarks/history.md, fifteenth round).
 MAX_TILE = 4096
 MAX_HEAD_DIM = 128  # head width (padded to a power of two) that the kernels take
 # Float32 operands take twice the shared memory of 16-bit ones. Compiled by Triton 3.9 for an
@@ -92,7 +92,7 @@ MAX_HEAD_DIM = 128  # head width (padded to a power of two) that the kernels tak
 # up to 168 KiB at head width 16 (the query-tiled backward pass over one tile of 256 keys),
 # 129 KiB at widths 32 and 64 and 240 KiB at 128: more than an A100 (163 KiB) or an Ada GPU
 # (99 KiB) lets a program use, and at width 128 more than an H100 (227 KiB); in 16-bit types
-# at most 81 KiB (docs/benchmarks.md, seventeenth round; tests/layers/test_token_attention.py).
+# at most 81 KiB (benchmarks/history.md, seventeenth round; tests/layers/test_token_attention.py).
 # So float32 inputs take the kernels only on devices that allow FLOAT32_SHARED_MEMORY bytes per
 # program, at head widths up to FLOAT32_MAX_HEAD_DIM (`float32_fits`); elsewhere
 # `gno_ext.layers.attention.attend_tokens` runs scaled_dot_product_attention.

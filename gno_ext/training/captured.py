@@ -3,7 +3,7 @@
 The host's work in a training step (Python, the optimizer's launches) can take longer than the
 GPU's: on the paper-size GNO at batch 256 an H100 step took 13.6 ms with the model's own CUDA
 graphs and the optimizer run from Python, 8.9 ms with the whole step in one graph
-(docs/benchmarks.md, sixth round). `CapturedSteps` brings the whole-step capture to the
+(benchmarks/history.md, sixth round). `CapturedSteps` brings the whole-step capture to the
 training loop and keeps the loop's semantics:
 
 * one graph for the forward and backward passes, the move of the gradients into the flat

@@ -4,7 +4,7 @@ PyTorch's multi-tensor optimizers (``foreach`` and ``fused``) split their work i
 a bounded number of tensors; each launch waits for the one before, and a launch of many small
 tensors leaves most of a GPU idle. The paper-size GNO has 378 parameter tensors: on an H100
 (torch 2.11) its fused AdamW step took 11 launches and 0.74 ms of GPU time in a profiled
-training step, where one flat tensor of the same size takes about 0.16 ms (docs/benchmarks.md,
+training step, where one flat tensor of the same size takes about 0.16 ms (benchmarks/history.md,
 sixth and eighth rounds).
 
 `FlatParameters` moves the parameters of each optimizer group into one contiguous buffer (one
@@ -139,7 +139,7 @@ class FlatParameters:
         for flat, grad, params, views in self._buffers:
             # one multi-tensor copy into the gradient's views. For the paper-size GNO's 378
             # gradients on an H100 it took 120 us against 237 us for a `torch.cat` into the
-            # buffer (docs/benchmarks.md, tenth round).
+            # buffer (benchmarks/history.md, tenth round).
             targets, grads, missing = [], [], []
             for p, view in zip(params, views):  # one pass: sort the views, release the grads
                 if p.grad is None:

@@ -175,7 +175,7 @@ def capture_step(fn: Callable[[], Any], warmup: int = 3, pool: Any = None, strea
     capturable=True)``) and a model compiled *without* CUDA graphs of its own
     (`compile_model` with ``mode=True``). On the paper-size GNO at batch 256 this took an H100
     training step from 13.6 to 8.9 ms against ``mode="reduce-overhead"``, which leaves the
-    optimizer step to Python (docs/benchmarks.md, sixth round).
+    optimizer step to Python (benchmarks/history.md, sixth round).
 
     Two pitfalls:
 
