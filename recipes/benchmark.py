@@ -396,6 +396,16 @@ def write_figures(tables: dict[str, Any], results: Path, folder: Path) -> list[P
 
     written = []
     folder.mkdir(parents=True, exist_ok=True)
+
+    def save(fig, ax, title: str, stem: str) -> None:
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = folder / f"{stem}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
     for name, table in tables.items():
         found = [json.loads(p.read_text()) for p in sorted((results / name).glob("*/*.json"))]
         for recipe in table["recipes"]:
@@ -409,14 +419,8 @@ def write_figures(tables: dict[str, Any], results: Path, folder: Path) -> list[P
                             ls="--" if row == "persistence" else "-", label=f"{row} ({len(rs)} seed{'s' * (len(rs) > 1)})")
             ax.set_xlabel("rollout step")
             ax.set_ylabel("nMSE of the step")
-            ax.set_title(f"{name}: {recipe}")
             ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=8)
-            fig.tight_layout()
-            path = folder / f"{name}-{recipe}-per_step.png"
-            fig.savefig(path, dpi=110)
-            plt.close(fig)
-            written.append(path)
+            save(fig, ax, f"{name}: {recipe}", f"{name}-{recipe}-per_step")
             grouped = [(row, rs) for row, rs in shown if all(r.get("groups") for r in rs)]
             if grouped:
                 labels = [g["label"] for g in grouped[0][1][0]["groups"]]
@@ -429,13 +433,7 @@ def write_figures(tables: dict[str, Any], results: Path, folder: Path) -> list[P
                 ax.set_yscale("log")
                 ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels, rotation=60, ha="right", fontsize=7)
                 ax.set_ylabel("rollout nMSE")
-                ax.set_title(f"{name}: {recipe}, error per group")
-                ax.legend(fontsize=8)
-                fig.tight_layout()
-                path = folder / f"{name}-{recipe}-groups.png"
-                fig.savefig(path, dpi=110)
-                plt.close(fig)
-                written.append(path)
+                save(fig, ax, f"{name}: {recipe}, error per group", f"{name}-{recipe}-groups")
     return written
 
 
