@@ -224,3 +224,32 @@ def test_compiles_into_one_graph(key):
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="eager", fullgraph=True)
     assert torch.allclose(run(compiled, batch), run(model, batch), atol=1e-5)
+
+
+def test_cape_module_makes_no_host_tensor_on_another_device():
+    """The CAPE module runs on a device without making tensors on the host: a host tensor copied
+    to the GPU inside the step makes the step impossible to capture in a CUDA graph. On the meta
+    device, any intermediate tensor that lands on the CPU is such a copy. (The old low-pass
+    branch built its frequencies on the CPU and moved them, and failed this test.)"""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from gno_ext.models.baselines.cape import CAPE
+
+    class HostTensors(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            outs = out if isinstance(out, (tuple, list)) else [out]
+            if any(isinstance(o, torch.Tensor) and o.device.type == "cpu" and o.dim() > 0 for o in outs):
+                self.ops.append(str(func))
+            return out
+
+    for ndim in (1, 2, 3):
+        module = CAPE(in_channels=1, n_params=2, ndim=ndim, widening=8, norm_dim=16, modes=3).to("meta")
+        x = torch.empty(2, 1, *[12] * ndim, device="meta", requires_grad=True)
+        with HostTensors() as mode:
+            module(x, torch.empty(2, 2, device="meta")).sum().backward()
+        assert mode.ops == [], f"{ndim}-D: host tensors made by {sorted(set(mode.ops))}"

@@ -67,9 +67,10 @@ class CAPE(nn.Module):
         spec = torch.fft.rfftn(h.float(), dim=dims)
         mask = torch.ones(spec.shape[2:], dtype=torch.bool, device=h.device)
         for axis, n in enumerate(spec.shape[2:]):
-            freq = torch.fft.rfftfreq(h.shape[-1], 1.0 / h.shape[-1]) if axis == self.ndim - 1 else \
-                torch.fft.fftfreq(h.shape[2 + axis], 1.0 / h.shape[2 + axis])
-            keep = freq.abs().to(h.device) < self.modes
+            # frequencies made on the device: no host-to-device copy, so the step can be captured
+            freq = torch.fft.rfftfreq(h.shape[-1], 1.0 / h.shape[-1], device=h.device) if axis == self.ndim - 1 \
+                else torch.fft.fftfreq(h.shape[2 + axis], 1.0 / h.shape[2 + axis], device=h.device)
+            keep = freq.abs() < self.modes
             mask = mask & keep.view(*([1] * axis), -1, *([1] * (self.ndim - axis - 1)))
         return torch.fft.irfftn(spec * mask, s=h.shape[2:], dim=dims).to(h.dtype)
 
