@@ -28,7 +28,8 @@ def check(tmp_path, body, head=""):
 def test_a_clean_page_passes(tmp_path):
     (tmp_path / "figure.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     assert check(tmp_path, "<p>Text, <code>$$x$$</code> in code is fine.</p><ul><li>a list</li></ul>"
-                           "<img src='figure.png'>") == []
+                           "<img src='figure.png'><div class='doc-signature'><pre><code>f(\n    a: int,\n)"
+                           "</code></pre></div>") == []
 
 
 @pytest.mark.parametrize("body,head,expected", [
@@ -40,6 +41,8 @@ def test_a_clean_page_passes(tmp_path):
     ("<img src='missing.png'>", "", "broken image: missing.png"),
     ("<p>x</p>", "<script src='https://cdn.example.org/lib.js'></script>", "loads from another host"),
     ("<script>undefinedFunction()</script>", "", "console: "),
+    ("<div class='doc-signature highlight'><pre><code>f(" + ", ".join(f"a{i}: int = 0" for i in range(12))
+     + ")</code></pre></div>", "", "an API signature not wrapped"),
 ])
 def test_each_fault_fails_the_page(tmp_path, body, head, expected):
     problems = check(tmp_path, body, head)

@@ -11,7 +11,9 @@ it to nothing). A page fails on:
 * math that did not render: ``$$``, ``$\\command``, ``\\(`` or ``\\[`` left in the text, a formula MathJax did
   not typeset, or one it typeset as an error (a ``|`` that split a table cell, say);
 * a broken image (its file is not in the site);
-* a list run into the paragraph before it (Markdown needs a blank line before a list).
+* a list run into the paragraph before it (Markdown needs a blank line before a list);
+* an API signature line longer than 100 characters (mkdocstrings wraps signatures only when
+  Ruff or Black is installed: the ``docs`` extra installs Ruff).
 
 Chromium comes from the system (``apt-get install chromium`` on Debian); ``--chromium`` names
 another binary.
@@ -37,6 +39,7 @@ RESOURCE_ATTRS = {("script", "src"), ("img", "src"), ("iframe", "src"), ("source
 RAW_MATH = re.compile(r"\$\$|\$\\[A-Za-z{]|\\\(|\\\)|\\\[|\\\]")  # $$, $\cmd, \( \) \[ \]
 RUN_IN_LIST = re.compile(r"\n\s*(?:[-*+]|\d+\.)\s+\S")
 CONSOLE = re.compile(r":CONSOLE[:(].*?\]\s*(.*)$")
+MAX_SIGNATURE_LINE = 100
 
 
 class _Page(HTMLParser):
@@ -51,8 +54,10 @@ class _Page(HTMLParser):
         self.resources: list[tuple[str, str]] = []
         self.images: list[str] = []
         self.math = self.math_rendered = self.math_errors = 0
+        self.signatures: list[str] = []
         self._paragraph: list[str] | None = None
         self._math_depth: list[int] = []
+        self._signature_depth: int | None = None
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = {k: v or "" for k, v in attrs}
@@ -68,6 +73,9 @@ class _Page(HTMLParser):
             self.resources.append((tag, a["href"]))
         if tag == "img":
             self.images.append(a.get("src", ""))
+        if tag == "div" and "doc-signature" in a.get("class", "").split() and self._signature_depth is None:
+            self._signature_depth = len(self.stack)
+            self.signatures.append("")
         if "arithmatex" in a.get("class", "").split():
             self.math += 1
             self._math_depth.append(len(self.stack))
@@ -82,11 +90,15 @@ class _Page(HTMLParser):
                 pass
         if self._math_depth and len(self.stack) < self._math_depth[-1]:
             self._math_depth.pop()
+        if self._signature_depth is not None and len(self.stack) < self._signature_depth:
+            self._signature_depth = None
         if tag == "p" and self._paragraph is not None:
             self.paragraphs.append("".join(self._paragraph))
             self._paragraph = None
 
     def handle_data(self, data: str) -> None:
+        if self._signature_depth is not None:
+            self.signatures[-1] += data
         if SKIPPED_TEXT & set(self.stack):
             return
         self.text.append(data)
@@ -151,6 +163,12 @@ def check_page(site: Path, page: Path, base: str, chromium: str, timeout: float 
         if match:
             context = paragraph[max(0, match.start() - 50): match.end() + 30].replace("\n", " / ")
             problems.append(f"a list run into its paragraph (a blank line is missing before it): ...{context}...")
+    for signature in parsed.signatures:
+        long = [line for line in signature.splitlines() if len(line) > MAX_SIGNATURE_LINE]
+        if long:
+            problems.append(f"an API signature not wrapped ({len(long[0])} characters; is Ruff installed?): "
+                            f"{long[0][:60]}...")
+            break
     return problems
 
 
