@@ -75,8 +75,11 @@ class GeneratedDataset(Dataset):
                     "dt": float(f["dimensions/time"][1] - f["dimensions/time"][0]),
                     "grid": Grid(tuple(len(c) for c in dims), tuple(float(len(c) * (c[1] - c[0])) for c in dims)),
                     "preset": str(f["gno_ext"].attrs.get("preset", "")),
+                    "parameter_names": [n.decode() if isinstance(n, bytes) else str(n)
+                                        for n in f["gno_ext"].attrs.get("parameter_names", [])],
                 })
                 lengths += [t] * n
+        self.parameter_names = self.meta_per_file[0]["parameter_names"]  # the columns of theta
         self.index = [(i, j) for i, m in enumerate(self.meta_per_file) for j in range(m["n"])
                       if parameter_filter is None or parameter_filter(float(m["theta"][j, 0]))]
         if not self.index:

@@ -7,7 +7,8 @@
 
 Reads the run's ``config.yaml`` (data, groups) and a model folder (the run's final ``model/`` by
 default, or any checkpoint), rolls out every test trajectory and writes ``report.json``,
-``report.md`` and the figures (per-step error, error versus parameter, rollouts). On a GPU the
+``report.md`` and the figures (per-step error, error versus parameter and by boundary
+configuration, the training curve, rollouts). On a GPU the
 rollouts run in the run's ``trainer.precision`` (as at the end of training), elsewhere in float32.
 """
 

@@ -166,6 +166,18 @@ def parameter_values(ds: Dataset) -> Tensor:
     return ds[0].theta.reshape(1, -1)
 
 
+def parameter_names(ds: Dataset, n_params: int, first: str | None = None) -> list[str]:
+    """The names of the ``n_params`` parameters (the columns of ``theta``): those the data's
+    metadata records (gno_ext's ``parameter_names``, The Well's ``constant_scalar_names``,
+    PDEBench's), else ``first`` (a recipe's ``parameter``) for the first and ``theta<p>`` for the
+    others."""
+    inner = ds.datasets[0] if isinstance(ds, ConcatDataset) else ds
+    names = [str(n) for n in (getattr(inner, "parameter_names", None) or [])]
+    if len(names) == n_params:
+        return names
+    return [first if p == 0 and first else f"theta{p}" for p in range(n_params)]
+
+
 def data_spec(ds: Dataset, log_params: Sequence[bool] | None = None, values: Tensor | None = None) -> DataSpec:
     """Model sizes of ``ds``. A parameter is normalised on a log scale when it is positive and
     spans more than a decade in the training data (unless ``log_params`` says otherwise);
@@ -239,12 +251,21 @@ class GroupBinner:
     bins : int
         Bins per parameter.
     log_params : sequence of bool
+    names : sequence of str, optional
+        The parameters' names, for the groups' labels (``alpha in [0.1, 0.2]``; default
+        ``theta0``, ``theta1``, ...).
     """
 
-    def __init__(self, values: Tensor, kinds: np.ndarray, bins: int, log_params: Sequence[bool]) -> None:
+    def __init__(self, values: Tensor, kinds: np.ndarray, bins: int, log_params: Sequence[bool],
+                 names: Sequence[str] | None = None) -> None:
         if bins < 1:
             raise ValueError(f"trainer.dro.bins: must be >= 1, got {bins}")
+        if names is not None and len(names) != values.shape[1]:
+            raise ValueError(f"names: expected {values.shape[1]} parameter names, got {list(names)}")
+        self.names = [str(n) for n in names] if names is not None else [f"theta{p}" for p in range(values.shape[1])]
         self.edges: list[list[float]] = []
+        # where each distinct value has a bin of its own: those values (a label names the value)
+        self.points: list[list[float] | None] = []
         self.log = [bool(x) for x in log_params]
         for p in range(values.shape[1]):
             v = values[:, p].double()
@@ -258,8 +279,10 @@ class GroupBinner:
                 else:
                     lo, hi = distinct[0] - 1 - distinct[0].abs(), distinct[-1] + 1 + distinct[-1].abs()
                 edges = torch.cat([lo.reshape(1), mids, hi.reshape(1)])
+                self.points.append(distinct.tolist())
             else:
                 edges = inv(torch.linspace(float(f(v.min())), float(f(v.max())), bins + 1, dtype=torch.float64))
+                self.points.append(None)
             self.edges.append(edges.tolist())
         self.configurations = [tuple(int(k) for k in row) for row in np.unique(np.asarray(kinds), axis=0)]
         self._config_id = {c: i for i, c in enumerate(self.configurations)}
@@ -283,17 +306,31 @@ class GroupBinner:
         bins = bin_parameters(theta.double(), self.edges)
         return config * self.n_bins + bins
 
-    def label(self, group: int) -> str:
-        """A readable name of group ``group`` (its boundary configuration and parameter ranges)."""
+    def configuration(self, group: int) -> int:
+        """The boundary configuration (an index into ``configurations``) of group ``group``."""
+        return int(group) // self.n_bins
+
+    def boundary_label(self, configuration: int) -> str:
+        """A configuration's boundary types, face by face (``dirichlet/neumann/periodic/periodic``)."""
         from gno_ext.schema import BCType
 
+        return "/".join(BCType(k).name.lower() for k in self.configurations[configuration])
+
+    def label(self, group: int) -> str:
+        """A readable name of group ``group``: its boundary types and each parameter's range, or
+        its value where the training data has one value per bin (a parameter that does not vary
+        is left out: ``dirichlet/.../periodic, alpha = 0.1`` would say nothing)."""
         config, rest = divmod(int(group), self.n_bins)
         bins = []
         for edges in reversed(self.edges):  # bin_parameters combines parameter 0 first
             rest, b = divmod(rest, len(edges) - 1)
             bins.insert(0, b)
-        parts = ["/".join(BCType(k).name.lower() for k in self.configurations[config])]
-        parts += [f"theta{p} in [{e[b]:.4g}, {e[b + 1]:.4g}]" for p, (e, b) in enumerate(zip(self.edges, bins))]
+        parts = [self.boundary_label(config)]
+        for name, edges, points, b in zip(self.names, self.edges, self.points, bins):
+            if points is None:
+                parts.append(f"{name} in [{edges[b]:.4g}, {edges[b + 1]:.4g}]")
+            elif len(points) > 1:
+                parts.append(f"{name} = {points[b]:.4g}")
         return ", ".join(parts)
 
 

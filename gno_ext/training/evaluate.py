@@ -8,9 +8,10 @@ own predictions fed back). Per trajectory:
 * the per-step nMSE (each step on its own), averaged into an error curve, beside that of
   persistence (the input frame copied forward: what a model that learnt nothing scores).
 
-The report gives the mean and standard deviation over trajectories and the worst DRO group
-(boundary configuration x parameter bin, the same groups training uses), and shows the rollouts
-of the worst, the median and the best trajectory.
+The report gives the mean and standard deviation over trajectories, the error of every DRO
+group (boundary configuration x parameter bin, the same groups training uses) and of every
+boundary configuration, the training loss curve where the run's ``metrics.jsonl`` is given, and
+shows the rollouts of the worst, the median and the best trajectory.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def evaluate_rollouts(model: nn.Module, dataset: Dataset, indices: list[int], st
     -------
     dict
         ``nmse``, ``rel_l2`` (per trajectory, numpy), ``per_step`` and ``per_step_persistence``
-        (trajectories x steps), ``theta``, ``group``, ``examples`` and ``steps``.
+        (trajectories x steps), ``theta``, ``group``, ``boundary`` (each trajectory's boundary
+        types, a list of names), ``examples`` and ``steps``.
     """
     model.eval()
     device = torch.device(device)
@@ -73,7 +75,7 @@ def evaluate_rollouts(model: nn.Module, dataset: Dataset, indices: list[int], st
             yield batch, pred, batch.u_out[:, :steps].float()
 
     out: dict[str, list] = {"nmse": [], "rel_l2": [], "per_step": [], "per_step_persistence": [], "theta": [],
-                            "group": []}
+                            "group": [], "boundary": []}
     for batch, pred, truth in roll(indices):
         still = batch.u_in[:, -1:].float().expand_as(truth)  # persistence: the input frame copied forward
         out["nmse"].append(nmse(pred, truth).cpu())
@@ -82,7 +84,9 @@ def evaluate_rollouts(model: nn.Module, dataset: Dataset, indices: list[int], st
         out["per_step_persistence"].append(torch.stack([nmse(still[:, k], truth[:, k]) for k in range(steps)], 1).cpu())
         out["theta"].append(batch.theta.cpu())
         out["group"].append(binner(batch.theta.cpu(), batch.bc.kind.cpu()))
-    result: dict[str, Any] = {k: torch.cat(v).numpy() for k, v in out.items()}
+    result: dict[str, Any] = {k: torch.cat(v).numpy() for k, v in out.items() if k != "boundary"}
+    # each trajectory's boundary configuration, named as the report's table names it
+    result["boundary"] = [binner.boundary_label(binner.configuration(g)) for g in result["group"]]
     order = np.argsort(result["nmse"], kind="stable")
     picks = [("worst", int(order[-1])), ("median", int(order[len(order) // 2])), ("best", int(order[0]))]
     picks = picks[:max(0, min(keep_examples, 3))]
@@ -108,6 +112,10 @@ def summarize(result: Mapping[str, Any], binner: GroupBinner) -> dict[str, Any]:
         per_group.append({"group": int(g), "label": binner.label(int(g)), "n": int(sel.sum()),
                           "nmse_mean": float(e[sel].mean()), "rel_l2_mean": float(result["rel_l2"][sel].mean())})
     worst = max(per_group, key=lambda r: r["nmse_mean"])
+    configs = np.array([binner.configuration(g) for g in groups], dtype=np.int64)
+    per_boundary = [{"boundary": binner.boundary_label(int(c)), "n": int((configs == c).sum()),
+                     "nmse_mean": float(e[configs == c].mean()), "rel_l2_mean": float(result["rel_l2"][configs == c].mean())}
+                    for c in np.unique(configs)]
     return {
         "trajectories": int(len(e)), "steps": int(result["steps"]),
         "nmse": {"mean": float(e.mean()), "std": float(e.std()), "worst_group": worst},
@@ -116,10 +124,29 @@ def summarize(result: Mapping[str, Any], binner: GroupBinner) -> dict[str, Any]:
         "per_step_nmse_persistence": [float(x) for x in result["per_step_persistence"].mean(0)]
         if "per_step_persistence" in result else [],
         "groups": per_group,
+        "boundaries": per_boundary,
     }
 
 
-def _figures(result: Mapping[str, Any], out: Path, log_theta: bool, parameter: str) -> list[str]:
+def read_metrics(path: str | Path) -> dict[str, tuple[list[int], list[float]]]:
+    """A run's ``metrics.jsonl`` as ``{name: (steps, values)}`` (a line cut short by an
+    interrupted write is skipped)."""
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    for line in Path(path).read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        for key, value in row.items():
+            if key != "step" and isinstance(value, (int, float)):
+                steps, values = series.setdefault(key, ([], []))
+                steps.append(int(row.get("step", len(steps))))
+                values.append(float(value))
+    return series
+
+
+def _figures(result: Mapping[str, Any], out: Path, log_theta: bool, parameter: str,
+             boundaries: list[dict[str, Any]], metrics: Path | None) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -151,6 +178,34 @@ def _figures(result: Mapping[str, Any], out: Path, log_theta: bool, parameter: s
         fig.savefig(out / "error_vs_parameter.png", dpi=120)
         plt.close(fig)
         files.append("error_vs_parameter.png")
+    if len(boundaries) > 1:  # error by boundary configuration: every trajectory, and the mean
+        configs = sorted({b["boundary"] for b in boundaries})
+        fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(configs)), 3.4))
+        for x, name in enumerate(configs):
+            errors = result["nmse"][np.array(result["boundary"]) == name]
+            ax.scatter(x + np.linspace(-0.15, 0.15, len(errors)), errors, s=8, alpha=0.5, color="C0")
+            ax.plot([x - 0.25, x + 0.25], [errors.mean()] * 2, color="C3", lw=2)
+        ax.set_xticks(range(len(configs)), [c.replace("/", "/\n") for c in configs], fontsize=7)
+        ax.set_yscale("log")
+        ax.set(ylabel="rollout nMSE", title="error by boundary configuration (red: mean)")
+        ax.grid(alpha=0.3, axis="y")
+        fig.tight_layout()
+        fig.savefig(out / "error_by_boundary.png", dpi=120)
+        plt.close(fig)
+        files.append("error_by_boundary.png")
+    series = read_metrics(metrics) if metrics is not None and Path(metrics).is_file() else {}
+    if "train/loss" in series:
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        ax.semilogy(*series["train/loss"], lw=1, label="training loss")
+        if "valid/nmse_one_step" in series:
+            ax.semilogy(*series["valid/nmse_one_step"], marker="o", label="one-step validation nMSE")
+        ax.set(xlabel="optimizer step", title="training")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "training_curve.png", dpi=120)
+        plt.close(fig)
+        files.append("training_curve.png")
     for n, ex in enumerate(result["examples"]):
         pred, truth = ex["pred"][:, 0], ex["truth"][:, 0]  # channel 0, (steps, *S)
         if pred.ndim == 4:  # 3-D: the middle slice of the last axis
@@ -189,12 +244,19 @@ PRECISION_NAMES = {"no": "float32", "bf16": "bf16 autocast", "fp16": "fp16 autoc
 
 def write_report(result: Mapping[str, Any], binner: GroupBinner, out_dir: str | Path,
                  info: Mapping[str, Any] | None = None, log_theta: bool = False,
-                 parameter: str = "theta[0]", figures: bool = True) -> dict[str, Any]:
-    """Write ``report.json``, ``report.md`` and the PNG figures into ``out_dir``; return the summary."""
+                 parameter: str | None = None, figures: bool = True, metrics: str | Path | None = None
+                 ) -> dict[str, Any]:
+    """Write ``report.json``, ``report.md`` and the PNG figures into ``out_dir``; return the summary.
+
+    ``parameter`` names the first parameter in the figures (default: the binner's name for it,
+    so the figures and the group labels agree); ``metrics`` is the run's ``metrics.jsonl``, whose
+    training loss and validation error make the training curve."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    parameter = parameter or (binner.names[0] if binner.names else "theta0")
     summary = {**(info or {}), **summarize(result, binner)}
-    summary["figures"] = _figures(result, out, log_theta, parameter) if figures else []
+    summary["figures"] = _figures(result, out, log_theta, parameter, summary["boundaries"],
+                                  Path(metrics) if metrics else None) if figures else []
     (out / "report.json").write_text(json.dumps(summary, indent=1))
     n, r = summary["nmse"], summary["rel_l2"]
     lines = [f"# Evaluation: {summary.get('recipe', '')} {summary.get('model', '')}".rstrip(), "",
@@ -208,6 +270,10 @@ def write_report(result: Mapping[str, Any], binner: GroupBinner, out_dir: str | 
              f"Worst group: {n['worst_group']['label']} (nMSE {n['worst_group']['nmse_mean']:.4e}, "
              f"{n['worst_group']['n']} trajectories).", "", "| group | trajectories | nMSE | rel. L2 |", "|---|---|---|---|"]
     lines += [f"| {g['label']} | {g['n']} | {g['nmse_mean']:.4e} | {g['rel_l2_mean']:.4e} |" for g in summary["groups"]]
+    if 1 < len(summary["boundaries"]) < len(summary["groups"]):  # else the groups are the configurations
+        lines += ["", "| boundary configuration | trajectories | nMSE | rel. L2 |", "|---|---|---|---|"]
+        lines += [f"| {b['boundary']} | {b['n']} | {b['nmse_mean']:.4e} | {b['rel_l2_mean']:.4e} |"
+                  for b in summary["boundaries"]]
     lines += ["", "Per-step nMSE: " + ", ".join(f"{x:.3e}" for x in summary["per_step_nmse"]), ""]
     if summary["per_step_nmse_persistence"]:
         lines += ["Persistence (the input frame copied forward): "

@@ -63,6 +63,7 @@ from gno_ext.training.data import (
     data_spec,
     model_kwargs_from_data,
     open_split,
+    parameter_names,
     parameter_values,
     prepare_data,
     resolved_root,
@@ -774,7 +775,7 @@ def _final_evaluation(cfg: dict[str, Any], model: nn.Module, binner: GroupBinner
     (main process only)."""
     if not cfg.get("eval", {}).get("enabled", True):
         return None
-    report = evaluate_run(cfg, model, binner, run_dir / "eval", device, precision)
+    report = evaluate_run(cfg, model, binner, run_dir / "eval", device, precision, metrics=run_dir / "metrics.jsonl")
     worst = report["nmse"]["worst_group"]
     say(f"test rollout ({report['steps']} steps, {report['trajectories']} trajectories): nMSE "
         f"{report['nmse']['mean']:.4e} +- {report['nmse']['std']:.4e}, worst group {worst['label']} "
@@ -801,7 +802,8 @@ def training_groups(cfg: Mapping[str, Any], train_ds: Dataset) -> tuple[Any, Any
     configurations x parameter bins)."""
     values, kinds = parameter_values(train_ds), window_boundary_kinds(train_ds)
     spec = data_spec(train_ds, cfg["data"].get("log_params"), values)
-    return spec, values, kinds, GroupBinner(values, kinds, int(cfg["trainer"]["dro"]["bins"]), spec.log_params)
+    names = parameter_names(train_ds, values.shape[1], cfg.get("recipe", {}).get("parameter"))
+    return spec, values, kinds, GroupBinner(values, kinds, int(cfg["trainer"]["dro"]["bins"]), spec.log_params, names)
 
 
 def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, out_dir: str | Path | None = None,
@@ -861,7 +863,7 @@ def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, ou
         raise FileExistsError(f"{Path(out_dir) / 'report.json'}: an earlier report is there; write this one elsewhere "
                               "(--out DIR) or replace it (--overwrite)")
     return evaluate_run(cfg, model, training_groups(cfg, train_ds)[3], Path(out_dir), device, precision,
-                        checkpoint=str(checkpoint))
+                        checkpoint=str(checkpoint), metrics=run_dir / "metrics.jsonl")
 
 
 def _checkpoint_label(run_dir: Path, checkpoint: Path) -> str:
@@ -876,11 +878,12 @@ def _checkpoint_label(run_dir: Path, checkpoint: Path) -> str:
 
 
 def evaluate_run(cfg: Mapping[str, Any], model: nn.Module, binner: GroupBinner, out_dir: Path,
-                 device: torch.device | str = "cpu", precision: str = "no", checkpoint: str | None = None
-                 ) -> dict[str, Any]:
+                 device: torch.device | str = "cpu", precision: str = "no", checkpoint: str | None = None,
+                 metrics: Path | None = None) -> dict[str, Any]:
     """Roll out ``model`` on the test split of ``cfg``'s data and write the report into ``out_dir``
     (``precision``: ``"bf16"`` or ``"fp16"`` for autocast, ``"no"`` for float32; the report
-    records it, and ``checkpoint``, the folder the model came from, where given)."""
+    records it, and ``checkpoint``, the folder the model came from, where given; ``metrics``,
+    the run's ``metrics.jsonl``, gives the report its training curve)."""
     ev, data_cfg = cfg.get("eval", {}), cfg["data"]
     t_in = int(data_cfg.get("n_steps_input", 1))
     steps = int(ev.get("steps", 10))
@@ -899,5 +902,5 @@ def evaluate_run(cfg: Mapping[str, Any], model: nn.Module, binner: GroupBinner, 
     info = {"recipe": cfg["recipe"]["name"], "model": cfg["model"]["name"], "size": cfg.get("size"), "split": split,
             "precision": precision, **({"checkpoint": checkpoint} if checkpoint else {})}
     log_theta = bool(binner.log and binner.log[0])
-    return write_report(result, binner, out_dir, info, log_theta=log_theta,
-                        parameter=str(cfg["recipe"].get("parameter", "theta[0]")), figures=int(ev.get("figures", 3)) > 0)
+    return write_report(result, binner, out_dir, info, log_theta=log_theta, figures=int(ev.get("figures", 3)) > 0,
+                        metrics=metrics)

@@ -25,6 +25,7 @@ def test_every_preset_generates_at_smoke_size_and_reads_back(name, tmp_path):
     s = ds[0]
     assert torch.isfinite(s.u_in).all() and torch.isfinite(s.u_out).all()
     assert s.grid.shape == (preset.resolution["smoke"],) * preset.ndim
+    assert ds.parameter_names == [preset.parameter]  # the name the reports and group labels use
     assert (root / "stats.yaml").exists()
 
 

@@ -1,11 +1,16 @@
-"""The rollout report: the worst, median and best trajectories, persistence beside the model."""
+"""The rollout report: the worst, median and best trajectories, persistence beside the model,
+the parameter's name, the error by boundary configuration and the training curve."""
+
+import json
 
 import numpy as np
+import pytest
 import torch
 
 from gno_ext.adapters import ArrayDataset
-from gno_ext.training.data import GroupBinner
-from gno_ext.training.evaluate import evaluate_rollouts, write_report
+from gno_ext.schema import BCType, BoundarySpec
+from gno_ext.training.data import GroupBinner, parameter_names
+from gno_ext.training.evaluate import evaluate_rollouts, read_metrics, write_report
 
 
 class Scale(torch.nn.Module):
@@ -32,3 +37,68 @@ def test_examples_are_the_worst_median_and_best_and_persistence_is_reported(tmp_
     summary = write_report(result, binner, tmp_path, parameter="alpha")
     assert {"rollout_worst.png", "rollout_median.png", "rollout_best.png"} <= set(summary["figures"])
     assert len(summary["per_step_nmse_persistence"]) == 3
+
+
+def test_group_labels_name_the_parameter_and_leave_out_one_that_does_not_vary():
+    kinds = np.array([[1, 1, 1, 1], [2, 2, 2, 2]])
+    binner = GroupBinner(torch.linspace(0.1, 0.9, 20)[:, None], kinds, 2, [False], names=["alpha"])
+    labels = {binner.label(g) for g in range(binner.n_groups)}
+    assert labels == {"dirichlet/dirichlet/dirichlet/dirichlet, alpha in [0.1, 0.5]",
+                      "dirichlet/dirichlet/dirichlet/dirichlet, alpha in [0.5, 0.9]",
+                      "neumann/neumann/neumann/neumann, alpha in [0.1, 0.5]",
+                      "neumann/neumann/neumann/neumann, alpha in [0.5, 0.9]"}, labels
+    # few distinct values: a bin each, named by its value
+    few = GroupBinner(torch.tensor([[0.01], [0.1], [1.0]]), kinds[:1], 8, [True], names=["nu"])
+    assert [few.label(g) for g in range(few.n_groups)] == [f"dirichlet/dirichlet/dirichlet/dirichlet, nu = {v}"
+                                                          for v in ("0.01", "0.1", "1")]
+    # heat-bc: alpha fixed at 0.1, so the groups are the boundary configurations alone
+    fixed = GroupBinner(torch.full((6, 1), 0.1), kinds, 8, [False], names=["alpha"])
+    assert [fixed.label(g) for g in range(fixed.n_groups)] == ["dirichlet/dirichlet/dirichlet/dirichlet",
+                                                              "neumann/neumann/neumann/neumann"]
+    assert GroupBinner(torch.zeros(3, 2), kinds, 2, [False, False]).names == ["theta0", "theta1"]
+    with pytest.raises(ValueError, match="expected 1 parameter names"):
+        GroupBinner(torch.zeros(3, 1), kinds, 2, [False], names=["a", "b"])
+
+
+def test_parameter_names_come_from_the_data_else_the_recipe():
+    class Named(torch.utils.data.Dataset):
+        parameter_names = ["tcool"]
+
+        def __len__(self):
+            return 1
+
+    assert parameter_names(Named(), 1, "ignored") == ["tcool"]
+    assert parameter_names(torch.utils.data.ConcatDataset([Named(), Named()]), 1) == ["tcool"]
+    unnamed = ArrayDataset(np.zeros((2, 3, 1, 4, 4), np.float32), theta=np.zeros((2, 2), np.float32))
+    assert parameter_names(unnamed, 2, "alpha") == ["alpha", "theta1"]
+
+
+def test_report_has_the_error_by_boundary_configuration_and_the_training_curve(tmp_path):
+    g = torch.Generator().manual_seed(1)
+    n = 6
+    u = torch.randn(n, 4, 1, 8, 8, generator=g).numpy()
+    theta = np.array([0.1, 0.6, 0.2, 0.5, 0.3, 0.4], np.float32)[:, None]  # each configuration in both bins
+    kind = torch.tensor([[int(BCType.DIRICHLET)] * 4] * 3 + [[int(BCType.NEUMANN)] * 4] * 3)
+    bc = BoundarySpec(kind, torch.zeros(n, 4, 1, 8))
+    ds = ArrayDataset(u, theta=theta, bc=bc, n_steps_output=3)
+    binner = GroupBinner(torch.as_tensor(theta), kind.numpy(), 2, [False], names=["alpha"])  # 2 bins a configuration
+    result = evaluate_rollouts(Scale(), ds, list(range(n)), 3, binner, keep_examples=3)
+    assert result["boundary"] == ["dirichlet/dirichlet/dirichlet/dirichlet"] * 3 + ["neumann/neumann/neumann/neumann"] * 3
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "train/loss": 1.0 / s} for s in range(1, 6)] + [{"step": 5, "valid/nmse_one_step": 0.3}]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 6, "train/lo')  # a cut-off line
+    assert read_metrics(metrics)["train/loss"] == ([1, 2, 3, 4, 5], [1.0, 0.5, 1 / 3, 0.25, 0.2])
+    summary = write_report(result, binner, tmp_path / "eval", metrics=metrics)
+    by = {b["boundary"]: b for b in summary["boundaries"]}
+    assert by["dirichlet/dirichlet/dirichlet/dirichlet"]["nmse_mean"] == pytest.approx(float(result["nmse"][:3].mean()))
+    assert by["neumann/neumann/neumann/neumann"]["n"] == 3
+    assert {"error_by_boundary.png", "training_curve.png", "error_vs_parameter.png"} <= set(summary["figures"])
+    report = (tmp_path / "eval" / "report.md").read_text()
+    assert "| neumann/neumann/neumann/neumann | 3 |" in report
+    assert "theta" not in report.replace("theta_", "")  # the parameter is called alpha everywhere
+    # one configuration: no plot by configuration, and no curve without metrics
+    one = GroupBinner(torch.as_tensor(theta), np.zeros((n, 4), np.int64), 1, [False])  # periodic
+    plain = evaluate_rollouts(Scale(), ArrayDataset(u, theta=theta, n_steps_output=3), list(range(n)), 3, one,
+                              keep_examples=0)
+    figures = write_report(plain, one, tmp_path / "plain")["figures"]
+    assert "error_by_boundary.png" not in figures and "training_curve.png" not in figures
