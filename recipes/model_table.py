@@ -19,6 +19,7 @@ import train  # recipes/train.py (this script's folder is on the path)
 RECEIVES = {
     "gno": ("frames, theta, v(x), boundary (types and data)", "this project (the GNO paper)"),
     "gated_fno": ("frames, theta", "this project (gated neuraloperator FNO)"),
+    "gno_fno": ("frames, theta, v(x), boundary (types and data)", "this project (the GNO on neuraloperator's FNO)"),
     "vit": ("the k frames only", "ViT-k baseline (GNO paper)"),
     "concat": ("frames, theta, v(x) as channels", "Concat baseline (GNO paper)"),
     "cape_unet": ("frames, theta", "Takamoto et al. 2023 (CAPE)"),
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> str:
         receives, source = RECEIVES[cfg["model"]["name"]]
         if not cfg["model"]["kwargs"].get("boundary_transfer", True):
             receives = "frames, theta, v(x); no boundary transfer (ablation)"
+        elif cfg["model"]["kwargs"].get("n_kernels", 2) == 1 and cfg["model"]["name"] in ("gno", "gno_fno"):
+            receives += "; one kernel (ablation)"
         lines.append(f"| `{name}` | `{cfg['model']['name']}` | {receives} | {n / 1e6:.2f} M | {source} |")
     text = "\n".join(lines)
     print(text)

@@ -51,6 +51,15 @@ class FullPrecisionSpectralConv(SpectralConv):
 class GatedSpectralConv(BaseSpectralConv):
     r"""``K`` ``SpectralConv`` kernels selected per sample by a `ParameterGate` on $\theta$.
 
+    The input's Fourier transform is taken once for the whole batch; each sample's retained
+    modes are then multiplied by its own kernel's weights (gathered per sample, so only the
+    selected kernel's weights enter a sample's output and gradient), and one inverse transform
+    follows. The shapes are static and nothing is read on the host, so the layer compiles into
+    CUDA graphs and a training step with it can be captured. It computes what each sample's
+    ``SpectralConv`` computes (tested against running the kernels one by one, gradients
+    included). Separable and complex-data kernels run one by one instead (`dispatch`, which
+    reads the kernels' sample counts on the host); so does ``static = False``.
+
     Parameters
     ----------
     in_channels, out_channels : int
@@ -66,7 +75,7 @@ class GatedSpectralConv(BaseSpectralConv):
         Passed to every ``SpectralConv`` (``FNOBlocks`` passes its factorisation, precision...).
     """
 
-    dispatches = True  # only each sample's kernel runs (see `gno_ext.layers.mixture.has_dispatch`)
+    static = True  # the gathered-weight path where the kernels allow it (see the class docstring)
 
     def __init__(self, in_channels: int, out_channels: int, n_modes: Any, n_kernels: int = 4,
                  n_params: int = 1, gate_hidden: int = 32, **spectral_kwargs: Any) -> None:
@@ -76,6 +85,20 @@ class GatedSpectralConv(BaseSpectralConv):
         self.gate = ParameterGate(n_params, n_kernels, gate_hidden)
         self.theta: Tensor | None = None
         self.last_routing = None
+
+    @property
+    def takes_static_path(self) -> bool:
+        """Whether `forward` takes the gathered-weight path (else it dispatches kernel by kernel)."""
+        first = self.kernels[0]
+        return self.static and not first.separable and not first.complex_data and first.fno_block_precision == "full"
+
+    @property
+    def dispatches(self) -> bool:
+        """Whether a step can leave a kernel without a gradient (DDP then needs
+        ``find_unused_parameters``, `gno_ext.layers.mixture.has_dispatch`): the kernel-by-kernel
+        dispatch can, when a batch selects no sample for a kernel; the static path keeps every
+        kernel in the graph (a kernel no sample selected gets a zero gradient)."""
+        return not self.takes_static_path
 
     @property
     def n_modes(self) -> Any:
@@ -99,7 +122,50 @@ class GatedSpectralConv(BaseSpectralConv):
             raise ValueError(f"theta: batch size {self.theta.shape[0]} does not match x's {x.shape[0]}")
         routing = self.gate(self.theta)
         self.last_routing = routing
+        if self.takes_static_path:
+            return self._gathered(x, routing.index, output_shape) * _per_sample(routing.weight, x.ndim)
         return dispatch(self.kernels, routing, x, output_shape=output_shape)
+
+    def _gathered(self, x: Tensor, index: Tensor, output_shape: Any = None) -> Tensor:
+        """Every sample through kernel ``index[b]``: the steps of ``SpectralConv.forward`` (its
+        transforms, mode selection and bias) with the contraction done per sample."""
+        first = self.kernels[0]
+        if x.dtype in (torch.bfloat16, torch.float16):  # cuFFT has no bf16 transform (FullPrecisionSpectralConv)
+            x = x.float()
+        batch, _, *sizes = x.shape
+        dims = list(range(-first.order, 0))
+        fft_size = [*sizes[:-1], sizes[-1] // 2 + 1]
+        spectrum = torch.fft.rfftn(x, norm=first.fft_norm, dim=dims)
+        if first.order > 1:
+            spectrum = torch.fft.fftshift(spectrum, dim=dims[:-1])
+        # the retained modes, centred on frequency 0 after the shift, as SpectralConv picks them
+        starts = [top - min(size, n) for size, n, top in zip(fft_size, first.n_modes, first.max_n_modes)]
+        cut = [slice(a // 2, -(a // 2)) if a // 2 else slice(None) for a in starts[:-1]]
+        cut.append(slice(None, -starts[-1]) if starts[-1] else slice(None))
+        weights = torch.stack([k.weight.to_tensor() for k in self.kernels])[(slice(None),) * 3 + tuple(cut)]
+        modes = [slice(size // 2 - kept // 2, size // 2 + kept // 2 + kept % 2)
+                 for size, kept in zip(fft_size[:-1], weights.shape[3:-1])]
+        modes.append(slice(None, weights.shape[-1]))
+        region = (slice(None), slice(None), *modes)
+        axes = "xyzw"[:first.order]
+        product = torch.einsum(f"bi{axes},bio{axes}->bo{axes}", spectrum[region], weights.index_select(0, index))
+        out = spectrum.new_zeros(batch, first.out_channels, *fft_size)
+        out[region] = product
+        if first.order > 1:
+            out = torch.fft.fftshift(out, dim=dims[:-1])
+        if output_shape is not None:
+            sizes = list(output_shape)
+        elif first.resolution_scaling_factor is not None:
+            sizes = [round(s * r) for s, r in zip(sizes, first.resolution_scaling_factor)]
+        y = torch.fft.irfftn(out, s=sizes, dim=dims, norm=first.fft_norm)
+        if first.bias is not None:
+            y = y + torch.stack([k.bias for k in self.kernels]).index_select(0, index)
+        return y
+
+
+def _per_sample(weight: Tensor, ndim: int) -> Tensor:
+    """The gate's straight-through value (B,) shaped to scale a ``(B, C, *S)`` output."""
+    return weight.view(-1, *([1] * (ndim - 1)))
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """Complete models behind one registry: `get_model(name, **kwargs)`.
 
-`GatedFNO` needs the optional ``neuraloperator`` package and is imported on first use.
+`GatedFNO` and `GNOFNO` need the optional ``neuraloperator`` package and are imported on first use.
 """
 
 from gno_ext.models import baselines  # noqa: F401  (registers the baselines)
@@ -20,9 +20,14 @@ def _load_gated_fno() -> None:
     import gno_ext.models.gated_fno  # noqa: F401  (registers "gated_fno")
 
 
-register_lazy("gated_fno", _load_gated_fno)
+def _load_gno_fno() -> None:
+    import gno_ext.models.gno_fno  # noqa: F401  (registers "gno_fno")
 
-__all__ = ["GNO", "GNOBlock", "GatedFNO", "available_models", "from_checkpoint", "get_model", "model_class", "rollout",
+
+register_lazy("gated_fno", _load_gated_fno)
+register_lazy("gno_fno", _load_gno_fno)
+
+__all__ = ["GNO", "GNOBlock", "GNOFNO", "GatedFNO", "available_models", "from_checkpoint", "get_model", "model_class", "rollout",
            "save_checkpoint"]
 
 
@@ -31,4 +36,8 @@ def __getattr__(name: str):
         from gno_ext.models.gated_fno import GatedFNO
 
         return GatedFNO
+    if name == "GNOFNO":
+        from gno_ext.models.gno_fno import GNOFNO
+
+        return GNOFNO
     raise AttributeError(f"module 'gno_ext.models' has no attribute {name!r}")

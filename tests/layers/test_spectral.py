@@ -80,3 +80,64 @@ def test_spectral_transforms_run_in_float32_under_autocast(monkeypatch):
         convs = [m for m in model.modules() if isinstance(m, SpectralConv)]
         assert convs and all(isinstance(m, FullPrecisionSpectralConv) for m in convs), name
         assert _fft_input_types(monkeypatch, model, u, theta=theta) == {torch.float32}, name
+
+
+
+@pytest.mark.parametrize("modes,shape,n_modes_now,output_shape", [
+    ((6, 6), (16, 16), None, None),
+    ((5, 7), (15, 18), None, None),          # odd modes and sizes
+    ((8, 8), (20, 20), (4, 6), None),        # fewer modes than the weights hold (n_modes set lower)
+    ((6, 6), (16, 16), None, (24, 20)),      # another output grid
+    ((6,), (21,), None, None),               # 1-D
+    ((4, 4, 4), (10, 9, 10), None, None),    # 3-D
+])
+def test_gathered_path_equals_each_samples_own_kernel(modes, shape, n_modes_now, output_shape):
+    """The static path (one transform for the batch, the contraction with each sample's own
+    kernel's weights) gives what each sample's SpectralConv gives, gradients included, and the
+    kernels a sample did not select get no gradient from it."""
+    torch.manual_seed(0)
+    conv = GatedSpectralConv(3, 4, modes, n_kernels=3, n_params=1)
+    for kernel in conv.kernels:
+        torch.nn.init.normal_(kernel.bias)
+    with torch.no_grad():  # a gate that sends theta < 0 to kernel 0 and theta > 0.5 to kernel 2
+        first, last = conv.gate.score[0], conv.gate.score[2]
+        first.weight.fill_(1.0), first.bias.zero_()
+        last.weight.copy_(torch.tensor([0.0, 1.0, 2.0])[:, None].expand_as(last.weight) / last.weight.shape[1])
+        last.bias.copy_(torch.tensor([0.5, 0.0, 0.0]))
+    if n_modes_now:
+        conv.n_modes = n_modes_now
+    x = torch.randn(6, 3, *shape, requires_grad=True)
+    theta = torch.linspace(-3, 3, 6)[:, None]
+    params = [p for k in conv.kernels for p in k.parameters()]
+    with condition_on(conv, theta):
+        y = conv(x, output_shape=output_shape)
+    index = conv.last_routing.index
+    assert conv.static and index.tolist() == [0, 0, 0, 2, 2, 2]
+    expected = torch.cat([conv.kernels[int(k)](x[b:b + 1], output_shape=output_shape) for b, k in enumerate(index)])
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+    probe = torch.randn_like(y)
+    got = torch.autograd.grad((y * probe).sum(), [x, *params], allow_unused=True)
+    want = torch.autograd.grad((expected * probe).sum(), [x, *params], allow_unused=True)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, torch.zeros_like(g) if w is None else w, rtol=1e-5, atol=1e-5)
+    # one sample: only its kernel's weights get a gradient
+    with condition_on(conv, theta[:1]):
+        grads = torch.autograd.grad(conv(x[:1]).sum(), [k.weight.tensor for k in conv.kernels])
+    chosen = int(conv.last_routing.index[0])
+    assert chosen == 0 and [bool(g.abs().sum() > 0) for g in grads] == [True, False, False]
+
+
+def test_gathered_path_reads_nothing_on_the_host():
+    """The forward and backward passes of the static path read no value on the host, so a step
+    with it can be captured in a CUDA graph: they run on PyTorch's meta device, which holds no
+    values. The per-kernel dispatch counts each kernel's samples on the host (the reason
+    `GatedFNO` could not be captured before) and fails there."""
+    conv = GatedSpectralConv(3, 3, (6, 6), n_kernels=4, n_params=2).to("meta")
+    x = torch.empty(5, 3, 16, 16, device="meta", requires_grad=True)
+    theta = torch.empty(5, 2, device="meta")
+    with condition_on(conv, theta):
+        conv(x).square().sum().backward()
+    assert x.grad.shape == x.shape
+    conv.static = False
+    with pytest.raises(NotImplementedError, match="bincount"), condition_on(conv, theta):
+        conv(x)

@@ -138,6 +138,6 @@ def test_group_binner():
     dense = GroupBinner(torch.logspace(-2, 0, 50)[:, None], kinds[:1], bins=2, log_params=[True])
     g = dense(torch.tensor([[0.02], [0.5], [50.0]]), torch.zeros(3, 4, dtype=torch.long))
     assert g.tolist() == [0, 1, 1]  # log-spaced halves; out of range -> outer bin
-    assert few.label(4) == "dirichlet/dirichlet/dirichlet/dirichlet, theta0 in [0.03162, 0.3162]"
+    assert few.label(4) == "dirichlet/dirichlet/dirichlet/dirichlet, theta0 = 0.1"  # a bin per value: the value
     with pytest.raises(ValueError, match="not in the training data"):
         few(torch.tensor([[0.1]]), torch.tensor([[2, 2, 2, 2]]))

@@ -1,0 +1,222 @@
+r"""The GNO on neuraloperator's FNO backbone: parameter-gated spectral kernels and the boundary
+transfer operator in every layer of an ``FNO``.
+
+The method's two parts, moved from the ViT backbone of `GNO` to a grid backbone:
+
+* **The gate and the kernel mixture.** Each Fourier layer holds ``K`` spectral kernels
+  (`GatedSpectralConv`); a `ParameterGate` on the normalised parameters (and the mean and RMS
+  of each field-parameter channel, as in `GNO`) selects one per sample, and only that kernel's
+  weights act on the sample.
+* **The boundary transfer operator.** Before each Fourier layer, the latent field's cells along
+  each face are averaged over segments of ``boundary_patch`` cells; with the boundary
+  description of each segment (type, face, data at the input and target times, Robin
+  coefficients, position) they go through `BoundaryTransfer`, which returns one latent
+  Dirichlet vector $h_\ell$ per segment. On the ViT, these vectors are keys and values of
+  the attention kernels. A grid backbone has no tokens to attend to, so here they are
+  written into the latent field as its boundary layer: each segment's vector is added to
+  the cells of its segment and to the ``boundary_depth`` cells behind them along the face's
+  normal, weighted by a learnt profile over the depth (initialised to decay as $e^{-d}$).
+  The Fourier layer that follows spreads this boundary information over the domain.
+
+The model also receives what neuraloperator's FNO baseline (`fno`) receives: the input frames,
+the normalised parameters broadcast as channels and the field parameters, so that with one
+kernel and no boundary transfer it is that FNO without its boundary channels (the ablations).
+Shapes are static and nothing is read on the host during a forward or backward pass, so the
+training step can be captured in a CUDA graph (``trainer.capture=true``).
+
+Requires the optional dependency ``neuraloperator``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gno_ext.layers.boundary import BoundaryTransfer, boundary_features
+from gno_ext.layers.spectral import GatedSpectralConv, condition_on
+from gno_ext.models.baselines.base import SchemaModel
+from gno_ext.models.registry import register_model
+from gno_ext.schema import BoundarySpec, Grid, PDEBatch
+
+__all__ = ["GNOFNO", "BoundaryLayer"]
+
+
+class BoundaryLayer(nn.Module):
+    r"""The boundary transfer operator on a grid: face cells in, a boundary layer out.
+
+    Parameters
+    ----------
+    channels : int
+        Channels of the latent field.
+    ndim : int
+        Spatial dimensions.
+    patch : int
+        Cells per boundary segment along each face axis (one `BoundaryTransfer` token each).
+    depth : int
+        Cells behind the face that the segment's vector is written into.
+    """
+
+    def __init__(self, channels: int, ndim: int, patch: int, depth: int) -> None:
+        super().__init__()
+        for name, value in (("patch", patch), ("depth", depth)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"boundary_{name}: must be an integer >= 1, got {value!r}")
+        self.ndim, self.patch, self.depth = ndim, patch, depth
+        self.transfer = BoundaryTransfer(channels, ndim)
+        self.profile = nn.Parameter(torch.exp(-torch.arange(depth, dtype=torch.float32)))
+
+    def face_cells(self, h: Tensor) -> Tensor:
+        """The latent state next to each boundary segment, ``(B, M, C)``, in the order of
+        `boundary_features`: face by face, segments row-major over the face's axes."""
+        out = []
+        for face in range(2 * self.ndim):
+            axis = face // 2
+            layer = h.select(2 + axis, 0 if face % 2 == 0 else h.shape[2 + axis] - 1)  # (B, C, *face)
+            if self.ndim == 1:  # a point: one token
+                out.append(layer[:, None])
+                continue
+            out.append(_pool(layer, self.patch).flatten(2).transpose(1, 2))
+        return torch.cat(out, 1)
+
+    def forward(self, h: Tensor, features: tuple[Tensor, Tensor, Tensor, Tensor]) -> Tensor:
+        """The boundary layer to add to ``h`` (B, C, *S), from the `boundary_features` of the batch."""
+        tokens = self.transfer(features, self.face_cells(h))  # (B, M, C)
+        sizes = h.shape[2:]
+        profile = self.profile.to(h.dtype)
+        layer = h.new_zeros(h.shape)
+        start = 0
+        for face in range(2 * self.ndim):
+            axis = face // 2
+            other = [n for a, n in enumerate(sizes) if a != axis]
+            segments = [n // self.patch for n in other]  # none in 1-D: a face is a point
+            count = math.prod(segments)
+            vec = tokens[:, start:start + count].transpose(1, 2).reshape(h.shape[0], h.shape[1], *segments)
+            start += count
+            for a in range(self.ndim - 1):  # each segment's vector over its cells
+                vec = vec.repeat_interleave(self.patch, dim=2 + a)
+            depth = min(self.depth, sizes[axis])
+            weights = profile[:depth] if face % 2 == 0 else profile[:depth].flip(0)
+            slab = vec.unsqueeze(2 + axis) * weights.view(*([1] * (2 + axis)), depth, *([1] * (self.ndim - 1 - axis)))
+            pad = [0, 0] * self.ndim  # F.pad lists the last axis first
+            pad[2 * (self.ndim - 1 - axis) + (1 if face % 2 == 0 else 0)] = sizes[axis] - depth
+            layer = layer + F.pad(slab, pad)
+        return layer
+
+
+def _pool(layer: Tensor, patch: int) -> Tensor:
+    """Average over ``patch`` cells along each face axis of ``layer`` (B, C, *face)."""
+    return F.avg_pool1d(layer, patch) if layer.ndim == 3 else F.avg_pool2d(layer, patch)
+
+
+@register_model("gno_fno")
+class GNOFNO(SchemaModel):
+    r"""The GNO on neuraloperator's FNO: gated spectral kernels and the boundary transfer
+    operator in every Fourier layer (see the module's description).
+
+    Parameters
+    ----------
+    in_channels, n_params, field_channels, ndim, t_in, log_params
+        As `SchemaModel` (read from the data by the recipes).
+    n_modes : int
+        Fourier modes kept on each axis.
+    hidden_channels, n_layers : int
+        FNO width and number of Fourier layers.
+    n_kernels : int
+        Spectral kernels per layer; 1 disables the mixture (ablation).
+    gate_hidden : int
+        Hidden width of each gate's score MLP.
+    boundary_transfer : bool
+        False disables the boundary operator (ablation).
+    boundary_patch : int
+        Cells per boundary segment (each grid axis must be divisible by it).
+    boundary_depth : int
+        Cells behind a face that its boundary layer reaches.
+    """
+
+    def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2, t_in: int = 1,
+                 log_params: Sequence[bool] | None = None, n_modes: int = 12, hidden_channels: int = 64,
+                 n_layers: int = 4, n_kernels: int = 4, gate_hidden: int = 32, boundary_transfer: bool = True,
+                 boundary_patch: int = 16, boundary_depth: int = 4) -> None:
+        super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
+        from neuralop.models import FNO
+
+        for name, value, least in (("n_modes", n_modes, 1), ("hidden_channels", hidden_channels, 1),
+                                   ("n_layers", n_layers, 1), ("n_kernels", n_kernels, 1), ("gate_hidden", gate_hidden, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"{name}: must be an integer >= {least}, got {value!r}")
+        self.gate_inputs = n_params + 2 * field_channels
+        if n_kernels > 1 and self.gate_inputs == 0:
+            raise ValueError(f"n_kernels={n_kernels}: the gate needs parameters (n_params or field_channels > 0)")
+        self.n_kernels, self.boundary_patch = n_kernels, boundary_patch
+        conv = functools.partial(GatedSpectralConv, n_kernels=n_kernels, n_params=max(self.gate_inputs, 1),
+                                 gate_hidden=gate_hidden)
+        channels = t_in * in_channels + n_params + field_channels
+        self.net = FNO((n_modes,) * ndim, channels, in_channels, hidden_channels, n_layers=n_layers, conv_module=conv)
+        self.boundary = nn.ModuleList(BoundaryLayer(hidden_channels, ndim, boundary_patch, boundary_depth)
+                                      for _ in range(n_layers)) if boundary_transfer else None
+
+    def gate_input(self, theta: Tensor | None, theta_field: Tensor | None, batch: int, dtype: torch.dtype) -> Tensor:
+        """What the gates read: the normalised parameters and each field channel's mean and RMS."""
+        parts = []
+        if self.n_params:
+            parts.append(self.param_norm(theta))
+        if self.field_channels:
+            dims = tuple(range(2, 2 + self.ndim))
+            parts += [theta_field.mean(dims), theta_field.pow(2).mean(dims).sqrt()]
+        return torch.cat(parts, 1).to(dtype) if parts else self.u_std.new_zeros(batch, 1).to(dtype)
+
+    def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
+                bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:
+        """Next frame ``(B, 1, C, *S)``.
+
+        Parameters
+        ----------
+        u_in : Tensor, shape (B, T_in, C, *S), or PDEBatch
+        theta : Tensor, shape (B, n_params)
+        theta_field : Tensor, shape (B, field_channels, *S), optional
+        bc : BoundarySpec, optional
+            ``values[:, :, 0]`` is read as the data at the input time and ``values[:, :, -1]``
+            as the data at the target time. Default: all faces periodic.
+        grid : Grid, optional
+        """
+        u_in, theta, theta_field, bc, grid = self.inputs(u_in, theta, theta_field, bc, grid)
+        x = self.normalized_input(u_in)
+        h = torch.cat([x, *self.parameter_channels(x, theta, theta_field)], 1)
+        features = None
+        if self.boundary is not None:
+            bad = [n for n in grid.shape if n % self.boundary_patch]
+            if bad:
+                raise ValueError(f"grid {grid.shape}: every axis must be divisible by boundary_patch="
+                                 f"{self.boundary_patch} (the boundary segments)")
+            features = boundary_features(bc, grid, self.boundary_patch, self.u_std.mean())
+        net = self.net
+        with condition_on(net, self.gate_input(theta, theta_field, x.shape[0], x.dtype)):
+            if net.positional_embedding is not None:
+                h = net.positional_embedding(h)
+            h = net.lifting(h)
+            for layer in range(net.n_layers):
+                if features is not None:
+                    h = h + self.boundary[layer](h, features)
+                h = net.fno_blocks(h, layer)
+            delta = net.projection(h)
+        return self.increment(u_in, delta)
+
+    def balance_loss(self) -> Tensor:
+        """Sum of the gates' load-balance terms of the latest forward pass."""
+        convs = [m for m in self.modules() if isinstance(m, GatedSpectralConv) and m.last_routing is not None]
+        return torch.stack([c.last_routing.balance_loss for c in convs]).sum() if convs \
+            else torch.zeros((), device=self.u_std.device)
+
+    def routing_index(self) -> list[Tensor]:
+        """Each layer's selected kernel per sample in the latest forward pass."""
+        return [m.last_routing.index for m in self.modules() if isinstance(m, GatedSpectralConv)
+                and m.last_routing is not None]
+
+    def extra_repr(self) -> str:
+        return f"n_kernels={self.n_kernels}, boundary_transfer={self.boundary is not None}"
