@@ -23,6 +23,10 @@ Models:
 * ``vit-standin``: the same backbone with one kernel and no boundary transfer.
 * ``gno-no-mixture`` (one kernel) and ``gno-no-boundary`` (no boundary transfer), on request:
   the cost of each part.
+* ``fno``, ``gno-fno``, ``gno-fno-no-mixture`` and ``gno-fno-no-boundary``, on request:
+  neuraloperator's FNO with the parameters and boundaries as channels (the ``fno`` baseline)
+  and the GNO on that backbone (``gno_fno``), at the recipes' paper size (12 modes, width 64,
+  4 layers; K = 4, boundary segments of 16 cells).
 
 The parameters of the batch are spread over [0.01, 1] (log scale) and the boundaries mix
 Dirichlet and Neumann faces; the table reports how many kernels each block actually used.
@@ -63,8 +67,8 @@ import torch
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
-from gno_ext.layers import AttentionKernel, AttentionKernelBank
-from gno_ext.models import GNO
+from gno_ext.layers import AttentionKernel, AttentionKernelBank, BoundaryTransfer
+from gno_ext.models import GNO, get_model
 from gno_ext.schema import BoundarySpec
 from gno_ext.training import FlatParameters, capture_step, compile_model
 
@@ -73,6 +77,13 @@ MODELS = {
     "vit-standin": {"n_kernels": 1, "boundary_transfer": False},
     "gno-no-mixture": {"n_kernels": 1},  # the two ablations: what each part costs
     "gno-no-boundary": {"boundary_transfer": False},
+    # models of the registry (key "model"), at the recipes' paper size
+    "fno": {"model": "fno", "n_modes": 12, "hidden_channels": 64, "n_layers": 4},
+    "gno-fno": {"model": "gno_fno", "n_modes": 12, "hidden_channels": 64, "n_layers": 4, "boundary_patch": 16},
+    "gno-fno-no-mixture": {"model": "gno_fno", "n_modes": 12, "hidden_channels": 64, "n_layers": 4,
+                           "boundary_patch": 16, "n_kernels": 1},
+    "gno-fno-no-boundary": {"model": "gno_fno", "n_modes": 12, "hidden_channels": 64, "n_layers": 4,
+                            "boundary_transfer": False},
 }
 DEFAULT_MODELS = ["gno", "vit-standin"]
 
@@ -124,16 +135,19 @@ def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: 
     if optimizer not in ("flat", "fused"):
         raise ValueError(f"optimizer: expected flat or fused, got {optimizer!r}")
     torch.manual_seed(0)
-    model = GNO(in_channels=channels, **MODELS[name]).to(device)
+    kwargs = dict(MODELS[name])
+    registered = kwargs.pop("model", None)
+    model = (get_model(registered, in_channels=channels, n_params=1, log_params=[True], **kwargs) if registered
+             else GNO(in_channels=channels, **kwargs)).to(device)
     model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].to(device))
-    for block in model.blocks:
+    for block in getattr(model, "blocks", []):
         if block.mixture is not None:
             block.mixture.chunk = chunk
-        if block.boundary is not None:
-            block.boundary.fused = boundary == "fused"
     for module in model.modules():
         if isinstance(module, (AttentionKernel, AttentionKernelBank)):
             module.fused_attention = attention == "fused"
+        if isinstance(module, BoundaryTransfer):
+            module.fused = boundary == "fused"
     x = make_inputs(batch, shape, channels, device)
     x["target"] = x["u"] + 0.01
     cuda = device == "cuda"
@@ -203,8 +217,11 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
             net(x["u"], theta=x["theta"], bc=x["bc"])
 
     flops, ops = count_flops(model, x, device)
-    kernels_used = [len(set(b.mixture.last_routing.index.tolist())) if b.mixture is not None else 1
-                    for b in model.blocks]
+    if hasattr(model, "blocks"):
+        kernels_used = [len(set(b.mixture.last_routing.index.tolist())) if b.mixture is not None else 1
+                        for b in model.blocks]
+    else:  # gno_fno's layers; 1 for a model without gates
+        kernels_used = [len(set(i.tolist())) for i in getattr(model, "routing_index", list)()] or [1]
     model.zero_grad(set_to_none=True)  # the FLOP count's gradients
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -218,8 +235,13 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
             "step_ms": 1e3 * t_step, "train_tflops": flops / t_step / 1e12, "step_gflop": flops / 1e9,
             "peak_gib": memory, "kernels_used": kernels_used,
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "chunk": chunk,
-            "boundary": boundary if model.boundary_transfer else None, "compile_options": options or {},
-            "optimizer": optimizer, "attention": attention, "ran": paths_taken(ops, model.boundary_transfer)}
+            "boundary": boundary if has_boundary(model) else None, "compile_options": options or {},
+            "optimizer": optimizer, "attention": attention, "ran": paths_taken(ops, has_boundary(model))}
+
+
+def has_boundary(model: torch.nn.Module) -> bool:
+    """Whether ``model`` runs the boundary transfer operator (the GNO's or gno_fno's)."""
+    return any(isinstance(m, BoundaryTransfer) for m in model.modules())
 
 
 def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device: str, top: int,
@@ -245,7 +267,7 @@ def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device
     for e in events:
         by_name.setdefault(e.name, []).append(e.time_range.elapsed_us())
     short = sum(e.time_range.elapsed_us() < 5 for e in events)
-    path = boundary if model.boundary_transfer else "none"
+    path = boundary if has_boundary(model) else "none"
     print(f"\n{name}, batch {batch}, requested: boundary {path}, attention {attention}: {len(events)} kernels ({short} under 5 us), "
           f"{total / 1e3:.2f} ms of GPU time in one step")
     by_category: dict[str, list[float]] = {}

@@ -13,6 +13,17 @@ def test_bench_model_times_an_eager_step_on_the_cpu():
     assert row["step_gflop"] > 0 and row["kernels_used"] == [1] * 8
 
 
+def test_bench_model_times_the_fno_backbones_on_the_cpu():
+    """The FNO baseline and the GNO on it, at a small grid (every axis divisible by the
+    boundary segments of 16 cells)."""
+    bench = load_recipe("bench_model")
+    fno = bench.bench("fno", 2, "eager", (32, 32), 1, "cpu", repeats=1)
+    gno_fno = bench.bench("gno-fno", 2, "eager", (32, 32), 1, "cpu", repeats=1)
+    assert fno["kernels_used"] == [1] and fno["boundary"] is None and fno["ran"]["boundary"] is None
+    assert len(gno_fno["kernels_used"]) == 4 and gno_fno["ran"]["boundary"] == "unfused"
+    assert gno_fno["params_m"] > fno["params_m"] and gno_fno["step_gflop"] > 0 and fno["step_gflop"] > 0
+
+
 def test_whole_graph_mode_says_it_needs_a_gpu():
     with pytest.raises(SystemExit, match="whole-graph needs a CUDA device"):
         load_recipe("bench_model").bench("vit-standin", 1, "whole-graph", (32, 32), 1, "cpu", repeats=1)
