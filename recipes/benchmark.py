@@ -327,7 +327,9 @@ the 10-step autoregressive rollout (50 for Navier-Stokes) on the test split, $\\
 seeds where there are several), beside the paper's value for the same cell. Every model of a
 table is trained on the same data with the same epochs, batch size, optimizer settings and
 seeds; the budget is stated under each table. The rows `fno` (neuraloperator's FNO with the
-same inputs as channels), `gated_fno` and `persistence` (the last frame copied forward: what a
+same inputs as channels), `gated_fno`, `gno_fno` (the GNO's gate and boundary operator on that
+FNO, [Layers and models](models/index.md#the-gno-on-neuraloperators-fno-gno_fno)), `gno_conv`
+(the GNO with a convolutional decoder) and `persistence` (the last frame copied forward: what a
 model that has learnt nothing scores) are not in the paper.
 
 The budget of every table is 10 epochs at batch 64 (the paper: 100 epochs). Its columns use the

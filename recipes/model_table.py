@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> str:
             receives = "frames, theta, v(x); no boundary transfer (ablation)"
         elif cfg["model"]["kwargs"].get("n_kernels", 2) == 1 and cfg["model"]["name"] in ("gno", "gno_fno"):
             receives += "; one kernel (ablation)"
+        if cfg["model"]["kwargs"].get("decoder") == "conv":
+            receives += "; convolutional decoder"
         lines.append(f"| `{name}` | `{cfg['model']['name']}` | {receives} | {n / 1e6:.2f} M | {source} |")
     text = "\n".join(lines)
     print(text)

@@ -13,6 +13,7 @@ from gno_ext.layers.attention import (
 )
 from gno_ext.layers.boundary import BoundaryTransfer, boundary_features, edge_tokens
 from gno_ext.layers.embeddings import (
+    ConvRefine,
     ParameterNormalizer,
     PatchEmbed,
     PatchProject,
@@ -27,6 +28,7 @@ __all__ = [
     "AttentionKernel",
     "AttentionKernelBank",
     "BoundaryTransfer",
+    "ConvRefine",
     "FullPrecisionSpectralConv",
     "GatedKernelMixture",
     "GatedSpectralConv",

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from ._util import first_entry, may_read_device, require_at_least
 
-__all__ = ["PatchEmbed", "PatchProject", "sincos_position", "ParameterNormalizer", "field_statistics", "token_shape"]
+__all__ = ["PatchEmbed", "PatchProject", "ConvRefine", "sincos_position", "ParameterNormalizer", "field_statistics", "token_shape"]
 
 
 def token_shape(spatial: Sequence[int], patch: int) -> tuple[int, ...]:
@@ -91,6 +91,48 @@ class PatchProject(nn.Module):
         # (B, g1, .., gd, C, p1, .., pd) -> (B, C, g1, p1, .., gd, pd)
         perm = [0, d + 1] + [i for a in range(d) for i in (1 + a, d + 2 + a)]
         return y.permute(perm).reshape(b, self.out_channels, *[g * p for g in grid_tokens])
+
+
+class ConvRefine(nn.Module):
+    r"""A convolutional correction of a patch-wise projection: two small convolutions at full
+    resolution that see the projected field and the input frames, added to the projection.
+
+    `PatchProject` draws each patch from its token alone, so neighbouring patches need not join
+    smoothly and the fine scales inside a patch come from one linear map. This module lets every
+    output value depend on its neighbours (across patch edges too) and on the input at full
+    resolution. Its last convolution starts at zero: at initialisation the output is the
+    projection unchanged. Edges are padded by replication.
+
+    Parameters
+    ----------
+    channels : int
+        Channels of the projected field (and of the output).
+    context_channels : int
+        Channels of the full-resolution input it also reads (the input frames).
+    hidden : int
+        Channels of the hidden convolution.
+    ndim : int
+    kernel : int
+        Convolution size (odd).
+    """
+
+    def __init__(self, channels: int, context_channels: int, hidden: int, ndim: int, kernel: int = 3) -> None:
+        super().__init__()
+        _check_sizes(ndim, channels=channels, hidden=hidden, kernel=kernel)
+        require_at_least(0, context_channels=context_channels)
+        if kernel % 2 == 0:
+            raise ValueError(f"kernel: must be odd (a centred convolution), got {kernel}")
+        conv = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[ndim - 1]
+        pad = dict(padding=kernel // 2, padding_mode="replicate")
+        self.mix = conv(channels + context_channels, hidden, kernel, **pad)
+        self.out = conv(hidden, channels, kernel, **pad)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, field: Tensor, context: Tensor) -> Tensor:
+        """``field`` (B, C, *S) corrected, from it and ``context`` (B, C_ctx, *S)."""
+        h = F.gelu(self.mix(torch.cat([field, context.to(field.dtype)], 1)))
+        return field + self.out(h)
 
 
 _FREQUENCIES: dict[tuple[int, str, torch.dtype], Tensor] = {}  # eager mode: (count, device, type) -> frequencies

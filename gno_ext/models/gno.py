@@ -26,6 +26,7 @@ from gno_ext.layers._util import require_at_least
 from gno_ext.layers.attention import AttentionKernel, AttentionKernelBank
 from gno_ext.layers.boundary import BoundaryTransfer, boundary_features, edge_tokens
 from gno_ext.layers.embeddings import (
+    ConvRefine,
     ParameterNormalizer,
     PatchEmbed,
     PatchProject,
@@ -135,6 +136,12 @@ class GNO(nn.Module):
         False disables the boundary transfer operator (ablation).
     log_params : sequence of bool, optional
         Which parameters are normalised on a log scale (e.g. ``[True]`` for a diffusivity).
+    decoder : {"linear", "conv"}
+        ``linear`` (the paper's): each token to its patch by one linear map (`PatchProject`).
+        ``conv``: that projection followed by `ConvRefine`, two 3x3 convolutions at full
+        resolution that see the projection and the input frames, so that patches join smoothly.
+    decoder_hidden : int
+        Channels of the ``conv`` decoder's hidden convolution.
 
     Examples
     --------
@@ -148,7 +155,7 @@ class GNO(nn.Module):
                  field_channels: int = 0, ndim: int = 2, t_in: int = 1, latent: int = 256, patch: int = 16,
                  depth: int = 8, heads: int = 8, mlp_ratio: float = 4.0, n_kernels: int = 4,
                  gate_hidden: int = 32, gate_noise: float = 0.0, boundary_transfer: bool = True,
-                 log_params: Sequence[bool] | None = None) -> None:
+                 log_params: Sequence[bool] | None = None, decoder: str = "linear", decoder_hidden: int = 32) -> None:
         super().__init__()
         # (ndim is checked by PatchEmbed, built before anything that depends on it)
         require_at_least(1, in_channels=in_channels, t_in=t_in, latent=latent, patch=patch, depth=depth,
@@ -158,6 +165,8 @@ class GNO(nn.Module):
             require_at_least(1, out_channels=out_channels)
         if int(mlp_ratio * latent) < 1:
             raise ValueError(f"mlp_ratio: the MLP needs at least one unit, got {mlp_ratio} at latent {latent}")
+        if decoder not in ("linear", "conv"):
+            raise ValueError(f"decoder: expected 'linear' or 'conv', got {decoder!r}")
         out_channels = out_channels or in_channels
         gate_inputs = n_params + 2 * field_channels
         if n_kernels > 1 and gate_inputs == 0:
@@ -175,6 +184,7 @@ class GNO(nn.Module):
             GNOBlock(latent, heads, mlp_ratio, n_kernels, gate_inputs, gate_hidden, gate_noise, boundary_transfer, ndim)
             for _ in range(depth))
         self.project = PatchProject(latent, out_channels, patch, ndim)
+        self.refine = ConvRefine(out_channels, t_in * in_channels, decoder_hidden, ndim) if decoder == "conv" else None
 
     @torch.no_grad()
     def fit_normalization(self, u: Tensor, theta: Tensor | None = None) -> GNO:
@@ -244,7 +254,10 @@ class GNO(nn.Module):
         for block in self.blocks:
             routing = next(routing_of) if block.mixture is not None else None
             tokens = block(tokens, theta_token, routing, features, grid_tokens)
-        delta = self.project(tokens, grid_tokens)[:, None]
+        delta = self.project(tokens, grid_tokens)
+        if self.refine is not None:
+            delta = self.refine(delta, x)
+        delta = delta[:, None]
         if self.out_channels == self.in_channels:
             return u_in[:, -1:] + delta * std
         return delta * std + self.u_mean.view_as(std)

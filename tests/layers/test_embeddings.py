@@ -126,3 +126,29 @@ def test_models_refuse_non_finite_training_fields(name):  # (the GNO and the bas
     with pytest.raises(ValueError, match=r"u\[2, 0, 0, 3, 3\] = nan: field samples must be finite"):
         model.fit_normalization(u, torch.rand(4, 1))
     assert torch.equal(model.u_std, torch.ones(1))  # left as it was
+
+
+def test_conv_refine_starts_as_the_identity_and_joins_patches():
+    """`ConvRefine` adds nothing at initialisation (its last convolution is zero); once trained,
+    an output value depends on its neighbours across a patch edge and on the input context."""
+    from gno_ext.layers import ConvRefine
+
+    torch.manual_seed(0)
+    refine = ConvRefine(channels=2, context_channels=1, hidden=8, ndim=2)
+    field, context = torch.randn(3, 2, 16, 16), torch.randn(3, 1, 16, 16)
+    assert torch.equal(refine(field, context), field)
+    torch.nn.init.normal_(refine.out.weight)
+    moved = field.clone()
+    moved[:, :, 4, 4] += 1.0  # the first cell of a 4x4 patch: (3, 3), across the patch edge, changes too
+    change = (refine(moved, context) - refine(field, context)).abs().sum((0, 1))
+    assert change[5, 5] > 0 and change[3, 3] > 0 and change[8, 8] == 0  # two cells away (3x3 twice) and no further
+    other = context.clone()
+    other[:, :, 10, 10] += 1.0
+    assert (refine(field, other) - refine(field, context)).abs().sum() > 0
+    for ndim in (1, 3):
+        shape = (2, 2, *[8] * ndim)
+        assert ConvRefine(2, 0, 4, ndim)(torch.randn(shape), torch.randn(2, 0, *[8] * ndim)).shape == shape
+    with pytest.raises(ValueError, match="kernel: must be odd"):
+        ConvRefine(2, 1, 8, 2, kernel=4)
+    with pytest.raises(ValueError, match="hidden"):
+        ConvRefine(2, 1, 0, 2)

@@ -667,3 +667,22 @@ def test_gpu_model_on_a_second_device_runs_its_kernels_there(compiled):
             assert (b - a).norm() <= 1e-3 * a.norm()
         else:
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_conv_decoder_starts_as_the_papers_and_learns():
+    """decoder="conv" is the paper's patch projection plus a correction that starts at zero: at
+    initialisation the two models agree exactly; a training step moves the correction."""
+    torch.manual_seed(11)
+    linear = tiny().eval()
+    torch.manual_seed(11)
+    conv = tiny(decoder="conv")
+    u, theta, bc = torch.randn(2, 1, 1, 32, 32), torch.rand(2, 1), bc_mixed(2)
+    assert torch.equal(linear(u, theta=theta, bc=bc), conv.eval()(u, theta=theta, bc=bc))
+    conv.train()
+    opt = torch.optim.SGD(conv.refine.parameters(), lr=0.1)
+    (conv(u, theta=theta, bc=bc) - u).pow(2).mean().backward()
+    assert conv.refine.out.weight.grad.abs().sum() > 0
+    opt.step()
+    assert not torch.equal(linear(u, theta=theta, bc=bc), conv.eval()(u, theta=theta, bc=bc))
+    with pytest.raises(ValueError, match="decoder: expected 'linear' or 'conv', got 'deconv'"):
+        tiny(decoder="deconv")
