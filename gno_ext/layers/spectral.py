@@ -140,7 +140,7 @@ class GatedSpectralConv(BaseSpectralConv):
             spectrum = torch.fft.fftshift(spectrum, dim=dims[:-1])
         # the retained modes, centred on frequency 0 after the shift, as SpectralConv picks them
         starts = [top - min(size, n) for size, n, top in zip(fft_size, first.n_modes, first.max_n_modes)]
-        cut = [slice(a // 2, -(a // 2)) if a // 2 else slice(None) for a in starts[:-1]]
+        cut = [slice(a // 2, -a // 2) if a else slice(None) for a in starts[:-1]]  # (-a // 2: SpectralConv's rounding)
         cut.append(slice(None, -starts[-1]) if starts[-1] else slice(None))
         weights = torch.stack([k.weight.to_tensor() for k in self.kernels])[(slice(None),) * 3 + tuple(cut)]
         modes = [slice(size // 2 - kept // 2, size // 2 + kept // 2 + kept % 2)

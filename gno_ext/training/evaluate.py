@@ -75,7 +75,7 @@ def evaluate_rollouts(model: nn.Module, dataset: Dataset, indices: list[int], st
             yield batch, pred, batch.u_out[:, :steps].float()
 
     out: dict[str, list] = {"nmse": [], "rel_l2": [], "per_step": [], "per_step_persistence": [], "theta": [],
-                            "group": [], "boundary": []}
+                            "group": []}
     for batch, pred, truth in roll(indices):
         still = batch.u_in[:, -1:].float().expand_as(truth)  # persistence: the input frame copied forward
         out["nmse"].append(nmse(pred, truth).cpu())
@@ -84,7 +84,7 @@ def evaluate_rollouts(model: nn.Module, dataset: Dataset, indices: list[int], st
         out["per_step_persistence"].append(torch.stack([nmse(still[:, k], truth[:, k]) for k in range(steps)], 1).cpu())
         out["theta"].append(batch.theta.cpu())
         out["group"].append(binner(batch.theta.cpu(), batch.bc.kind.cpu()))
-    result: dict[str, Any] = {k: torch.cat(v).numpy() for k, v in out.items() if k != "boundary"}
+    result: dict[str, Any] = {k: torch.cat(v).numpy() for k, v in out.items()}
     # each trajectory's boundary configuration, named as the report's table names it
     result["boundary"] = [binner.boundary_label(binner.configuration(g)) for g in result["group"]]
     order = np.argsort(result["nmse"], kind="stable")

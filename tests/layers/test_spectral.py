@@ -87,6 +87,7 @@ def test_spectral_transforms_run_in_float32_under_autocast(monkeypatch):
     ((6, 6), (16, 16), None, None),
     ((5, 7), (15, 18), None, None),          # odd modes and sizes
     ((8, 8), (20, 20), (4, 6), None),        # fewer modes than the weights hold (n_modes set lower)
+    ((8, 8), (20, 20), (5, 6), None),        # ... by an odd number on the first axis
     ((6, 6), (16, 16), None, (24, 20)),      # another output grid
     ((6,), (21,), None, None),               # 1-D
     ((4, 4, 4), (10, 9, 10), None, None),    # 3-D
