@@ -22,7 +22,7 @@ from gno_ext.layers.embeddings import (
     token_shape,
 )
 from gno_ext.layers.gate import ParameterGate, Routing, plan_all, route_all
-from gno_ext.layers.mixture import GatedKernelMixture, dispatch
+from gno_ext.layers.mixture import GatedKernelMixture, dispatch, reference_mixture
 
 __all__ = [
     "AttentionKernel",
@@ -45,6 +45,7 @@ __all__ = [
     "edge_tokens",
     "field_statistics",
     "mixed_attention",
+    "reference_mixture",
     "plan_all",
     "route_all",
     "sincos_position",

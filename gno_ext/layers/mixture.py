@@ -12,6 +12,10 @@ For a mixture of `AttentionKernel`s of one shape (the GNO's case) the same resul
 in one static-shape pass, `mixed_attention`: every sample uses its selected kernel's weights
 only (gathered per sample), with no host synchronisation, so the model compiles into CUDA
 graphs; unselected kernels then receive zero (not missing) gradients.
+
+`reference_mixture` is the definition, sample by sample, in a few lines: every strategy
+(dispatch, the chunked and gathered-weight products of `mixed_attention`, the gated spectral
+convolutions) is tested against it, outputs and gradients.
 """
 
 from __future__ import annotations
@@ -25,7 +29,25 @@ from torch import Tensor, nn
 from gno_ext.layers.attention import AttentionKernel, AttentionKernelBank, mixed_attention
 from gno_ext.layers.gate import ParameterGate, Routing
 
-__all__ = ["GatedKernelMixture", "dispatch", "has_dispatch"]
+__all__ = ["GatedKernelMixture", "dispatch", "has_dispatch", "reference_mixture"]
+
+
+def reference_mixture(kernels: Sequence[nn.Module] | AttentionKernelBank, index: Tensor, x: Tensor,
+                      weight: Tensor | None = None, **kernel_kwargs: Any) -> Tensor:
+    r"""The mixture's definition, one sample at a time: $y_b = w_b\, \kappa_{k_b}[x_b]$.
+
+    Slow and plain on purpose: the fast strategies must equal it. ``index`` holds each sample's
+    kernel $k_b$, ``weight`` the gate's straight-through value $w_b$ (1 in the forward pass;
+    default 1). Tensor keyword arguments with the batch's length are split with ``x``."""
+    rows = []
+    for b in range(x.shape[0]):
+        k = int(index[b])
+        kernel = kernels.kernel(k) if isinstance(kernels, AttentionKernelBank) else kernels[k]
+        kwargs = {n: v[b:b + 1] if torch.is_tensor(v) and v.ndim and v.shape[0] == x.shape[0] else v
+                  for n, v in kernel_kwargs.items()}
+        rows.append(kernel(x[b:b + 1], **kwargs))
+    y = torch.cat(rows)
+    return y if weight is None else y * weight.to(y.dtype).view(-1, *([1] * (y.ndim - 1)))
 
 
 def dispatch(kernels: Sequence[nn.Module], routing: Routing, x: Tensor, **kernel_kwargs: Any) -> Tensor:

@@ -447,3 +447,50 @@ def test_single_kernel_bank_is_the_plain_kernel_with_gradients():
     assert torch.allclose(y, ref, atol=1e-6)
     assert torch.allclose(bank.kv_weight.grad[0], kernel.kv.weight.grad.t(), atol=1e-5)
     assert torch.allclose(bank.out_bias.grad[0], kernel.out.bias.grad, atol=1e-5)
+
+
+def _strategies():
+    """Each fast strategy of the mixture as ``(kernels, run(index, x, context))``."""
+    from gno_ext.layers import AttentionKernel, GatedSpectralConv, Routing, dispatch, mixed_attention
+
+    def attention():
+        return [AttentionKernel(16, 4) for _ in range(3)]
+
+    def by_dispatch(kernels, index, x, ctx):
+        probs = torch.nn.functional.one_hot(index, len(kernels)).float()
+        routing = Routing(probs, index, torch.ones(len(index)), torch.zeros(()))
+        return dispatch(kernels, routing, x, context=ctx)
+
+    yield "dispatch", attention(), by_dispatch
+    for chunk in (1, 3):
+        yield f"chunked-{chunk}", attention(), lambda k, i, x, c, chunk=chunk: mixed_attention(k, i, x, c, chunk=chunk)
+    conv = GatedSpectralConv(3, 3, (4, 4), n_kernels=3, n_params=1)
+    yield "spectral-gathered", list(conv.kernels), lambda k, i, x, c: conv._gathered(x, i)
+
+
+@pytest.mark.parametrize("name", [s[0] for s in _strategies()])
+def test_every_strategy_equals_the_reference_mixture(name):
+    """`reference_mixture` (one sample at a time) is the definition: each fast strategy gives
+    its output and the same gradients for the input and every kernel's parameters (zero or
+    none for a kernel no sample selects)."""
+    from gno_ext.layers import reference_mixture
+
+    torch.manual_seed(21)
+    _, kernels, run = next(s for s in _strategies() if s[0] == name)
+    spectral = name.startswith("spectral")
+    x = torch.randn(7, 3, 8, 8) if spectral else torch.randn(7, 5, 16)
+    x.requires_grad_(True)
+    ctx = None if spectral else torch.randn(7, 2, 16)
+    index = torch.tensor([2, 0, 2, 2, 0, 2, 0])  # kernel 1 unused
+    params = [p for k in kernels for p in k.parameters()]
+    probe = torch.randn_like(run(kernels, index, x, ctx))
+
+    def grads(y):
+        return torch.autograd.grad((y * probe).sum(), [x, *params], allow_unused=True)
+
+    fast = run(kernels, index, x, ctx)
+    ref = reference_mixture(kernels, index, x) if spectral else reference_mixture(kernels, index, x, context=ctx)
+    torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
+    for g, r in zip(grads(fast), grads(ref)):
+        torch.testing.assert_close(torch.zeros_like(r) if g is None and r is not None else g,
+                                   torch.zeros_like(g) if r is None and g is not None else r, rtol=1e-5, atol=1e-5)
