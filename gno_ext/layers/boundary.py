@@ -201,10 +201,21 @@ class BoundaryTransfer(nn.Module):
             return self.forward_fused(desc, state)
         return self.forward_unfused(desc, state)
 
+    def has_fused_form(self) -> bool:
+        """Whether the operator is still the one the fused kernels compute: they read the
+        layers by position and hard-code the exact GELU, so a changed MLP (another activation,
+        another depth) or norm must take the PyTorch path rather than be computed wrongly."""
+        mlp = self.mlp
+        return (isinstance(self.norm, nn.LayerNorm) and isinstance(mlp, nn.Sequential) and len(mlp) == 4
+                and isinstance(mlp[0], nn.LayerNorm) and isinstance(mlp[1], nn.Linear)
+                and type(mlp[2]) is nn.GELU and mlp[2].approximate == "none" and isinstance(mlp[3], nn.Linear)
+                and all(isinstance(m, nn.Linear) and m.bias is not None
+                        for m in (self.state, self.qkv, self.attn_out, mlp[1], mlp[3], self.out)))
+
     def fusable(self, state: Tensor) -> bool:
         """Whether `forward` takes the fused kernels for this ``state`` (see `fused`), with
         operands of the autocast type under autocast, else of ``state``'s type."""
-        if not (self.fused and state.is_cuda and _kernels is not None):
+        if not (self.fused and state.is_cuda and _kernels is not None and self.has_fused_form()):
             return False
         return _kernels.supported(self.norm.normalized_shape[0], self.mlp[1].out_features, state.shape[1],
                                   operand_type(state.dtype, "cuda"))

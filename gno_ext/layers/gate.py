@@ -141,7 +141,7 @@ def route_all(gates: Sequence[ParameterGate], theta: Tensor) -> list[Routing]:
     (instead of two small products per gate), and route together; the result equals
     ``[gate(theta) for gate in gates]`` (the training noise, if any, is drawn once for all).
     """
-    if len(gates) < 2 or len({(g.score[0].weight.shape, g.score[2].weight.shape) for g in gates}) > 1:
+    if not _stackable(gates):
         return [g(theta) for g in gates]
     first = gates[0]
     _check_input(theta, first.n_params)
@@ -150,6 +150,23 @@ def route_all(gates: Sequence[ParameterGate], theta: Tensor) -> list[Routing]:
     hidden = first.score[1](torch.baddbmm(stack(0, "bias")[:, None], x, stack(0, "weight").transpose(1, 2)))
     scores = torch.baddbmm(stack(2, "bias")[:, None], hidden, stack(2, "weight").transpose(1, 2))
     return _route(scores, gates)
+
+
+def _stackable(gates: Sequence[ParameterGate]) -> bool:
+    """Whether the batched evaluation of `route_all` computes these gates' scores: two or more
+    score MLPs that are all Linear, one parameter-free activation, Linear, of one shape and one
+    activation. A gate whose MLP was changed (another activation, depth or shape) is evaluated
+    on its own instead of being computed as if it were the first one."""
+    def form(gate: ParameterGate) -> tuple | None:
+        s = gate.score
+        if not (isinstance(s, nn.Sequential) and len(s) == 3 and isinstance(s[0], nn.Linear)
+                and isinstance(s[2], nn.Linear) and s[0].bias is not None and s[2].bias is not None
+                and not any(True for _ in s[1].parameters())):
+            return None
+        return s[0].weight.shape, s[2].weight.shape, type(s[1]), repr(s[1])
+
+    forms = {form(g) for g in gates}
+    return len(gates) > 1 and None not in forms and len(forms) == 1
 
 
 def plan_all(routings: list[Routing]) -> None:

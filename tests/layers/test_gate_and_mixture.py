@@ -494,3 +494,39 @@ def test_every_strategy_equals_the_reference_mixture(name):
     for g, r in zip(grads(fast), grads(ref)):
         torch.testing.assert_close(torch.zeros_like(r) if g is None and r is not None else g,
                                    torch.zeros_like(g) if r is None and g is not None else r, rtol=1e-5, atol=1e-5)
+
+
+def test_route_all_evaluates_a_changed_gate_on_its_own():
+    """The batched evaluation of several gates assumes Linear, activation, Linear of one shape and
+    one activation; a gate whose MLP was changed must still get its own routing (it used to be
+    computed with the first gate's activation, or fail on a deeper MLP)."""
+    from gno_ext.layers import route_all
+
+    torch.manual_seed(3)
+    theta = torch.randn(9, 2)
+    for change in (lambda s: s.__setitem__(1, nn.Tanh()),
+                   lambda s: s.__setitem__(1, nn.GELU(approximate="tanh")),
+                   lambda s: s.insert(2, nn.Linear(8, 8))):
+        gates = [ParameterGate(2, 3, hidden=8) for _ in range(3)]
+        change(gates[2].score)
+        for got, gate in zip(route_all(gates, theta), gates):
+            want = gate(theta)
+            assert torch.equal(got.index, want.index) and torch.allclose(got.probs, want.probs, atol=1e-6)
+    same = [ParameterGate(2, 3, hidden=8) for _ in range(3)]  # the batched path: still equal
+    for got, gate in zip(route_all(same, theta), same):
+        assert torch.allclose(got.probs, gate(theta).probs, atol=1e-6)
+
+
+def test_boundary_operator_takes_the_fused_kernels_only_in_their_form():
+    """The fused boundary kernels read the MLP's layers by position with the exact GELU: an
+    operator whose MLP was changed is no longer of their form, and takes the PyTorch path."""
+    from gno_ext.layers import BoundaryTransfer
+
+    assert BoundaryTransfer(64, 2).has_fused_form()
+    for change in (lambda m: m.mlp.__setitem__(2, nn.Tanh()),
+                   lambda m: m.mlp.__setitem__(2, nn.GELU(approximate="tanh")),
+                   lambda m: m.mlp.append(nn.GELU()),
+                   lambda m: setattr(m, "norm", nn.Identity())):
+        op = BoundaryTransfer(64, 2)
+        change(op)
+        assert not op.has_fused_form()
