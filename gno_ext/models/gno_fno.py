@@ -161,16 +161,6 @@ class GNOFNO(SchemaModel):
         self.boundary = nn.ModuleList(BoundaryLayer(hidden_channels, ndim, boundary_patch, boundary_depth)
                                       for _ in range(n_layers)) if boundary_transfer else None
 
-    def gate_input(self, theta: Tensor | None, theta_field: Tensor | None, batch: int, dtype: torch.dtype) -> Tensor:
-        """What the gates read: the normalised parameters and each field channel's mean and RMS."""
-        parts = []
-        if self.n_params:
-            parts.append(self.param_norm(theta))
-        if self.field_channels:
-            dims = tuple(range(2, 2 + self.ndim))
-            parts += [theta_field.mean(dims), theta_field.pow(2).mean(dims).sqrt()]
-        return torch.cat(parts, 1).to(dtype) if parts else self.u_std.new_zeros(batch, 1).to(dtype)
-
     def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
                 bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:
         """Next frame ``(B, 1, C, *S)``.
@@ -196,7 +186,9 @@ class GNOFNO(SchemaModel):
                                  f"{self.boundary_patch} (the boundary segments)")
             features = boundary_features(bc, grid, self.boundary_patch, self.u_std.mean())
         net = self.net
-        with condition_on(net, self.gate_input(theta, theta_field, x.shape[0], x.dtype)):
+        # the gates read the normalised parameters and each field channel's mean and RMS, as the GNO's
+        gate_input = self.condition(theta, theta_field, bc, x.shape[0], x.dtype, use_boundary=False)
+        with condition_on(net, gate_input):
             if net.positional_embedding is not None:
                 h = net.positional_embedding(h)
             h = net.lifting(h)

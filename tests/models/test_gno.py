@@ -14,6 +14,7 @@ from gno_ext.models import (
     save_checkpoint,
 )
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch
+from tests.models._overfit import overfit_loss_ratio
 
 REFERENCE = Path(__file__).parent / "data" / "gno_reference.safetensors"
 
@@ -119,20 +120,7 @@ def test_changing_only_boundary_data_changes_the_output_near_that_boundary():
 
 def test_tiny_gno_overfits_a_handful_of_samples():
     torch.manual_seed(6)
-    model = tiny(latent=48, depth=2)
-    u = torch.randn(4, 1, 1, 16, 16)
-    theta = torch.tensor([[0.1], [0.2], [0.8], [0.9]])
-    target = u + 0.3 * torch.roll(u, 1, -1) * theta[:, :, None, None, None]
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
-    bc = BoundarySpec.periodic(2, 4)
-    first = None
-    for _ in range(300):
-        loss = (model(u, theta=theta, bc=bc) - target).pow(2).mean()
-        first = first if first is not None else loss.item()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    assert loss.item() < 0.01 * first
+    assert overfit_loss_ratio(tiny(latent=48, depth=2), steps=300, lr=2e-3) < 0.01
 
 
 def test_checkpoint_round_trip(tmp_path):

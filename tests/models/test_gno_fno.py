@@ -11,6 +11,7 @@ from gno_ext.layers.spectral import GatedSpectralConv  # noqa: E402
 from gno_ext.models import available_models, from_checkpoint, get_model, save_checkpoint  # noqa: E402
 from gno_ext.models.gno_fno import BoundaryLayer  # noqa: E402
 from gno_ext.schema import BoundarySpec, Grid  # noqa: E402
+from tests.models._overfit import overfit_loss_ratio  # noqa: E402
 
 
 def tiny(**kw):
@@ -137,20 +138,7 @@ def test_the_boundary_layer_writes_each_segment_into_its_own_cells():
 
 def test_tiny_gno_fno_overfits_a_handful_of_samples():
     torch.manual_seed(6)
-    model = tiny(hidden_channels=24)
-    u = torch.randn(4, 1, 1, 16, 16)
-    theta = torch.tensor([[0.1], [0.2], [0.8], [0.9]])
-    target = u + 0.3 * torch.roll(u, 1, -1) * theta[:, :, None, None, None]
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    bc = BoundarySpec.periodic(2, 4)
-    first = None
-    for _ in range(200):
-        loss = (model(u, theta=theta, bc=bc) - target).pow(2).mean()
-        first = first if first is not None else loss.item()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    assert loss.item() < 0.01 * first
+    assert overfit_loss_ratio(tiny(hidden_channels=24), steps=200, lr=3e-3) < 0.01
 
 
 def test_forward_and_backward_read_nothing_on_the_host():
