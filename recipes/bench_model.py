@@ -153,7 +153,10 @@ def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: 
     cuda = device == "cuda"
     flat = FlatParameters(model.parameters()) if optimizer == "flat" else None
     params = model.parameters() if flat is None else flat.param_groups
-    return model, x, torch.optim.AdamW(params, lr=1e-4, fused=cuda, capturable=cuda and capturable), flat
+    # fused AdamW refuses complex parameters (the FNO's spectral weights): those take the
+    # multi-tensor AdamW, as in the trainer
+    fused = cuda and all(p.is_floating_point() for p in model.parameters())
+    return model, x, torch.optim.AdamW(params, lr=1e-4, fused=fused, capturable=cuda and capturable), flat
 
 
 def train_step(net: torch.nn.Module, x: dict, opt: torch.optim.Optimizer, device: str, graphs: bool = False,
