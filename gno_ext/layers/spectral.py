@@ -128,36 +128,44 @@ class GatedSpectralConv(BaseSpectralConv):
 
     def _gathered(self, x: Tensor, index: Tensor, output_shape: Any = None) -> Tensor:
         """Every sample through kernel ``index[b]``: the steps of ``SpectralConv.forward`` (its
-        transforms, mode selection and bias) with the contraction done per sample."""
+        transforms, mode selection and bias) with the contraction done per sample.
+
+        Between the transforms the data moves (stack, gather, slicing, the shift, the scatter
+        into the output's spectrum) on real views of the complex tensors: inductor's GPU code
+        generation has no complex types and failed to compile a gather of complex weights.
+        Only the transforms and the contraction see complex numbers."""
         first = self.kernels[0]
         if x.dtype in (torch.bfloat16, torch.float16):  # cuFFT has no bf16 transform (FullPrecisionSpectralConv)
             x = x.float()
         batch, _, *sizes = x.shape
         dims = list(range(-first.order, 0))
+        shifted = [d - 1 for d in dims[:-1]]  # the same axes of the real views, whose last axis is (real, imag)
         fft_size = [*sizes[:-1], sizes[-1] // 2 + 1]
-        spectrum = torch.fft.rfftn(x, norm=first.fft_norm, dim=dims)
+        spectrum = torch.view_as_real(torch.fft.rfftn(x, norm=first.fft_norm, dim=dims))
         if first.order > 1:
-            spectrum = torch.fft.fftshift(spectrum, dim=dims[:-1])
+            spectrum = torch.fft.fftshift(spectrum, dim=shifted)
         # the retained modes, centred on frequency 0 after the shift, as SpectralConv picks them
         starts = [top - min(size, n) for size, n, top in zip(fft_size, first.n_modes, first.max_n_modes)]
         cut = [slice(a // 2, -a // 2) if a else slice(None) for a in starts[:-1]]  # (-a // 2: SpectralConv's rounding)
         cut.append(slice(None, -starts[-1]) if starts[-1] else slice(None))
-        weights = torch.stack([k.weight.to_tensor() for k in self.kernels])[(slice(None),) * 3 + tuple(cut)]
+        weights = torch.stack([torch.view_as_real(k.weight.to_tensor()) for k in self.kernels])
+        weights = weights[(slice(None),) * 3 + tuple(cut)]  # (K, in, out, *modes, 2)
         modes = [slice(size // 2 - kept // 2, size // 2 + kept // 2 + kept % 2)
-                 for size, kept in zip(fft_size[:-1], weights.shape[3:-1])]
-        modes.append(slice(None, weights.shape[-1]))
+                 for size, kept in zip(fft_size[:-1], weights.shape[3:-2])]
+        modes.append(slice(None, weights.shape[-2]))
         region = (slice(None), slice(None), *modes)
         axes = "xyzw"[:first.order]
-        product = torch.einsum(f"bi{axes},bio{axes}->bo{axes}", spectrum[region], weights.index_select(0, index))
-        out = spectrum.new_zeros(batch, first.out_channels, *fft_size)
-        out[region] = product
+        product = torch.einsum(f"bi{axes},bio{axes}->bo{axes}", torch.view_as_complex(spectrum[region].contiguous()),
+                               torch.view_as_complex(weights.index_select(0, index).contiguous()))
+        out = spectrum.new_zeros(batch, first.out_channels, *fft_size, 2)
+        out[region] = torch.view_as_real(product)
         if first.order > 1:
-            out = torch.fft.fftshift(out, dim=dims[:-1])
+            out = torch.fft.fftshift(out, dim=shifted)
         if output_shape is not None:
             sizes = list(output_shape)
         elif first.resolution_scaling_factor is not None:
             sizes = [round(s * r) for s, r in zip(sizes, first.resolution_scaling_factor)]
-        y = torch.fft.irfftn(out, s=sizes, dim=dims, norm=first.fft_norm)
+        y = torch.fft.irfftn(torch.view_as_complex(out), s=sizes, dim=dims, norm=first.fft_norm)
         if first.bias is not None:
             y = y + torch.stack([k.bias for k in self.kernels]).index_select(0, index)
         return y

@@ -2,6 +2,8 @@ import functools
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 pytest.importorskip("neuralop")
 
@@ -142,3 +144,35 @@ def test_gathered_path_reads_nothing_on_the_host():
     conv.static = False
     with pytest.raises(NotImplementedError, match="bincount"), condition_on(conv, theta):
         conv(x)
+
+
+class _ComplexOperators(TorchDispatchMode):
+    """Records the operators that take or return a complex tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if any(isinstance(t, torch.Tensor) and t.is_complex() for t in tree_leaves((args, kwargs, out))):
+            self.names.add(func.overloadpacket.__name__)
+        return out
+
+
+def test_gathered_path_moves_no_complex_data_that_plain_spectral_conv_does_not():
+    """Inductor generates no GPU code for complex tensors: a gather of the complex weights
+    (``index_select``, its backward ``index_add``, the ``stack`` of the kernels) failed to
+    compile on a GPU (``KeyError: 'complex64'``). The static path moves its data on real views,
+    so in its forward and backward passes complex tensors meet only the operators that
+    neuraloperator's own ``SpectralConv`` (which compiles) uses, and the views between real and
+    complex."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 3, 16, 16, requires_grad=True)
+    gated, plain = GatedSpectralConv(3, 3, (6, 6), n_kernels=4, n_params=2), FullPrecisionSpectralConv(3, 3, (6, 6))
+    with _ComplexOperators() as seen_gated, condition_on(gated, torch.randn(5, 2)):
+        gated(x).square().sum().backward()
+    with _ComplexOperators() as seen_plain:
+        plain(x).square().sum().backward()
+    assert not seen_gated.names & {"index_select", "index_add", "index", "index_put", "stack", "cat", "gather"}
+    assert seen_gated.names - seen_plain.names <= {"view_as_complex", "detach"}
