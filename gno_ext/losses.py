@@ -185,11 +185,14 @@ def bin_parameters(theta: Tensor, edges: Sequence[Sequence[float]], boundary_typ
 
 @dataclass
 class Curriculum:
-    """The paper's two-stage curriculum (Algorithm 1).
+    """The paper's two-stage curriculum (Algorithm 1): the objective of each epoch.
 
     For ``warmup_epochs`` epochs the loss is the plain mean of the per-sample losses (MSE),
-    then group DRO with temperature ``tau``. Every epoch iterates over the boundary types in
-    turn (each update uses samples of one type).
+    then group DRO with temperature ``tau``. The training loop runs this object (from
+    ``trainer.curriculum`` and ``trainer.dro``); its batches, each of one boundary
+    configuration visited in turn, come from `gno_ext.training.CurriculumBatchSampler`, and on
+    several processes it computes `loss` over the global batch
+    (`gno_ext.training.objective.global_objective`, equal to `loss` in one process).
 
     Parameters
     ----------
@@ -197,33 +200,22 @@ class Curriculum:
         ``P`` (paper: 70 of 100).
     tau : float
         DRO temperature.
-    boundary_types : sequence of int
-        The boundary-type ids to iterate over.
     """
 
     warmup_epochs: int
     tau: float = 1.0
-    boundary_types: Sequence[int] = (0,)
 
     def __post_init__(self) -> None:
         if not is_integer(self.warmup_epochs) or self.warmup_epochs < 0:
             raise ValueError(f"warmup_epochs: must be an integer >= 0, got {self.warmup_epochs!r}")
         _check_tau(self.tau)
-        if len(self.boundary_types) == 0:
-            raise ValueError("boundary_types: expected at least one type")
-        if not all(is_integer(t) and t >= 0 for t in self.boundary_types):
-            raise ValueError(f"boundary_types: expected integer ids >= 0, got {list(self.boundary_types)}")
 
     def uses_dro(self, epoch: int) -> bool:
         """Whether epoch ``epoch`` (counted from 0) trains with group DRO."""
         return epoch >= self.warmup_epochs
 
-    def boundary_order(self, epoch: int) -> list[int]:
-        """The boundary types of epoch ``epoch``, in the order they are visited."""
-        return list(self.boundary_types)
-
     def loss(self, per_sample_loss: Tensor, groups: Tensor, epoch: int) -> Tensor:
-        """The objective of epoch ``epoch`` for one batch."""
+        """The objective of epoch ``epoch`` for one batch (in one process)."""
         if self.uses_dro(epoch):
             return group_dro_loss(per_sample_loss, groups, self.tau)
         return per_sample_loss.mean()

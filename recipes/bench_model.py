@@ -71,6 +71,7 @@ from gno_ext.layers import AttentionKernel, AttentionKernelBank, BoundaryTransfe
 from gno_ext.models import GNO, get_model
 from gno_ext.schema import BoundarySpec
 from gno_ext.training import FlatParameters, capture_step, compile_model
+from gno_ext.training.setup import fused_adamw
 
 MODELS = {
     "gno": {},
@@ -153,9 +154,7 @@ def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: 
     cuda = device == "cuda"
     flat = FlatParameters(model.parameters()) if optimizer == "flat" else None
     params = model.parameters() if flat is None else flat.param_groups
-    # fused AdamW refuses complex parameters (the FNO's spectral weights): those take the
-    # multi-tensor AdamW, as in the trainer
-    fused = cuda and all(p.is_floating_point() for p in model.parameters())
+    fused = fused_adamw([{"params": list(model.parameters())}], torch.device(device))  # as the trainer decides
     return model, x, torch.optim.AdamW(params, lr=1e-4, fused=fused, capturable=cuda and capturable), flat
 
 

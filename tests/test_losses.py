@@ -139,18 +139,15 @@ def test_bin_parameters():
 
 
 def test_curriculum_switches_to_dro_after_warmup():
-    cur = Curriculum(warmup_epochs=2, tau=1.0, boundary_types=(1, 2, 0))
+    cur = Curriculum(warmup_epochs=2, tau=1.0)
     loss, groups = torch.tensor([1.0, 1.0, 5.0]), torch.tensor([0, 0, 1])
     assert [cur.uses_dro(e) for e in range(4)] == [False, False, True, True]
     assert torch.isclose(cur.loss(loss, groups, 0), loss.mean())
     assert torch.isclose(cur.loss(loss, groups, 2), group_dro_loss(loss, groups, 1.0))
-    assert cur.boundary_order(0) == [1, 2, 0]
-    assert Curriculum(warmup_epochs=np.int64(2), boundary_types=(np.int64(1),)).uses_dro(2)
+    assert Curriculum(warmup_epochs=np.int64(2)).uses_dro(2)
     for kwargs, match in [(dict(warmup_epochs=1.5), r"warmup_epochs: must be an integer >= 0, got 1.5"),
                           (dict(warmup_epochs=-1), r"warmup_epochs: must be an integer >= 0, got -1"),
-                          (dict(warmup_epochs=1, boundary_types=(0, -1)), r"boundary_types: expected integer ids >= 0, "
-                                                                           r"got \[0, -1\]"),
-                          (dict(warmup_epochs=1, boundary_types=(0.5,)), r"boundary_types: expected integer ids")]:
+                          (dict(warmup_epochs=1, tau=0.0), r"tau")]:
         with pytest.raises(ValueError, match=match):
             Curriculum(**kwargs)
 

@@ -45,7 +45,67 @@ from torch import Tensor
 from gno_ext.schema import PDEBatch
 from gno_ext.training.flat import FlatParameters
 
-__all__ = ["CapturedSteps", "check_capture_settings", "signature"]
+__all__ = ["CapturedSteps", "capture_step", "check_capture_settings", "signature"]
+
+
+def capture_step(fn: Callable[[], Any], warmup: int = 3, pool: Any = None, stream: torch.cuda.Stream | None = None,
+                 capture_error_mode: str = "global") -> Callable[[], None]:
+    """Capture ``fn`` (a whole training step, or a forward pass) in one CUDA graph and return
+    the graph's ``replay``.
+
+    ``fn`` first runs ``warmup`` times on a side stream, as `torch.cuda.graph` requires:
+    compilation, autotuning, the optimizer's lazy state and cuBLAS workspaces happen there,
+    not during the capture. The capture records the work without running it, so the first
+    ``replay()`` performs step ``warmup + 1``. What ``fn`` allocates during the capture
+    (activations, gradients) lives in the graph's memory pool and is reused by every replay.
+    Inputs, parameters and optimizer state must stay where they are: copy each new batch
+    into the tensors ``fn`` reads.
+
+    ``pool`` (from `torch.cuda.graph_pool_handle`) lets several graphs share one memory pool,
+    for graphs that never run at the same time and whose outputs are read before another of
+    them is replayed. ``stream``: run the warm-up and the capture on this stream (default: a
+    new side stream for the warm-up, PyTorch's capture stream for the capture).
+    ``capture_error_mode``: as for `torch.cuda.graph` (``"thread_local"`` lets other threads,
+    such as a DataLoader's pin-memory thread, use CUDA during the capture).
+
+    For a training step, use a capturable optimizer (``torch.optim.AdamW(...,
+    capturable=True)``) and a model compiled *without* CUDA graphs of its own
+    (`compile_model` with ``mode=True``). On the paper-size GNO at batch 256 this took an H100
+    training step from 13.6 to 8.9 ms against ``mode="reduce-overhead"``, which leaves the
+    optimizer step to Python (benchmarks/history.md, sixth round).
+
+    Two pitfalls:
+
+    * An autograd graph made on the default stream that is still alive (a ``loss`` kept from
+      an eager step, say) holds gradient accumulators bound to that stream, and the captured
+      backward fails on them ("operation would make the legacy stream depend on a capturing
+      blocking stream"). Let such graphs die before capturing.
+    * Eager input checks that read the device are skipped during a capture (as under
+      `torch.compile`); run one eager call on new kinds of input first.
+
+    Examples
+    --------
+    >>> opt = torch.optim.AdamW(model.parameters(), fused=True, capturable=True)  # doctest: +SKIP
+    >>> def step():  # doctest: +SKIP
+    ...     loss = (net(u, theta=theta, bc=bc) - target).pow(2).mean()
+    ...     opt.zero_grad(set_to_none=True)
+    ...     loss.backward()
+    ...     opt.step()
+    >>> replay = capture_step(step)  # doctest: +SKIP
+    >>> u.copy_(next_u); replay()  # doctest: +SKIP
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("capture_step: CUDA graphs need a CUDA device, and none is available")
+    side = stream if stream is not None else torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
+        fn()
+    return graph.replay
 
 
 def check_capture_settings(device: torch.device, world: int, accum: int, precision: str, compile_mode: Any,
@@ -102,7 +162,8 @@ def _copy_into(static: Any, value: Any) -> None:
 
 
 class CapturedSteps:
-    """The training loop's steps as CUDA graph replays (see the module's text).
+    """The training loop's steps as CUDA graph replays (see the module's text); the step
+    interface of `gno_ext.training.steps.Steps`.
 
     Parameters
     ----------
@@ -132,10 +193,11 @@ class CapturedSteps:
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[Any, tuple[Callable[[], None], PDEBatch, Tensor, dict[str, Tensor]]] = {}
         self._step: Callable[[], None] | None = None
+        self._norm: Tensor | None = None
+
+    replayed = True
 
     def _capture(self, fn: Callable[[], Any], warmup: int) -> Callable[[], None]:
-        from gno_ext.training.loop import capture_step
-
         try:
             # thread_local: a DataLoader's pin-memory thread may use CUDA meanwhile
             return capture_step(fn, warmup=warmup, pool=self.pool, stream=self.stream,
@@ -144,11 +206,11 @@ class CapturedSteps:
             raise RuntimeError(f"trainer.capture=true: the training step could not be captured in a CUDA graph "
                                f"({error}). Set trainer.capture=false for this model") from error
 
-    def forward_backward(self, batch: PDEBatch, groups: Tensor, dro: bool) -> tuple[Tensor, Tensor | None]:
+    def forward_backward(self, batch: PDEBatch, groups: Tensor, dro: bool, last_micro: bool = True) -> Tensor:
         """Replay (capturing it first for a new signature) the forward and backward passes on
-        ``batch``, which leave the gradients, clipped, in the flat buffers. Returns the loss and
-        the gradient norm (before clipping, if any): device tensors that the next
-        replay overwrites."""
+        ``batch``, which leave the gradients, clipped, in the flat buffers. Returns the loss: a
+        device tensor that the next replay overwrites, as is the gradient norm it keeps for
+        `gradient_norm`. (``last_micro``: always, the captured steps accumulate no gradients.)"""
         key = (signature(batch), signature(groups), dro)
         if key not in self.graphs:
             static, static_groups = _clone(batch), groups.clone()
@@ -172,7 +234,13 @@ class CapturedSteps:
         _copy_into(static, batch)
         static_groups.copy_(groups, non_blocking=True)
         replay()
-        return out["loss"], out.get("norm")
+        self._norm = out["norm"]
+        return out["loss"]
+
+    def gradient_norm(self, clean: bool) -> float:
+        """The gradient norm of the last replay (before clipping, if any), or NaN if not ``clean``:
+        the replay has already gathered, averaged and clipped the gradients."""
+        return float(self._norm) if clean else float("nan")
 
     def optimizer_step(self) -> None:
         """Replay the optimizer step (captured on the first call, after a forward-backward
@@ -180,3 +248,6 @@ class CapturedSteps:
         if self._step is None:
             self._step = self._capture(self.optimizer.step, warmup=0)
         self._step()
+
+    def zero_grad(self) -> None:
+        """Nothing to do: every replay overwrites the flat buffers' gradients in full."""

@@ -30,7 +30,7 @@ from gno_ext.schema import PDEBatch
 
 __all__ = ["DataSpec", "open_split", "data_spec", "parameter_values", "window_boundary_kinds", "GroupBinner",
            "CurriculumBatchSampler", "model_kwargs_from_data", "rollout_indices", "trajectory_lengths", "default_cache",
-           "prepare_data", "batch_to", "resolved_root"]
+           "prepare_data", "batch_to", "resolved_root", "spread", "training_groups"]
 
 TRL_HELP = ("The Well's turbulent_radiative_layer_2D is not on this machine. Download it (about 7 GB) with\n"
             "    pip install the_well && the-well-download --base-path /path/to/the_well "
@@ -436,3 +436,18 @@ def trajectory_lengths(ds: Dataset) -> list[int]:
 def batch_to(batch: PDEBatch, device: torch.device) -> PDEBatch:
     """Move a batch to ``device`` (no copy when it is there already)."""
     return batch if batch.u_in.device == device else batch.to(device)
+
+
+def spread(n: int, k: int) -> list[int]:
+    """``k`` indices spread evenly over ``range(n)`` (all when ``k >= n``)."""
+    return list(range(n)) if k >= n else [int(i) for i in np.linspace(0, n - 1, k).round()]
+
+
+def training_groups(cfg: Mapping[str, Any], train_ds: Dataset) -> tuple[DataSpec, Tensor, np.ndarray, GroupBinner]:
+    """From the training split's metadata, read once: the model sizes (`DataSpec`), the parameter
+    values, the boundary types of every window, and the run's DRO groups (boundary
+    configurations x parameter bins)."""
+    values, kinds = parameter_values(train_ds), window_boundary_kinds(train_ds)
+    spec = data_spec(train_ds, cfg["data"].get("log_params"), values)
+    names = parameter_names(train_ds, values.shape[1], cfg.get("recipe", {}).get("parameter"))
+    return spec, values, kinds, GroupBinner(values, kinds, int(cfg["trainer"]["dro"]["bins"]), spec.log_params, names)

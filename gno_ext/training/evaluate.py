@@ -12,6 +12,10 @@ The report gives the mean and standard deviation over trajectories, the error of
 group (boundary configuration x parameter bin, the same groups training uses) and of every
 boundary configuration, the training loss curve where the run's ``metrics.jsonl`` is given, and
 shows the rollouts of the worst, the median and the best trajectory.
+
+The entry points: `evaluate_run` evaluates a model on a recipe's test split (the training loop
+runs it at the end of training); `evaluate_saved` evaluates a run's folder, or any checkpoint,
+afterwards (``recipes/evaluate.py``).
 """
 
 from __future__ import annotations
@@ -23,15 +27,26 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from gno_ext.losses import nmse, relative_l2
 from gno_ext.models.rollout import rollout
 from gno_ext.schema import BCType, collate
-from gno_ext.training.data import GroupBinner, batch_to
+from gno_ext.training.checkpoint import latest_checkpoint
+from gno_ext.training.data import (
+    GroupBinner,
+    batch_to,
+    open_split,
+    rollout_indices,
+    spread,
+    training_groups,
+    trajectory_lengths,
+)
+from gno_ext.training.objective import choose_precision
 
-__all__ = ["evaluate_rollouts", "write_report"]
+__all__ = ["evaluate_rollouts", "evaluate_run", "evaluate_saved", "write_report"]
 
 
 @torch.no_grad()
@@ -288,3 +303,102 @@ def write_report(result: Mapping[str, Any], binner: GroupBinner, out_dir: str | 
     (out / "report.md").write_text("\n".join(lines) + "\n")
     return summary
 
+
+def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, out_dir: str | Path | None = None,
+                   overrides: Mapping[str, Any] | None = None, device: str | None = None,
+                   precision: str | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """Evaluate a finished or running run from its folder (what ``recipes/evaluate.py`` does).
+
+    Parameters
+    ----------
+    run_dir : str or Path
+        The run folder (it holds ``config.yaml``).
+    checkpoint : str or Path, optional
+        A checkpoint folder (default: the run's final ``model/``, else its newest checkpoint).
+    out_dir : str or Path, optional
+        Where the report goes (default: ``RUN/eval`` for the run's final model, else
+        ``RUN/eval/<checkpoint>``, named by the checkpoint's path: the report of any checkpoint,
+        of this run or another, stays with the run whose data it used).
+    overrides : mapping, optional
+        Changes to the ``eval`` section (``steps``, ``split``, ``max_trajectories``, ...).
+    device : str, optional
+        Default: cuda when available.
+    precision : {"auto", "bf16", "fp16", "no"}, optional
+        Mixed precision of the rollouts (``"no"``: float32). Default: on a GPU, the run's
+        ``trainer.precision``, resolved as training resolves it (`choose_precision`); float32
+        elsewhere. So the report reproduces the one that training wrote at its end on the same
+        kind of device.
+    overwrite : bool
+        Replace a report already in the output folder (default: refuse, naming it).
+    """
+    from gno_ext.models.registry import from_checkpoint
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise FileNotFoundError(f"{run_dir}: not a run folder (no config.yaml)")
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg["eval"] = {**cfg.get("eval", {}), **(overrides or {})}
+    if checkpoint is None:
+        checkpoint = run_dir / "model" if (run_dir / "model").is_dir() else latest_checkpoint(run_dir)
+        if checkpoint is None:
+            raise FileNotFoundError(f"{run_dir}: no final model and no checkpoint to evaluate")
+    checkpoint = Path(checkpoint)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device_type = torch.device(device).type
+    if precision is None:
+        precision = cfg.get("trainer", {}).get("precision", "auto") if device_type == "cuda" else "no"
+    try:
+        precision = choose_precision(precision, device_type)
+    except ValueError as error:
+        raise ValueError(f"evaluation on {device}, precision {precision!r}: {error}") from None
+    model = from_checkpoint(checkpoint, device=device)
+    cfg["model"] = {**cfg.get("model", {}), "name": model.model_config["name"]}  # the model evaluated, not the run's
+    train_ds = open_split(cfg["data"], "train", int(cfg["data"].get("n_steps_input", 1)), 1, metadata_only=True)
+    if out_dir is None:
+        own = checkpoint.resolve() == (run_dir / "model").resolve()
+        out_dir = run_dir / "eval" if own else run_dir / "eval" / _checkpoint_label(run_dir, checkpoint)
+    if (Path(out_dir) / "report.json").exists() and not overwrite:
+        raise FileExistsError(f"{Path(out_dir) / 'report.json'}: an earlier report is there; write this one elsewhere "
+                              "(--out DIR) or replace it (--overwrite)")
+    return evaluate_run(cfg, model, training_groups(cfg, train_ds)[3], Path(out_dir), device, precision,
+                        checkpoint=str(checkpoint), metrics=run_dir / "metrics.jsonl")
+
+
+def _checkpoint_label(run_dir: Path, checkpoint: Path) -> str:
+    """A folder name for a checkpoint's report: its path inside the run (``checkpoints-step_00000040``),
+    or its last three path parts for a checkpoint of another folder (``other-run-model``)."""
+    path = checkpoint.resolve()
+    try:
+        parts = path.relative_to(run_dir.resolve()).parts
+    except ValueError:
+        parts = path.parts[-3:]
+    return "-".join(p for p in parts if p not in ("", "/"))
+
+
+def evaluate_run(cfg: Mapping[str, Any], model: nn.Module, binner: GroupBinner, out_dir: Path,
+                 device: torch.device | str = "cpu", precision: str = "no", checkpoint: str | None = None,
+                 metrics: Path | None = None) -> dict[str, Any]:
+    """Roll out ``model`` on the test split of ``cfg``'s data and write the report into ``out_dir``
+    (``precision``: ``"bf16"`` or ``"fp16"`` for autocast, ``"no"`` for float32; the report
+    records it, and ``checkpoint``, the folder the model came from, where given; ``metrics``,
+    the run's ``metrics.jsonl``, gives the report its training curve)."""
+    ev, data_cfg = cfg.get("eval", {}), cfg["data"]
+    t_in = int(data_cfg.get("n_steps_input", 1))
+    steps = int(ev.get("steps", 10))
+    split = ev.get("split", "test")
+    longest = max(trajectory_lengths(open_split(data_cfg, split, t_in, 1, metadata_only=True)))
+    if steps > longest - t_in:
+        print(f"eval.steps={steps} but the {split} trajectories have {longest} frames: rolling out {longest - t_in}")
+        steps = longest - t_in
+    ds = open_split(data_cfg, split, t_in, steps)
+    indices = rollout_indices(ds)
+    if ev.get("max_trajectories"):
+        indices = [indices[i] for i in spread(len(indices), int(ev["max_trajectories"]))]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    result = evaluate_rollouts(model, ds, indices, steps, binner, device, int(ev.get("batch_size", 16)), dtype,
+                               keep_examples=int(ev.get("figures", 3)))
+    info = {"recipe": cfg["recipe"]["name"], "model": cfg["model"]["name"], "size": cfg.get("size"), "split": split,
+            "precision": precision, **({"checkpoint": checkpoint} if checkpoint else {})}
+    log_theta = bool(binner.log and binner.log[0])
+    return write_report(result, binner, out_dir, info, log_theta=log_theta, figures=int(ev.get("figures", 3)) > 0,
+                        metrics=metrics)

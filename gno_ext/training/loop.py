@@ -4,25 +4,27 @@ r"""The training loop behind ``recipes/train.py``: Accelerate, the DRO curriculu
 ``recipes/conf``) and runs one job on whatever Accelerate finds: one CPU, one GPU, or DDP over
 many GPUs and nodes (``accelerate launch`` or ``torchrun``).
 
-* Objective: per-sample MSE on fields scaled by the training data's per-channel standard
-  deviation; plain mean for the first ``P`` epochs, then group DRO (log-sum-exp) over
-  boundary-configuration x parameter-bin groups, reduced across processes before the
-  log-sum-exp (`gno_ext.training.objective.global_objective`). Batches hold one boundary
-  configuration each, visited in turn (Algorithm 1 of the paper).
-* Optimiser: AdamW (no weight decay on biases, norms and embeddings' 1-D parameters), cosine
-  schedule with linear warm-up, gradient clipping, optional EMA of the weights. By default
-  (``trainer.flat_parameters``) the optimizer steps one flat buffer per parameter group, of
-  which the parameters are views (`gno_ext.training.flat.FlatParameters`): a few large
-  tensors instead of hundreds of small ones.
-* Speed: ``trainer.compile`` (inductor, optionally with CUDA graphs of the model), and
-  ``trainer.capture`` (the whole step replayed from CUDA graphs, `gno_ext.training.captured`;
-  on several processes with ``trainer.grad_sync=flat``: the model outside DDP and the flat
-  buffers' gradients averaged by the loop, `resolve_grad_sync`).
-* Non-finite losses or gradients: the update is skipped and counted; after
-  ``trainer.max_nonfinite`` consecutive ones the run stops with an error.
-* Precision: bf16 where every device supports it, else fp16 with loss scaling, else fp32.
-* One run folder, chosen from the configuration (the same in every process); only the main
-  process writes.
+The parts, in the order a run meets them:
+
+* the settings (`gno_ext.training.settings.Settings`): every key the loop reads, with its
+  default, checked before anything is generated, trained or overwritten;
+* the run folder: resumed, replaced (``overwrite=true``, only a folder gno_ext made) or new;
+* the data, the DRO groups (boundary configuration x parameter bins) and the curriculum's
+  batch sampler (batches of one boundary configuration each, Algorithm 1 of the paper);
+* the set-up (`gno_ext.training.setup.set_up`): the model compiled and placed in DDP or outside
+  it, AdamW over flat buffers (`FlatParameters`) with a cosine schedule after a linear
+  warm-up, the precision (bf16 where every device supports it, else fp16 with loss scaling,
+  else fp32), the EMA;
+* the steps (`gno_ext.training.steps`): the objective (per-sample MSE on fields scaled by the
+  training data's per-channel standard deviation; the plain mean for the first ``P`` epochs,
+  then group DRO, reduced across processes before the log-sum-exp), run eagerly or replayed
+  from CUDA graphs (``trainer.capture=true``, `gno_ext.training.captured`);
+* the epochs (`EpochLoop`): non-finite losses or gradients skip the update (after
+  ``trainer.max_nonfinite`` consecutive ones the run stops with an error), logging, one-step
+  validation, checkpoints;
+* the final model and its evaluation (`gno_ext.training.evaluate`).
+
+Only the main process writes.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,40 +49,29 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 
 from gno_ext.layers.embeddings import field_statistics
-from gno_ext.layers.mixture import has_dispatch
-from gno_ext.losses import mse_per_sample, nmse
+from gno_ext.losses import Curriculum, nmse
 from gno_ext.models.registry import get_model, model_class, save_checkpoint
 from gno_ext.schema import collate
 from gno_ext.training.captured import CapturedSteps, check_capture_settings
-from gno_ext.training.checkpoint import (
-    latest_checkpoint,
-    load_training_checkpoint,
-    save_training_checkpoint,
-)
+from gno_ext.training.checkpoint import latest_checkpoint, load_training_checkpoint, save_training_checkpoint
 from gno_ext.training.data import (
     CurriculumBatchSampler,
     GroupBinner,
     batch_to,
-    data_spec,
     model_kwargs_from_data,
     open_split,
-    parameter_names,
-    parameter_values,
     prepare_data,
     resolved_root,
-    rollout_indices,
-    trajectory_lengths,
-    window_boundary_kinds,
+    spread,
+    training_groups,
 )
-from gno_ext.training.evaluate import evaluate_rollouts, write_report
-from gno_ext.training.flat import FlatParameters
-from gno_ext.training.objective import (
-    NonFiniteGuard,
-    choose_precision,
-    global_objective,
-)
+from gno_ext.training.evaluate import evaluate_run
+from gno_ext.training.objective import NonFiniteGuard, choose_precision
+from gno_ext.training.settings import Settings
+from gno_ext.training.setup import Training, fresh_accelerate_state, resolve_grad_sync, set_lr_type, set_up
+from gno_ext.training.steps import EagerSteps, Objective, Steps, make_objective, unwrap_optimizer
 
-__all__ = ["train", "run_dir_of", "evaluate_run", "evaluate_saved", "training_groups", "resolve_grad_sync"]
+__all__ = ["EpochLoop", "Progress", "run_dir_of", "train"]
 
 # keys that may change between a run and its resumption
 RESUME_FREE = ("resume", "overwrite", "run_dir", "trainer.epochs", "trainer.max_steps", "trainer.progress",
@@ -117,290 +109,6 @@ def _check_resume_config(saved: Mapping[str, Any], cfg: Mapping[str, Any], path:
                          f"Resume with the same settings, or start a new run (run_dir=... or overwrite=true).")
 
 
-def compile_model(model: nn.Module, mode: bool | str = True, options: Mapping[str, Any] | None = None) -> nn.Module:
-    """`torch.compile` with a mode *and* extra inductor options.
-
-    `torch.compile` takes either ``mode`` or ``options``; this merges the mode's own options
-    (``torch._inductor.list_mode_options``, e.g. CUDA graphs for ``"reduce-overhead"``) with
-    ``options``, which win.
-
-    Parameters
-    ----------
-    model : nn.Module
-    mode : bool or str
-        True (the default mode), or a mode name: ``"reduce-overhead"``, ``"max-autotune"``, ...
-    options : mapping, optional
-        Inductor options, e.g. ``{"combo_kernels": True}`` (which runs independent small
-        kernels together; a paper-size GNO training step 6 to 7 % faster on an H100, see the
-        benchmarks page).
-
-    Examples
-    --------
-    >>> net = compile_model(nn.Linear(4, 4), "reduce-overhead", {"combo_kernels": True})
-    """
-    name = "default" if mode is True else str(mode)
-    if not options:
-        return torch.compile(model, mode=None if mode is True else name)
-    from torch._inductor import config, list_mode_options
-
-    modes = list_mode_options(None)
-    if name not in modes:
-        raise ValueError(f"compile mode {name!r}: unknown; one of true, {', '.join(sorted(modes))}")
-    unknown = sorted(set(options) - set(config.get_config_copy()))
-    if unknown:
-        raise ValueError(f"compile options: {unknown} are not inductor options (torch._inductor.config)")
-    return torch.compile(model, options={**list_mode_options(name), **dict(options)})
-
-
-def capture_step(fn: Callable[[], Any], warmup: int = 3, pool: Any = None, stream: torch.cuda.Stream | None = None,
-                 capture_error_mode: str = "global") -> Callable[[], None]:
-    """Capture ``fn`` (a whole training step, or a forward pass) in one CUDA graph and return
-    the graph's ``replay``.
-
-    ``fn`` first runs ``warmup`` times on a side stream, as `torch.cuda.graph` requires:
-    compilation, autotuning, the optimizer's lazy state and cuBLAS workspaces happen there,
-    not during the capture. The capture records the work without running it, so the first
-    ``replay()`` performs step ``warmup + 1``. What ``fn`` allocates during the capture
-    (activations, gradients) lives in the graph's memory pool and is reused by every replay.
-    Inputs, parameters and optimizer state must stay where they are: copy each new batch
-    into the tensors ``fn`` reads.
-
-    ``pool`` (from `torch.cuda.graph_pool_handle`) lets several graphs share one memory pool,
-    for graphs that never run at the same time and whose outputs are read before another of
-    them is replayed. ``stream``: run the warm-up and the capture on this stream (default: a
-    new side stream for the warm-up, PyTorch's capture stream for the capture).
-    ``capture_error_mode``: as for `torch.cuda.graph` (``"thread_local"`` lets other threads,
-    such as a DataLoader's pin-memory thread, use CUDA during the capture).
-
-    For a training step, use a capturable optimizer (``torch.optim.AdamW(...,
-    capturable=True)``) and a model compiled *without* CUDA graphs of its own
-    (`compile_model` with ``mode=True``). On the paper-size GNO at batch 256 this took an H100
-    training step from 13.6 to 8.9 ms against ``mode="reduce-overhead"``, which leaves the
-    optimizer step to Python (benchmarks/history.md, sixth round).
-
-    Two pitfalls:
-
-    * An autograd graph made on the default stream that is still alive (a ``loss`` kept from
-      an eager step, say) holds gradient accumulators bound to that stream, and the captured
-      backward fails on them ("operation would make the legacy stream depend on a capturing
-      blocking stream"). Let such graphs die before capturing.
-    * Eager input checks that read the device are skipped during a capture (as under
-      `torch.compile`); run one eager call on new kinds of input first.
-
-    Examples
-    --------
-    >>> opt = torch.optim.AdamW(model.parameters(), fused=True, capturable=True)  # doctest: +SKIP
-    >>> def step():  # doctest: +SKIP
-    ...     loss = (net(u, theta=theta, bc=bc) - target).pow(2).mean()
-    ...     opt.zero_grad(set_to_none=True)
-    ...     loss.backward()
-    ...     opt.step()
-    >>> replay = capture_step(step)  # doctest: +SKIP
-    >>> u.copy_(next_u); replay()  # doctest: +SKIP
-    """
-    if not torch.cuda.is_available():
-        raise RuntimeError("capture_step: CUDA graphs need a CUDA device, and none is available")
-    side = stream if stream is not None else torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
-        fn()
-    return graph.replay
-
-
-def _set_lr_type(groups: list[dict[str, Any]], device: torch.device, capture: bool) -> None:
-    """Each parameter group's learning rate as a tensor on ``device`` for a captured optimizer
-    step (the scheduler fills it in place), else as a float. ``initial_lr``, from which the
-    scheduler computes, stays a float."""
-    for g in groups:
-        value = float(g["lr"])
-        g["initial_lr"] = float(g.get("initial_lr", value))
-        g["lr"] = torch.tensor(value, device=device) if capture else value
-
-
-GRAD_SYNC = ("auto", "ddp", "flat")
-
-
-def resolve_grad_sync(requested: Any, world: int, capture: bool, flat: bool) -> str:
-    """``trainer.grad_sync`` as the run uses it: ``ddp`` (the model wrapped in DDP, whose hooks
-    all-reduce the gradients in buckets during the backward pass) or ``flat`` (the model
-    outside DDP; after the backward pass the loop averages the flat buffers' gradients, one
-    all-reduce per buffer: `FlatParameters.average_grads`). ``auto`` is ``flat`` for a captured
-    step on several processes (a CUDA graph does not replay DDP's hooks), else ``ddp``."""
-    if requested not in GRAD_SYNC:
-        raise ValueError(f"trainer.grad_sync: expected one of {', '.join(GRAD_SYNC)}, got {requested!r}")
-    if requested == "auto":
-        return "flat" if capture and world > 1 else "ddp"
-    if requested == "flat" and not flat:
-        raise ValueError("trainer.grad_sync=flat: needs trainer.flat_parameters=true (the gradients are averaged "
-                         "in the flat buffers)")
-    return requested
-
-
-def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Weight decay on the weights only: not on 1-D parameters (norms, embeddings' vectors) nor
-    on biases, stacked ones included (``AttentionKernelBank.q_bias``, shape (K, out))."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        leaf = name.rsplit(".", 1)[-1]
-        (no_decay if p.ndim < 2 or leaf == "bias" or leaf.endswith("_bias") else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def _schedule(kind: str, warmup_fraction: float, floor: float, total_steps: int):
-    warmup = int(round(warmup_fraction * total_steps))
-    if kind not in ("cosine", "constant"):
-        raise ValueError(f"optimizer.schedule: expected cosine or constant, got {kind!r}")
-
-    def factor(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if kind == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-    return factor
-
-
-def _fetch(ds: Dataset, indices: list[int]):
-    """A batch of windows, through the dataset's batched reader when it has one."""
-    return collate(ds.__getitems__(indices) if hasattr(ds, "__getitems__") else [ds[i] for i in indices])
-
-
-def _spread(n: int, k: int) -> list[int]:
-    """``k`` indices spread evenly over ``range(n)`` (all when ``k >= n``)."""
-    return list(range(n)) if k >= n else [int(i) for i in np.linspace(0, n - 1, k).round()]
-
-
-def _check_finite_windows(fields: torch.Tensor, windows: list[int], root: Any) -> None:
-    """Raise a `ValueError` naming the first training window (of those read to set the
-    normalisation) whose fields are not all finite: with it the statistics, and so every
-    prediction, would be NaN."""
-    bad = ~torch.isfinite(fields).flatten(1).all(1)
-    if bad.any():
-        first = int(bad.nonzero()[0])
-        raise ValueError(f"data under {root}: training window {windows[first]} holds non-finite field values "
-                         f"({int(bad.sum())} of the {len(windows)} windows read to set the normalisation do)")
-
-
-@torch.no_grad()
-def _validate(model: nn.Module, ds: Dataset, scale: torch.Tensor, device: torch.device, batch_size: int,
-              n_batches: int, rank: int, world: int, autocast: Any) -> float:
-    """Mean one-step nMSE over up to ``n_batches`` batches of ``ds`` (spread over the split),
-    sharded over processes."""
-    idx = _spread(len(ds), n_batches * batch_size)
-    loader = DataLoader(Subset(ds, idx[rank::world]), batch_size=batch_size, collate_fn=collate)
-    total = torch.zeros(2, dtype=torch.float64, device=device)
-    model.eval()
-    for batch in loader:
-        batch = batch_to(batch, device)
-        with autocast():
-            pred = model(batch.u_in, theta=batch.theta, theta_field=batch.theta_field, bc=batch.bc, grid=batch.grid)
-        e = nmse(pred.float(), batch.u_out[:, :1].float())
-        total += torch.stack([e.sum().double(), torch.tensor(float(len(e)), device=device, dtype=torch.float64)])
-    model.train()
-    if world > 1:
-        dist.all_reduce(total)
-    return float(total[0] / total[1].clamp_min(1))
-
-
-def _fresh_accelerate_state() -> None:
-    """Forget the accelerate state that an earlier `train` call left in this process, so that a
-    later call may run in another precision or on another device (accelerate refuses to change
-    them once set: on a GPU, a bf16 run followed by ``trainer.precision=no`` in one notebook
-    failed). Only in a single process: a distributed job keeps its process group."""
-    from accelerate.state import AcceleratorState, PartialState
-
-    if PartialState._shared_state and PartialState().num_processes == 1:
-        AcceleratorState._reset_state(reset_partial_state=True)
-
-
-def _fused_adamw(groups: list[dict[str, Any]], device: torch.device) -> bool:
-    """Whether AdamW runs fused (one kernel for all parameters): on GPUs, where every parameter
-    is real. Fused AdamW refuses complex parameters, such as the spectral weights of
-    neuraloperator's FNO; those models take the multi-tensor (foreach) AdamW instead."""
-    return device.type == "cuda" and all(p.is_floating_point() for g in groups for p in g["params"])
-
-
-def _wait_for_everyone(state) -> None:
-    """All processes meet here (``state``: accelerate's `PartialState` or `Accelerator`).
-
-    Accelerate's own ``wait_for_everyone`` passes each process's local index to the barrier as
-    a device id, also for CPU processes (gloo), and torch then places the barrier's tensor on
-    that GPU wherever CUDA is present: CPU processes on a machine with fewer GPUs than
-    processes failed with "invalid device ordinal" (accelerate 1.15, torch 2.11). CPU processes
-    therefore meet in a barrier without a device, which gloo holds on the CPU."""
-    from accelerate.utils import DistributedType
-
-    if state.distributed_type == DistributedType.MULTI_CPU:
-        torch.distributed.barrier()
-    else:
-        state.wait_for_everyone()
-
-
-# Numeric settings checked when a run starts, before anything is generated, trained or
-# overwritten (many would otherwise fail late, or train wrongly without a word):
-# key, default, lowest, highest, integer, null allowed; "> 0": above zero.
-SETTINGS = (
-    ("trainer.epochs", None, 1, math.inf, True, False),
-    ("trainer.batch_size", None, 1, math.inf, True, False),
-    ("trainer.grad_accum", 1, 1, math.inf, True, False),
-    ("trainer.log_every", 10, 1, math.inf, True, False),
-    ("trainer.val_every", 1, 1, math.inf, True, False),
-    ("trainer.val_batches", 4, 0, math.inf, True, False),
-    ("trainer.checkpoint_every", 0, 0, math.inf, True, True),
-    ("trainer.keep_checkpoints", 3, 0, math.inf, True, False),
-    ("trainer.max_steps", None, 1, math.inf, True, True),
-    ("trainer.clip_grad", None, "> 0", math.inf, False, True),  # (a negative norm reversed the gradients)
-    ("trainer.ema.decay", 0.999, 0, 1, False, False),
-    ("trainer.curriculum.warmup_fraction", 0.7, 0, 1, False, False),
-    ("trainer.curriculum.warmup_epochs", None, 0, math.inf, True, True),
-    ("optimizer.lr", None, 0, math.inf, False, False),
-    ("optimizer.weight_decay", 0.0, 0, math.inf, False, False),
-    ("optimizer.warmup_fraction", 0.05, 0, 1, False, False),
-    ("optimizer.min_lr_ratio", 0.0, 0, 1, False, False),
-    ("trainer.dro.tau", 1.0, "> 0", math.inf, False, False),  # (infinity gave a NaN loss)
-    ("trainer.dro.bins", 8, 1, math.inf, True, False),
-    ("trainer.max_nonfinite", 5, 1, math.inf, True, False),
-    ("trainer.num_workers", 0, 0, math.inf, True, False),
-    ("trainer.dist_timeout_minutes", 120, "> 0", math.inf, False, False),
-)
-
-
-def _setting(flat: Mapping[str, Any], key: str, default: Any, low: float | str, high: float, integer: bool,
-             nullable: bool) -> Any:
-    """The value of the dotted ``key`` of the flattened configuration ``flat`` (``default`` where
-    it is absent), checked."""
-    value = flat.get(key, default)
-    if value is None and nullable:
-        return None
-    wanted = "an integer" if integer else "a number"
-    bounds = "above 0" if low == "> 0" else f"in [{low}, {high}]" if high < math.inf else f">= {low}"
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not number or not math.isfinite(value) or (integer and value != int(value)) or value > high \
-            or (value <= 0 if low == "> 0" else value < low):
-        raise ValueError(f"{key}: expected {wanted} {bounds}{' or null' if nullable else ''}, got {value!r}")
-    return int(value) if integer else float(value)
-
-
-def _check_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The values of `SETTINGS`, checked, by key (the training loop reads them from here, so
-    their defaults are written once); ``trainer.curriculum.warmup_epochs`` is resolved from
-    ``warmup_fraction`` where it is null."""
-    flat = _flatten(cfg)
-    values = {key: _setting(flat, key, *rule) for key, *rule in SETTINGS}
-    if values["trainer.curriculum.warmup_epochs"] is None:
-        values["trainer.curriculum.warmup_epochs"] = int(round(values["trainer.curriculum.warmup_fraction"]
-                                                               * values["trainer.epochs"]))
-    return values
-
-
 def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """Run one recipe (training, evaluation, report) from its resolved configuration.
 
@@ -425,290 +133,279 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     """`train` up to the destruction of the process group: the accelerator and the result."""
-    from accelerate import Accelerator, PartialState
-    from accelerate.utils import DistributedDataParallelKwargs, set_seed
+    from accelerate import PartialState
+    from accelerate.utils import set_seed
 
     cfg = json.loads(json.dumps(cfg))  # a plain, private copy
-    tr, opt_cfg, data_cfg = cfg["trainer"], cfg["optimizer"], cfg["data"]
+    data_cfg = cfg["data"]
     data_cfg["root"] = resolved_root(data_cfg)
-    device_req = tr.get("device", "auto")
-    if device_req not in ("auto", "cpu"):
-        raise ValueError(f"trainer.device: expected auto or cpu, got {device_req!r} (GPUs are chosen by the launcher)")
-    settings = _check_settings(cfg)
-    warmup_epochs, tau = settings["trainer.curriculum.warmup_epochs"], settings["trainer.dro.tau"]
+    settings = Settings.from_config(cfg)  # every setting checked before anything is generated or overwritten
+    tr = settings.trainer
     # Accelerate sets up several CPU processes (gloo) only when told cpu=True
-    use_cpu = device_req == "cpu" or not torch.cuda.is_available()
-    _fresh_accelerate_state()
+    use_cpu = tr.device == "cpu" or not torch.cuda.is_available()
+    fresh_accelerate_state()
     # the other processes wait while the main one generates data or evaluates: a long timeout
-    timeout = datetime.timedelta(minutes=settings["trainer.dist_timeout_minutes"])
-    state = PartialState(cpu=use_cpu, timeout=timeout)
-    precision = choose_precision(tr.get("precision", "auto"), state.device.type, state.num_processes)
+    state = PartialState(cpu=use_cpu, timeout=datetime.timedelta(minutes=tr.dist_timeout_minutes))
+    precision = choose_precision(tr.precision, state.device.type, state.num_processes)
     run_dir = run_dir_of(cfg)
-    resume = cfg.get("resume", False)
-    resume = "false" if resume in (False, None, "false", "False") else str(resume)
-    checkpoint, replace = None, False
-    _check_run_dir(run_dir, resume, bool(cfg.get("overwrite", False)))
-    if resume == "auto":
-        checkpoint = latest_checkpoint(run_dir)
-    elif resume != "false":
-        checkpoint = Path(resume)
-        if not (checkpoint / "trainer_state.json").is_file():
-            raise FileNotFoundError(f"resume={resume}: not a complete training checkpoint folder")
-    elif run_dir.exists() and any(run_dir.iterdir()):
-        if not cfg.get("overwrite", False):
-            raise FileExistsError(f"{run_dir} already holds a run. Continue it with resume=auto, start afresh with "
-                                  f"overwrite=true, or choose another folder with run_dir=...")
-        replace = True  # the old run is deleted when this one first writes (below): an error before then loses nothing
+    checkpoint, replace = _resumed_or_replaced(cfg, run_dir)
     _wait_for_everyone(state)
     if checkpoint is not None:
         saved = yaml.safe_load((checkpoint / "config.yaml").read_text())
         _check_resume_config(saved, cfg, checkpoint)
 
     main, rank, world, device = state.is_main_process, state.process_index, state.num_processes, state.device
-    capture, use_flat = bool(tr.get("capture", False)), bool(tr.get("flat_parameters", True))
-    grad_sync = resolve_grad_sync(tr.get("grad_sync", "auto"), world, capture, use_flat)
-    average = grad_sync == "flat" and world > 1  # the loop averages the gradients itself, without DDP
-    if capture:  # refused before any work is done
-        check_capture_settings(device, world, settings["trainer.grad_accum"], precision, tr.get("compile", False),
-                               use_flat, grad_sync)
-    set_seed(int(cfg["seed"]))
+    grad_sync = resolve_grad_sync(tr.grad_sync, world, tr.capture, tr.flat_parameters)
+    if tr.capture:  # refused before any work is done
+        check_capture_settings(device, world, tr.grad_accum, precision, tr.compile, tr.flat_parameters, grad_sync)
+    seed = int(cfg["seed"])
+    set_seed(seed)
     say = state.print
 
     # ---- data
     if main:  # the others wait until the data exist
-        prepare_data(data_cfg, progress=bool(tr.get("progress", True)))
+        prepare_data(data_cfg, progress=tr.progress)
     _wait_for_everyone(state)
     t_in = int(data_cfg.get("n_steps_input", 1))
     train_ds = open_split(data_cfg, "train", t_in, 1)
     spec, values, kinds, binner = training_groups(cfg, train_ds)
     configs = binner.configuration_ids(torch.as_tensor(np.ascontiguousarray(kinds))).numpy()
-    sampler = CurriculumBatchSampler(configs, settings["trainer.batch_size"], rank, world, int(cfg["seed"]),
-                                     tr["curriculum"].get("order", "interleave"))
-    workers = settings["trainer.num_workers"]
-    loader = DataLoader(train_ds, batch_sampler=sampler, collate_fn=collate, num_workers=workers,
-                        pin_memory=device.type == "cuda", persistent_workers=workers > 0,  # no restart per epoch
-                        generator=torch.Generator().manual_seed(int(cfg["seed"])))
+    sampler = CurriculumBatchSampler(configs, tr.batch_size, rank, world, seed, tr.curriculum.order)
+    loader = DataLoader(train_ds, batch_sampler=sampler, collate_fn=collate, num_workers=tr.num_workers,
+                        pin_memory=device.type == "cuda", persistent_workers=tr.num_workers > 0,  # no restart per epoch
+                        generator=torch.Generator().manual_seed(seed))
 
-    # ---- model
+    # ---- model and its normalisation
     name = cfg["model"]["name"]
-    kwargs = model_kwargs_from_data(model_class(name), spec, cfg["model"].get("kwargs") or {})
-    model = get_model(name, **kwargs)
-    fit_windows = _spread(len(train_ds), 256)
+    raw = get_model(name, **model_kwargs_from_data(model_class(name), spec, cfg["model"].get("kwargs") or {}))
+    fit_windows = spread(len(train_ds), 256)
     fit_batch = _fetch(train_ds, fit_windows)
     fields = torch.cat([fit_batch.u_in, fit_batch.u_out], 1)
     _check_finite_windows(fields, fit_windows, data_cfg["root"])
-    if hasattr(model, "fit_normalization"):
-        model.fit_normalization(fields, values)
-    scale = field_statistics(fields.float(), spec.channels, spec.ndim)[1] if tr.get("loss_normalization", True) \
+    if hasattr(raw, "fit_normalization"):
+        raw.fit_normalization(fields, values)
+    scale = field_statistics(fields.float(), spec.channels, spec.ndim)[1] if tr.loss_normalization \
         else torch.ones(spec.channels)
     scale = scale.view(1, 1, -1, *([1] * spec.ndim)).to(device)
-    n_params = sum(p.numel() for p in model.parameters())
-    if not any(p.requires_grad for p in model.parameters()):  # a reference with nothing to learn (persistence)
-        return _evaluate_only(cfg, model, binner, run_dir, device, precision, use_cpu, main, replace, say)
+    if not any(p.requires_grad for p in raw.parameters()):  # a reference with nothing to learn (persistence)
+        return _evaluate_only(cfg, raw, binner, run_dir, device, precision, use_cpu, main, replace, say)
 
-    epochs, accum = settings["trainer.epochs"], settings["trainer.grad_accum"]
-    steps_per_epoch = math.ceil(len(sampler.global_batches(0)) / accum)
-    total_steps = epochs * steps_per_epoch
-    if settings["trainer.max_steps"] is not None:
-        total_steps = min(total_steps, settings["trainer.max_steps"])
-    raw = model
-    compile_mode = tr.get("compile", False)
-    if compile_mode:  # compiled forward (and backward); the weights stay those of `raw`
-        model = compile_model(model, compile_mode, tr.get("compile_options"))
-    find_unused = tr.get("find_unused_parameters", "auto")
-    if find_unused == "auto":  # DDP must look for unused parameters only where samples are dispatched
-        find_unused = has_dispatch(raw)
-    accelerator = Accelerator(
-        cpu=use_cpu, mixed_precision=precision, log_with="tensorboard" if tr.get("tensorboard", True) else None,
-        project_dir=str(run_dir),
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=bool(find_unused))])
-    # grad_sync=flat: the model stays outside DDP, whose hooks a CUDA graph would not replay
-    model = model.to(device) if grad_sync == "flat" else accelerator.prepare(model)
-    groups = _param_groups(raw, settings["optimizer.weight_decay"])
-    flat = None
-    if use_flat:
-        # the parameters as views of one buffer per group (FlatParameters): made once the model
-        # is on its device and, under DDP, synchronised (the other processes' copies get new storage)
-        flat = FlatParameters(groups)
-        groups = flat.param_groups
-    if average:  # what DDP does when it wraps a model: every process starts from process 0's state
-        flat.broadcast(0)
-        with torch.no_grad():
-            for buffer in raw.buffers():
-                dist.broadcast(buffer, 0)
-    optimizer = torch.optim.AdamW(groups, lr=settings["optimizer.lr"],
-                                  betas=tuple(opt_cfg.get("betas", (0.9, 0.999))),
-                                  fused=_fused_adamw(groups, device),
-                                  capturable=capture)
-    _set_lr_type(optimizer.param_groups, device, capture)
-    schedule = _schedule(opt_cfg.get("schedule", "cosine"), settings["optimizer.warmup_fraction"],
-                         settings["optimizer.min_lr_ratio"], total_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    optimizer = accelerator.prepare(optimizer)
-    ema = None
-    if tr.get("ema", {}).get("enabled", False):
-        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-
-        ema = AveragedModel(raw, multi_avg_fn=get_ema_multi_avg_fn(settings["trainer.ema.decay"]), use_buffers=True)
-
-    guard = NonFiniteGuard(settings["trainer.max_nonfinite"])
-    step, epoch0, batch0, seen = 0, 0, 0, 0
+    # ---- set-up: model, optimizer, precision, DDP or flat averaging, EMA
+    steps_per_epoch = math.ceil(len(sampler.global_batches(0)) / tr.grad_accum)
+    total_steps = tr.epochs * steps_per_epoch
+    if tr.max_steps is not None:
+        total_steps = min(total_steps, tr.max_steps)
+    training = set_up(raw, settings, precision, use_cpu, run_dir, grad_sync, world, device, total_steps)
+    accelerator = training.accelerator
+    progress = Progress()
+    guard = NonFiniteGuard(tr.max_nonfinite)
     if checkpoint is not None:
-        st = load_training_checkpoint(checkpoint, raw, optimizer, scheduler, ema)
-        _set_lr_type(optimizer.param_groups, device, capture)  # as this run needs them, whatever was saved
-        step, epoch0, batch0, seen = st["step"], st["epoch"], st["batch"], st.get("samples", 0)
+        st = load_training_checkpoint(checkpoint, raw, training.optimizer, training.scheduler, training.ema)
+        set_lr_type(training.optimizer.param_groups, device, tr.capture)  # as this run needs them, whatever was saved
+        progress = Progress(st["step"], st["epoch"], st["batch"], st.get("samples", 0))
         guard.skipped = st.get("skipped", 0)
-        say(f"resumed from {checkpoint} (step {step}, epoch {epoch0}, batch {batch0})")
+        say(f"resumed from {checkpoint} (step {progress.step}, epoch {progress.epoch}, batch {progress.batch})")
 
     if main:
         _open_run_dir(run_dir, cfg, replace)
     if replace:
         _wait_for_everyone(accelerator)
-    if tr.get("tensorboard", True):
+    if tr.tensorboard:
         hp = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in _flatten(cfg).items()}
         accelerator.init_trackers("tb", config=hp)
     averaged = f" (gradients averaged by {grad_sync})" if world > 1 else ""
-    say(f"run {run_dir}: {name} ({n_params / 1e6:.2f} M parameters), {len(train_ds)} training windows, "
-        f"{len(binner.configurations)} boundary configuration(s), {binner.n_groups} DRO groups, {world} process(es) "
-        f"on {device.type}{averaged}, precision {precision}, {total_steps} steps (MSE for {warmup_epochs} epochs, "
-        f"then DRO)")
+    say(f"run {run_dir}: {name} ({sum(p.numel() for p in raw.parameters()) / 1e6:.2f} M parameters), "
+        f"{len(train_ds)} training windows, {len(binner.configurations)} boundary configuration(s), "
+        f"{binner.n_groups} DRO groups, {world} process(es) on {device.type}{averaged}, precision {precision}, "
+        f"{total_steps} steps (MSE for {settings.warmup_epochs} epochs, then DRO)")
 
     valid_ds = None
     try:
         valid_ds = open_split(data_cfg, "valid", t_in, 1)
     except FileNotFoundError:
         say("no validation split: skipping validation")
-    metrics_file = run_dir / "metrics.jsonl"
-    balance_weight = float(cfg["model"].get("balance_weight", 0.0))
-    physics_weight = float(cfg["model"].get("physics_weight", 0.0))
-    clip = settings["trainer.clip_grad"]
-    ckpt_every = settings["trainer.checkpoint_every"] or 0
-    log_every = settings["trainer.log_every"]
-    done = step >= total_steps
 
-    def checkpoint_now(epoch: int, batch: int) -> None:
-        if main:
-            save_training_checkpoint(run_dir, step, raw, optimizer, scheduler,
-                                     {"epoch": epoch, "batch": batch, "skipped": guard.skipped, "samples": seen},
-                                     cfg, ema=ema, keep=settings["trainer.keep_checkpoints"])
-        _wait_for_everyone(accelerator)
-
-    def log(values: dict[str, float]) -> None:
-        if tr.get("tensorboard", True):
-            accelerator.log(values, step=step)
-        if main:
-            with open(metrics_file, "a") as f:
-                f.write(json.dumps({"step": step, **values}) + "\n")
-
-    def objective(batch: Any, groups: torch.Tensor, dro: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """The forward pass and the loss: ``(loss to log, loss to differentiate)``."""
-        with accelerator.autocast():
-            pred = model(batch.u_in, theta=batch.theta, theta_field=batch.theta_field, bc=batch.bc, grid=batch.grid)
-        per_sample = mse_per_sample(pred.float() / scale, batch.u_out[:, :1].float() / scale)
-        loss, backward_loss = global_objective(per_sample, groups, binner.n_groups, dro, tau, world)
-        if balance_weight and hasattr(raw, "balance_loss"):
-            backward_loss = backward_loss + balance_weight * raw.balance_loss()
-        if physics_weight and hasattr(raw, "physics_loss"):  # PINO's residual term
-            backward_loss = backward_loss + physics_weight * raw.physics_loss(batch, pred)
-        return loss, backward_loss
-
-    captured, loop_stream = None, None
-    if capture:  # the whole loop on one side stream (see gno_ext.training.captured)
-        loop_stream = torch.cuda.Stream()
-        loop_stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(loop_stream) if capture else nullcontext():
-        model.train()
-        t0, window_seen, data_wait = time.perf_counter(), 0, [0.0]  # data_wait[0]: seconds waited for the loader
-        for epoch in range(epoch0, epochs):
-            if done:
-                break
-            dro = epoch >= warmup_epochs
-            sampler.set_epoch(epoch, batch0 if epoch == epoch0 else 0)
-            n_batches = len(sampler)
-            bar = tqdm(total=n_batches, desc=f"epoch {epoch + 1}/{epochs} ({'DRO' if dro else 'MSE'})",
-                       disable=not (main and tr.get("progress", True)), leave=False)
-            batch_index = sampler.start
-            for micro, batch in enumerate(_timed(loader, data_wait)):
-                # the groups from the batch still on the host: on the device their computation would
-                # copy the boundary types back, and wait for all the work queued before
-                groups = binner(batch.theta, batch.bc.kind).to(device, non_blocking=True)
-                batch = batch_to(batch, device)
-                last_micro = (micro + 1) % accum == 0 or micro == n_batches - 1
-                replayed = captured is not None
-                if replayed:  # forward, backward, gradients into the flat buffers, clipping: one replay
-                    loss, captured_norm = captured.forward_backward(batch, groups, dro)
-                else:
-                    with accelerator.no_sync(model) if not last_micro else nullcontext():
-                        loss, backward_loss = objective(batch, groups, dro)
-                        accelerator.backward(backward_loss / accum)
-                # checked once the backward pass is queued (the check waits for the GPU): a non-finite
-                # loss in any micro-batch skips the whole update, whose gradients it has reached
-                loss_value = float(loss)  # the one wait for the device per micro-batch (the gradient norm's aside)
-                guard.check(loss_value, "loss")
-                batch_index += 1
-                seen += len(batch.theta) * world
-                window_seen += len(batch.theta) * world
-                bar.update(1)
-                if not last_micro:
-                    continue
-                grad_norm = float("nan")
-                if flat is not None and not replayed:  # also when the update is skipped: it drops
-                    flat.gather_grads()                    # the parameters' own gradients
-                    if average:
-                        flat.average_grads()
-                if guard.clean:  # the gradient norm (clipped where trainer.clip_grad is set), checked like the loss
-                    if replayed:
-                        grad_norm = float(captured_norm)
-                    else:
-                        params = model.parameters() if flat is None else flat.parameters()
-                        grad_norm = float(accelerator.clip_grad_norm_(params, float(clip) if clip else math.inf))
-                    if precision != "fp16":  # fp16: the loss scaler skips steps with inf gradients itself
-                        guard.check(grad_norm, "gradient norm")
-                finite = guard.update(step)  # a non-finite loss of any micro-batch, or gradient, skips the update
-                if finite:
-                    captured.optimizer_step() if replayed else optimizer.step()
-                    scheduler.step()
-                    if ema is not None:
-                        ema.update_parameters(raw)
-                    step += 1
-                    if capture and captured is None:  # the optimizer's state exists: the next steps are replayed
-                        captured = CapturedSteps(flat, getattr(optimizer, "optimizer", optimizer), objective,
-                                                 float(clip) if clip else None, loop_stream, average=average)
-                if not replayed:  # (the captured steps overwrite the flat buffers' gradients in full)
-                    optimizer.zero_grad(set_to_none=True)
-                bar.set_postfix(loss=f"{loss_value:.3e}")
-                if finite and (step % log_every == 0 or step == total_steps):
-                    elapsed = time.perf_counter() - t0
-                    log({"train/loss": loss_value, "train/lr": float(scheduler.get_last_lr()[0]),
-                         "train/grad_norm": grad_norm, "train/dro": float(dro), "train/skipped": guard.skipped,
-                         "train/samples_per_s": window_seen / max(elapsed, 1e-9),
-                         "train/data_wait": data_wait[0] / max(elapsed, 1e-9)})
-                    t0, window_seen, data_wait[0] = time.perf_counter(), 0, 0.0
-                if finite and ckpt_every and step % ckpt_every == 0:
-                    checkpoint_now(epoch, batch_index)
-                if step >= total_steps:
-                    done = True
-                    break
-            bar.close()
-            if valid_ds is not None and (epoch + 1) % settings["trainer.val_every"] == 0:
-                v = _validate(model, valid_ds, scale, device, settings["trainer.batch_size"], settings["trainer.val_batches"],
-                              rank, world, accelerator.autocast)
-                log({"valid/nmse_one_step": v})
-                say(f"epoch {epoch + 1}: loss {loss_value:.4e}, one-step validation nMSE {v:.4e}")
-            finished_epoch = batch_index >= len(sampler.global_batches(epoch))
-            checkpoint_now(epoch + 1 if finished_epoch else epoch, 0 if finished_epoch else batch_index)
-
-    if capture:
-        torch.cuda.current_stream().wait_stream(loop_stream)
+    # ---- the epochs
+    curriculum = Curriculum(settings.warmup_epochs, tr.dro.tau)
+    objective = make_objective(training.model, raw, accelerator.autocast, scale, binner.n_groups, curriculum.tau,
+                               world, settings.balance_weight, settings.physics_weight)
+    steps = EagerSteps(training.model, objective, accelerator, training.optimizer, training.flat, training.average,
+                       tr.clip_grad, tr.grad_accum)
+    loop = EpochLoop(cfg, settings, training, curriculum, steps, objective, sampler, loader, binner, valid_ds, scale,
+                     guard, precision, run_dir, main, rank, world, device, total_steps, say)
+    loop.run(progress)
 
     # ---- final model and evaluation
-    final = ema.module if ema is not None else raw
+    final = training.ema.module if training.ema is not None else raw
     if main:
-        save_checkpoint(final, run_dir / "model", extra={"step": step, "ema": ema is not None})
+        save_checkpoint(final, run_dir / "model", extra={"step": progress.step, "ema": training.ema is not None})
     _wait_for_everyone(accelerator)
     report = _final_evaluation(cfg, final, binner, run_dir, device, precision, say) if main else None
     _wait_for_everyone(accelerator)
-    return accelerator, {"run_dir": str(run_dir), "step": step, "skipped": guard.skipped, "report": report}
+    return accelerator, {"run_dir": str(run_dir), "step": progress.step, "skipped": guard.skipped, "report": report}
+
+
+def _resumed_or_replaced(cfg: Mapping[str, Any], run_dir: Path) -> tuple[Path | None, bool]:
+    """The checkpoint this run resumes from (``resume=auto`` or a path), if any, and whether it
+    replaces an earlier run in its folder (``overwrite=true``; the old run is deleted when this
+    one first writes, so an error before then loses nothing)."""
+    resume = cfg.get("resume", False)
+    resume = "false" if resume in (False, None, "false", "False") else str(resume)
+    overwrite = bool(cfg.get("overwrite", False))
+    _check_run_dir(run_dir, resume, overwrite)
+    if resume == "auto":
+        return latest_checkpoint(run_dir), False
+    if resume != "false":
+        checkpoint = Path(resume)
+        if not (checkpoint / "trainer_state.json").is_file():
+            raise FileNotFoundError(f"resume={resume}: not a complete training checkpoint folder")
+        return checkpoint, False
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{run_dir} already holds a run. Continue it with resume=auto, start afresh with "
+                                  f"overwrite=true, or choose another folder with run_dir=...")
+        return None, True
+    return None, False
+
+
+@dataclass
+class Progress:
+    """Where training stands: optimizer steps taken, the epoch and the batch within it to
+    continue from, and the training samples seen (over all processes)."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+    seen: int = 0
+
+
+class EpochLoop:
+    """The epochs of a run: the curriculum's batches (``sampler``) through the steps, each epoch's
+    objective (``curriculum``: MSE, then group DRO), the non-finite guard, the schedule and the
+    EMA, logging, one-step validation and checkpoints.
+
+    It starts with ``steps`` (`EagerSteps`) and, with ``trainer.capture=true``, takes
+    `CapturedSteps` once the first update has made the optimizer's state. With capture the
+    whole loop runs on one side stream (see `gno_ext.training.captured`).
+    """
+
+    def __init__(self, cfg: dict[str, Any], settings: Settings, training: Training, curriculum: Curriculum,
+                 steps: Steps, objective: Objective,
+                 sampler: CurriculumBatchSampler, loader: DataLoader, binner: GroupBinner, valid_ds: Dataset | None,
+                 scale: torch.Tensor, guard: NonFiniteGuard, precision: str, run_dir: Path, main: bool, rank: int,
+                 world: int, device: torch.device, total_steps: int, say: Callable[[str], None]) -> None:
+        self.cfg, self.settings, self.tr, self.training, self.steps = cfg, settings, settings.trainer, training, steps
+        self.curriculum = curriculum
+        self.objective, self.sampler, self.loader, self.binner, self.valid_ds = objective, sampler, loader, binner, valid_ds
+        self.scale, self.guard, self.precision, self.run_dir = scale, guard, precision, run_dir
+        self.main, self.rank, self.world, self.device = main, rank, world, device
+        self.total_steps, self.say = total_steps, say
+        self.stream: torch.cuda.Stream | None = None
+
+    def run(self, progress: Progress) -> None:
+        """Train from ``progress`` (updated in place) to the last epoch or ``trainer.max_steps``."""
+        self.progress = progress
+        if self.tr.capture:  # the whole loop on one side stream (see gno_ext.training.captured)
+            self.stream = torch.cuda.Stream()
+            self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream) if self.tr.capture else nullcontext():
+            self.training.model.train()
+            self._since_log, self._window_seen, self._data_wait = time.perf_counter(), 0, [0.0]
+            first = progress.epoch
+            for epoch in range(first, self.tr.epochs):
+                if progress.step >= self.total_steps:
+                    break
+                self._epoch(epoch, progress.batch if epoch == first else 0)
+        if self.tr.capture:
+            torch.cuda.current_stream().wait_stream(self.stream)
+
+    def _epoch(self, epoch: int, start: int) -> None:
+        tr, progress = self.tr, self.progress
+        dro = self.curriculum.uses_dro(epoch)
+        self.sampler.set_epoch(epoch, start)
+        n_batches = len(self.sampler)
+        bar = tqdm(total=n_batches, desc=f"epoch {epoch + 1}/{tr.epochs} ({'DRO' if dro else 'MSE'})",
+                   disable=not (self.main and tr.progress), leave=False)
+        batch_index = self.sampler.start
+        loss_value = float("nan")
+        for micro, batch in enumerate(_timed(self.loader, self._data_wait)):
+            # the groups from the batch still on the host: on the device their computation would
+            # copy the boundary types back, and wait for all the work queued before
+            groups = self.binner(batch.theta, batch.bc.kind).to(self.device, non_blocking=True)
+            batch = batch_to(batch, self.device)
+            last_micro = (micro + 1) % tr.grad_accum == 0 or micro == n_batches - 1
+            loss = self.steps.forward_backward(batch, groups, dro, last_micro)
+            # checked once the backward pass is queued (the check waits for the GPU): a non-finite
+            # loss in any micro-batch skips the whole update, whose gradients it has reached
+            loss_value = float(loss)  # the one wait for the device per micro-batch (the gradient norm's aside)
+            self.guard.check(loss_value, "loss")
+            batch_index += 1
+            progress.seen += len(batch.theta) * self.world
+            self._window_seen += len(batch.theta) * self.world
+            bar.update(1)
+            if not last_micro:
+                continue
+            finite, grad_norm = self._update(dro)
+            bar.set_postfix(loss=f"{loss_value:.3e}")
+            if finite and (progress.step % tr.log_every == 0 or progress.step == self.total_steps):
+                self._log_training(loss_value, grad_norm, dro)
+            if finite and tr.checkpoint_every and progress.step % tr.checkpoint_every == 0:
+                self._checkpoint(epoch, batch_index)
+            if progress.step >= self.total_steps:
+                break
+        bar.close()
+        if self.valid_ds is not None and (epoch + 1) % tr.val_every == 0:
+            v = _validate(self.training.model, self.valid_ds, self.scale, self.device, tr.batch_size, tr.val_batches,
+                          self.rank, self.world, self.training.accelerator.autocast)
+            self._log({"valid/nmse_one_step": v})
+            self.say(f"epoch {epoch + 1}: loss {loss_value:.4e}, one-step validation nMSE {v:.4e}")
+        finished = batch_index >= len(self.sampler.global_batches(epoch))
+        self._checkpoint(epoch + 1 if finished else epoch, 0 if finished else batch_index)
+
+    def _update(self, dro: bool) -> tuple[bool, float]:
+        """After the last micro-batch of a step: the gradient norm, checked like the loss, and the
+        update unless a loss or the gradients were non-finite. Returns (updated, gradient norm)."""
+        t = self.training
+        grad_norm = self.steps.gradient_norm(self.guard.clean)
+        if self.guard.clean and self.precision != "fp16":  # fp16: the loss scaler skips steps with inf gradients itself
+            self.guard.check(grad_norm, "gradient norm")
+        finite = self.guard.update(self.progress.step)  # a non-finite loss of any micro-batch, or gradient, skips it
+        if finite:
+            self.steps.optimizer_step()
+            t.scheduler.step()
+            if t.ema is not None:
+                t.ema.update_parameters(t.raw)
+            self.progress.step += 1
+        self.steps.zero_grad()
+        if finite and self.tr.capture and not self.steps.replayed:  # the optimizer's state exists: replay from now on
+            clip = self.tr.clip_grad
+            self.steps = CapturedSteps(t.flat, unwrap_optimizer(t.optimizer), self.objective, clip, self.stream,
+                                       average=t.average)
+        return finite, grad_norm
+
+    def _log_training(self, loss_value: float, grad_norm: float, dro: bool) -> None:
+        elapsed = max(time.perf_counter() - self._since_log, 1e-9)
+        self._log({"train/loss": loss_value, "train/lr": float(self.training.scheduler.get_last_lr()[0]),
+                   "train/grad_norm": grad_norm, "train/dro": float(dro), "train/skipped": self.guard.skipped,
+                   "train/samples_per_s": self._window_seen / elapsed, "train/data_wait": self._data_wait[0] / elapsed})
+        self._since_log, self._window_seen, self._data_wait[0] = time.perf_counter(), 0, 0.0
+
+    def _log(self, values: dict[str, float]) -> None:
+        """Into TensorBoard (where on) and the run's ``metrics.jsonl`` (main process)."""
+        if self.tr.tensorboard:
+            self.training.accelerator.log(values, step=self.progress.step)
+        if self.main:
+            with open(self.run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"step": self.progress.step, **values}) + "\n")
+
+    def _checkpoint(self, epoch: int, batch: int) -> None:
+        """A training checkpoint to resume from at ``batch`` of ``epoch`` (main process; all meet)."""
+        t, p = self.training, self.progress
+        if self.main:
+            save_training_checkpoint(self.run_dir, p.step, t.raw, t.optimizer, t.scheduler,
+                                     {"epoch": epoch, "batch": batch, "skipped": self.guard.skipped, "samples": p.seen},
+                                     self.cfg, ema=t.ema, keep=self.tr.keep_checkpoints)
+        _wait_for_everyone(t.accelerator)
 
 
 def _evaluate_only(cfg: dict[str, Any], model: nn.Module, binner: GroupBinner, run_dir: Path, device: torch.device,
@@ -783,6 +480,59 @@ def _final_evaluation(cfg: dict[str, Any], model: nn.Module, binner: GroupBinner
     return report
 
 
+def _fetch(ds: Dataset, indices: list[int]):
+    """A batch of windows, through the dataset's batched reader when it has one."""
+    return collate(ds.__getitems__(indices) if hasattr(ds, "__getitems__") else [ds[i] for i in indices])
+
+
+def _check_finite_windows(fields: torch.Tensor, windows: list[int], root: Any) -> None:
+    """Raise a `ValueError` naming the first training window (of those read to set the
+    normalisation) whose fields are not all finite: with it the statistics, and so every
+    prediction, would be NaN."""
+    bad = ~torch.isfinite(fields).flatten(1).all(1)
+    if bad.any():
+        first = int(bad.nonzero()[0])
+        raise ValueError(f"data under {root}: training window {windows[first]} holds non-finite field values "
+                         f"({int(bad.sum())} of the {len(windows)} windows read to set the normalisation do)")
+
+
+@torch.no_grad()
+def _validate(model: nn.Module, ds: Dataset, scale: torch.Tensor, device: torch.device, batch_size: int,
+              n_batches: int, rank: int, world: int, autocast: Any) -> float:
+    """Mean one-step nMSE over up to ``n_batches`` batches of ``ds`` (spread over the split),
+    sharded over processes."""
+    idx = spread(len(ds), n_batches * batch_size)
+    loader = DataLoader(Subset(ds, idx[rank::world]), batch_size=batch_size, collate_fn=collate)
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    model.eval()
+    for batch in loader:
+        batch = batch_to(batch, device)
+        with autocast():
+            pred = model(batch.u_in, theta=batch.theta, theta_field=batch.theta_field, bc=batch.bc, grid=batch.grid)
+        e = nmse(pred.float(), batch.u_out[:, :1].float())
+        total += torch.stack([e.sum().double(), torch.tensor(float(len(e)), device=device, dtype=torch.float64)])
+    model.train()
+    if world > 1:
+        dist.all_reduce(total)
+    return float(total[0] / total[1].clamp_min(1))
+
+
+def _wait_for_everyone(state) -> None:
+    """All processes meet here (``state``: accelerate's `PartialState` or `Accelerator`).
+
+    Accelerate's own ``wait_for_everyone`` passes each process's local index to the barrier as
+    a device id, also for CPU processes (gloo), and torch then places the barrier's tensor on
+    that GPU wherever CUDA is present: CPU processes on a machine with fewer GPUs than
+    processes failed with "invalid device ordinal" (accelerate 1.15, torch 2.11). CPU processes
+    therefore meet in a barrier without a device, which gloo holds on the CPU."""
+    from accelerate.utils import DistributedType
+
+    if state.distributed_type == DistributedType.MULTI_CPU:
+        torch.distributed.barrier()
+    else:
+        state.wait_for_everyone()
+
+
 def _timed(batches: Iterable[Any], waited: list[float]) -> Iterator[Any]:
     """Yield from ``batches``, adding the seconds spent waiting for each item to ``waited[0]``."""
     it = iter(batches)
@@ -794,113 +544,3 @@ def _timed(batches: Iterable[Any], waited: list[float]) -> Iterator[Any]:
             return
         waited[0] += time.perf_counter() - start
         yield item
-
-
-def training_groups(cfg: Mapping[str, Any], train_ds: Dataset) -> tuple[Any, Any, Any, GroupBinner]:
-    """From the training split's metadata, read once: the model sizes (`DataSpec`), the parameter
-    values, the boundary types of every window, and the run's DRO groups (boundary
-    configurations x parameter bins)."""
-    values, kinds = parameter_values(train_ds), window_boundary_kinds(train_ds)
-    spec = data_spec(train_ds, cfg["data"].get("log_params"), values)
-    names = parameter_names(train_ds, values.shape[1], cfg.get("recipe", {}).get("parameter"))
-    return spec, values, kinds, GroupBinner(values, kinds, int(cfg["trainer"]["dro"]["bins"]), spec.log_params, names)
-
-
-def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, out_dir: str | Path | None = None,
-                   overrides: Mapping[str, Any] | None = None, device: str | None = None,
-                   precision: str | None = None, overwrite: bool = False) -> dict[str, Any]:
-    """Evaluate a finished or running run from its folder (what ``recipes/evaluate.py`` does).
-
-    Parameters
-    ----------
-    run_dir : str or Path
-        The run folder (it holds ``config.yaml``).
-    checkpoint : str or Path, optional
-        A checkpoint folder (default: the run's final ``model/``, else its newest checkpoint).
-    out_dir : str or Path, optional
-        Where the report goes (default: ``RUN/eval`` for the run's final model, else
-        ``RUN/eval/<checkpoint>``, named by the checkpoint's path: the report of any checkpoint,
-        of this run or another, stays with the run whose data it used).
-    overrides : mapping, optional
-        Changes to the ``eval`` section (``steps``, ``split``, ``max_trajectories``, ...).
-    device : str, optional
-        Default: cuda when available.
-    precision : {"auto", "bf16", "fp16", "no"}, optional
-        Mixed precision of the rollouts (``"no"``: float32). Default: on a GPU, the run's
-        ``trainer.precision``, resolved as training resolves it (`choose_precision`); float32
-        elsewhere. So the report reproduces the one that training wrote at its end on the same
-        kind of device.
-    overwrite : bool
-        Replace a report already in the output folder (default: refuse, naming it).
-    """
-    from gno_ext.models.registry import from_checkpoint
-
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise FileNotFoundError(f"{run_dir}: not a run folder (no config.yaml)")
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    cfg["eval"] = {**cfg.get("eval", {}), **(overrides or {})}
-    if checkpoint is None:
-        checkpoint = run_dir / "model" if (run_dir / "model").is_dir() else latest_checkpoint(run_dir)
-        if checkpoint is None:
-            raise FileNotFoundError(f"{run_dir}: no final model and no checkpoint to evaluate")
-    checkpoint = Path(checkpoint)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    device_type = torch.device(device).type
-    if precision is None:
-        precision = cfg.get("trainer", {}).get("precision", "auto") if device_type == "cuda" else "no"
-    try:
-        precision = choose_precision(precision, device_type)
-    except ValueError as error:
-        raise ValueError(f"evaluation on {device}, precision {precision!r}: {error}") from None
-    model = from_checkpoint(checkpoint, device=device)
-    cfg["model"] = {**cfg.get("model", {}), "name": model.model_config["name"]}  # the model evaluated, not the run's
-    train_ds = open_split(cfg["data"], "train", int(cfg["data"].get("n_steps_input", 1)), 1, metadata_only=True)
-    if out_dir is None:
-        own = checkpoint.resolve() == (run_dir / "model").resolve()
-        out_dir = run_dir / "eval" if own else run_dir / "eval" / _checkpoint_label(run_dir, checkpoint)
-    if (Path(out_dir) / "report.json").exists() and not overwrite:
-        raise FileExistsError(f"{Path(out_dir) / 'report.json'}: an earlier report is there; write this one elsewhere "
-                              "(--out DIR) or replace it (--overwrite)")
-    return evaluate_run(cfg, model, training_groups(cfg, train_ds)[3], Path(out_dir), device, precision,
-                        checkpoint=str(checkpoint), metrics=run_dir / "metrics.jsonl")
-
-
-def _checkpoint_label(run_dir: Path, checkpoint: Path) -> str:
-    """A folder name for a checkpoint's report: its path inside the run (``checkpoints-step_00000040``),
-    or its last three path parts for a checkpoint of another folder (``other-run-model``)."""
-    path = checkpoint.resolve()
-    try:
-        parts = path.relative_to(run_dir.resolve()).parts
-    except ValueError:
-        parts = path.parts[-3:]
-    return "-".join(p for p in parts if p not in ("", "/"))
-
-
-def evaluate_run(cfg: Mapping[str, Any], model: nn.Module, binner: GroupBinner, out_dir: Path,
-                 device: torch.device | str = "cpu", precision: str = "no", checkpoint: str | None = None,
-                 metrics: Path | None = None) -> dict[str, Any]:
-    """Roll out ``model`` on the test split of ``cfg``'s data and write the report into ``out_dir``
-    (``precision``: ``"bf16"`` or ``"fp16"`` for autocast, ``"no"`` for float32; the report
-    records it, and ``checkpoint``, the folder the model came from, where given; ``metrics``,
-    the run's ``metrics.jsonl``, gives the report its training curve)."""
-    ev, data_cfg = cfg.get("eval", {}), cfg["data"]
-    t_in = int(data_cfg.get("n_steps_input", 1))
-    steps = int(ev.get("steps", 10))
-    split = ev.get("split", "test")
-    longest = max(trajectory_lengths(open_split(data_cfg, split, t_in, 1, metadata_only=True)))
-    if steps > longest - t_in:
-        print(f"eval.steps={steps} but the {split} trajectories have {longest} frames: rolling out {longest - t_in}")
-        steps = longest - t_in
-    ds = open_split(data_cfg, split, t_in, steps)
-    indices = rollout_indices(ds)
-    if ev.get("max_trajectories"):
-        indices = [indices[i] for i in _spread(len(indices), int(ev["max_trajectories"]))]
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    result = evaluate_rollouts(model, ds, indices, steps, binner, device, int(ev.get("batch_size", 16)), dtype,
-                               keep_examples=int(ev.get("figures", 3)))
-    info = {"recipe": cfg["recipe"]["name"], "model": cfg["model"]["name"], "size": cfg.get("size"), "split": split,
-            "precision": precision, **({"checkpoint": checkpoint} if checkpoint else {})}
-    log_theta = bool(binner.log and binner.log[0])
-    return write_report(result, binner, out_dir, info, log_theta=log_theta, figures=int(ev.get("figures", 3)) > 0,
-                        metrics=metrics)

@@ -111,11 +111,11 @@ def test_tensor_learning_rates_are_filled_in_place_by_the_scheduler():
     """A captured optimizer step reads its learning rate from a tensor: the scheduler must fill
     that tensor (not replace it), from a float ``initial_lr``; and back to floats for a run
     without capture (resuming a captured run's checkpoint)."""
-    from gno_ext.training.loop import _set_lr_type
+    from gno_ext.training.setup import set_lr_type
 
     p = torch.nn.Parameter(torch.zeros(3))
     opt = torch.optim.AdamW([p], lr=0.1, foreach=False)
-    _set_lr_type(opt.param_groups, torch.device("cpu"), True)
+    set_lr_type(opt.param_groups, torch.device("cpu"), True)
     lr = opt.param_groups[0]["lr"]
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5 ** step)
     assert opt.param_groups[0]["lr"] is lr and lr.item() == pytest.approx(0.1)
@@ -124,5 +124,5 @@ def test_tensor_learning_rates_are_filled_in_place_by_the_scheduler():
     opt.step()
     scheduler.step()
     assert opt.param_groups[0]["lr"] is lr and lr.item() == pytest.approx(0.05)
-    _set_lr_type(opt.param_groups, torch.device("cpu"), False)
+    set_lr_type(opt.param_groups, torch.device("cpu"), False)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.05) and isinstance(opt.param_groups[0]["lr"], float)

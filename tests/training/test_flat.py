@@ -10,7 +10,7 @@ from torch import nn
 
 from gno_ext.models import GNO, from_checkpoint, save_checkpoint
 from gno_ext.training import FlatParameters
-from gno_ext.training.loop import _param_groups
+from gno_ext.training.setup import param_groups
 
 
 def _model() -> nn.Module:
@@ -130,7 +130,7 @@ def test_checkpoint_of_a_flattened_gno_round_trips(tmp_path):
     would refuse, and the model rebuilt from it is the same."""
     model = GNO(latent=32, patch=8, depth=2, heads=4, n_kernels=3)
     before = copy.deepcopy(model.state_dict())
-    FlatParameters(_param_groups(model, 0.1))
+    FlatParameters(param_groups(model, 0.1))
     assert len({p.untyped_storage().data_ptr() for p in model.parameters()}) == 2
     save_checkpoint(model, tmp_path / "ckpt")
     again = from_checkpoint(tmp_path / "ckpt")

@@ -159,11 +159,12 @@ def test_a_failing_overwrite_leaves_the_old_run_and_bad_settings_are_named(train
         ("optimizer.warmup_fraction=abc", "optimizer.warmup_fraction: expected a number in .*, got 'abc'"),
         ("trainer.batch_size=0", "trainer.batch_size: expected an integer >= 1, got 0"),
         ("trainer.dro.bins=0", "trainer.dro.bins: expected an integer >= 1, got 0"),
+        ("optimizer.schedule=linear", "optimizer.schedule: expected one of cosine, constant, got 'linear'"),
+        ("trainer.capture=yes", "trainer.capture: expected true or false, got 'yes'"),
     ]
     late = [  # errors found once the data and the model are set up (each deleted the old run first)
         ("+model.kwargs.foo=1", TypeError, "unexpected keyword argument 'foo'"),
         ("model.kwargs.latent=-3", ValueError, "latent: must be >= 1, got -3"),
-        ("optimizer.schedule=linear", ValueError, "optimizer.schedule: expected cosine or constant"),
         ("trainer.compile=maybe", ValueError, "compile mode 'maybe': unknown"),
     ]
     for override, message in bad:
@@ -271,7 +272,7 @@ def test_two_processes_train_like_one(tmp_path, cache):
 def test_grad_sync_is_resolved_and_checked():
     """``trainer.grad_sync``: auto is flat only for a captured step on several processes; flat
     needs the flat buffers; an unknown value is named."""
-    from gno_ext.training.loop import resolve_grad_sync
+    from gno_ext.training.setup import resolve_grad_sync
 
     assert resolve_grad_sync("auto", 2, True, True) == "flat"
     assert resolve_grad_sync("auto", 2, False, True) == resolve_grad_sync("auto", 1, True, True) == "ddp"
@@ -285,12 +286,12 @@ def test_grad_sync_is_resolved_and_checked():
 def test_fused_adamw_only_for_real_parameters_on_gpus():
     """Fused AdamW refuses complex parameters (neuraloperator's spectral weights): FNO-based
     models take the foreach AdamW on GPUs; CPUs never take the fused one."""
-    from gno_ext.training.loop import _fused_adamw
+    from gno_ext.training.setup import fused_adamw
 
     real, spectral = [torch.nn.Parameter(torch.zeros(2))], [torch.nn.Parameter(torch.zeros(2, dtype=torch.cfloat))]
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert _fused_adamw([{"params": real}], cuda) and not _fused_adamw([{"params": real}], cpu)
-    assert not _fused_adamw([{"params": real}, {"params": spectral}], cuda)
+    assert fused_adamw([{"params": real}], cuda) and not fused_adamw([{"params": real}], cpu)
+    assert not fused_adamw([{"params": real}, {"params": spectral}], cuda)
 
 
 def test_cpu_processes_meet_in_a_barrier_without_a_device(monkeypatch):
@@ -341,16 +342,16 @@ def test_non_finite_training_stops_with_a_clear_error(train_module, tmp_path):
 def test_a_non_finite_micro_batch_skips_the_whole_update(train_module, tmp_path, monkeypatch):
     """With gradient accumulation the NaN of the first micro-batch has reached the gradients:
     the update is skipped (counted once) even though the second micro-batch is finite."""
-    import gno_ext.training.loop as loop
+    import gno_ext.training.steps as steps
 
-    calls, mse = {"n": 0}, loop.mse_per_sample
+    calls, mse = {"n": 0}, steps.mse_per_sample
 
     def mse_with_one_nan(pred, target):
         calls["n"] += 1
         value = mse(pred, target)
         return value * float("nan") if calls["n"] == 3 else value  # micro-batch 1 of update 2
 
-    monkeypatch.setattr(loop, "mse_per_sample", mse_with_one_nan)
+    monkeypatch.setattr(steps, "mse_per_sample", mse_with_one_nan)
     result = train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}",
                                 "trainer.grad_accum=2", "trainer.max_steps=3", "trainer.clip_grad=null",
                                 "eval.enabled=false", *QUIET])
@@ -363,9 +364,9 @@ def test_non_finite_gradients_with_a_finite_loss_stop_the_run(train_module, tmp_
     """(Before, the finite loss reset the count before the gradient was checked, and without
     clipping the gradient was not checked at all: every update was skipped, or applied with NaN,
     and the run saved its model and exited 0.)"""
-    import gno_ext.training.loop as loop
+    import gno_ext.training.steps as steps
 
-    mse = loop.mse_per_sample
+    mse = steps.mse_per_sample
 
     def mse_with_nan_gradients(pred, target):
         value = mse(pred, target)
@@ -373,7 +374,7 @@ def test_non_finite_gradients_with_a_finite_loss_stop_the_run(train_module, tmp_
             value.register_hook(lambda g: g * float("nan"))
         return value
 
-    monkeypatch.setattr(loop, "mse_per_sample", mse_with_nan_gradients)
+    monkeypatch.setattr(steps, "mse_per_sample", mse_with_nan_gradients)
     with pytest.raises(NonFiniteLossError, match=r"3 consecutive updates with a non-finite loss or gradient "
                                                  r"\(this one: gradient norm nan\)"):
         train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}", f"trainer.clip_grad={clip}",
@@ -531,10 +532,10 @@ def test_weight_decay_on_weights_only():
     """Biases (the stacked (K, out) biases of the GNO's kernel banks included), norms and other
     1-D parameters get no weight decay; every weight matrix does."""
     from gno_ext.models import GNO
-    from gno_ext.training.loop import _param_groups
+    from gno_ext.training.setup import param_groups
 
     model = GNO(latent=32, patch=8, depth=2, heads=4, n_kernels=3)
-    decay, no_decay = _param_groups(model, 0.1)
+    decay, no_decay = param_groups(model, 0.1)
     names = {id(p): n for n, p in model.named_parameters()}
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert {names[id(p)] for p in no_decay["params"]} >= {"blocks.0.mixture.kernels.q_bias", "blocks.1.norm.weight"}
@@ -544,10 +545,10 @@ def test_weight_decay_on_weights_only():
 
 
 def test_compile_mode_and_options_reach_torch_compile(train_module, tmp_path, monkeypatch):
-    import gno_ext.training.loop as loop
+    import gno_ext.training.setup as setup
 
     calls = []
-    monkeypatch.setattr(loop, "compile_model", lambda model, mode, options: calls.append((mode, options)) or model)
+    monkeypatch.setattr(setup, "compile_model", lambda model, mode, options: calls.append((mode, options)) or model)
     train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}", "trainer.max_steps=1",
                        "trainer.compile=reduce-overhead", "trainer.compile_options.combo_kernels=true",
                        "eval.enabled=false", *QUIET])

@@ -1,0 +1,232 @@
+r"""The training loop's settings: one typed definition of every key it reads, with its default,
+checked once when a run starts.
+
+`Settings.from_config` reads the ``trainer`` and ``optimizer`` sections of a recipe's
+configuration (and the loss weights of its ``model`` section) into frozen dataclasses. A key
+that is absent takes the default written here; a value of the wrong type, out of its range or
+not among its choices raises a `ValueError` that names the key (``trainer.dro.tau: expected a
+number above 0, got 0``), and so does a key that is not a setting. The check runs before any
+data is generated, any model trained or any run folder replaced: many bad values would
+otherwise fail late or train wrongly without a word (a negative clipping norm reverses the
+gradients, ``trainer.dro.tau=inf`` gives a NaN loss).
+
+``recipes/conf/trainer/default.yaml`` and ``recipes/conf/optimizer/adamw.yaml`` list the same
+keys with the same defaults, with comments for users; a test holds them equal to these
+classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CurriculumSettings", "DROSettings", "EMASettings", "OptimizerSettings", "Settings", "TrainerSettings",
+           "defaults"]
+
+
+def _number(default: Any, low: float | str = -math.inf, high: float = math.inf, integer: bool = False,
+            nullable: bool = False) -> Any:
+    """A numeric field: ``low`` is the smallest value allowed, or ``"> 0"`` for above zero."""
+    return field(default=default, metadata={"number": (low, high, integer, nullable)})
+
+
+def _choice(default: Any, *choices: Any) -> Any:
+    return field(default=default, metadata={"choices": choices})
+
+
+def _flag(default: bool) -> Any:
+    return field(default=default, metadata={"flag": True})
+
+
+@dataclass(frozen=True)
+class EMASettings:
+    """``trainer.ema``: an exponential moving average of the weights, evaluated at the end."""
+
+    enabled: bool = _flag(False)
+    decay: float = _number(0.999, 0, 1)
+
+
+@dataclass(frozen=True)
+class CurriculumSettings:
+    """``trainer.curriculum``: plain MSE for the first ``P`` epochs, then group DRO (the paper's
+    Algorithm 1); batches of one boundary configuration each, visited in ``order``."""
+
+    warmup_fraction: float = _number(0.7, 0, 1)  # P as a fraction of the epochs (the paper: 70 of 100)
+    warmup_epochs: int | None = _number(None, 0, integer=True, nullable=True)  # P in epochs, where set
+    order: str = _choice("interleave", "interleave", "sequential")
+
+
+@dataclass(frozen=True)
+class DROSettings:
+    """``trainer.dro``: the log-sum-exp temperature and the bins per parameter of the groups."""
+
+    tau: float = _number(1.0, "> 0")
+    bins: int = _number(8, 1, integer=True)
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """``trainer``: the loop, its precision and its speed settings."""
+
+    epochs: int = _number(30, 1, integer=True)
+    batch_size: int = _number(32, 1, integer=True)  # per process
+    grad_accum: int = _number(1, 1, integer=True)
+    precision: str = _choice("auto", "auto", "bf16", "fp16", "no")
+    device: str = _choice("auto", "auto", "cpu")  # GPUs are chosen by the launcher
+    clip_grad: float | None = _number(1.0, "> 0", nullable=True)  # maximum gradient norm
+    flat_parameters: bool = _flag(True)
+    ema: EMASettings = field(default_factory=EMASettings)
+    curriculum: CurriculumSettings = field(default_factory=CurriculumSettings)
+    dro: DROSettings = field(default_factory=DROSettings)
+    loss_normalization: bool = _flag(True)
+    max_nonfinite: int = _number(5, 1, integer=True)
+    checkpoint_every: int | None = _number(0, 0, integer=True, nullable=True)  # 0 or null: every epoch's end
+    keep_checkpoints: int = _number(3, 0, integer=True)
+    log_every: int = _number(10, 1, integer=True)
+    val_every: int = _number(1, 1, integer=True)
+    val_batches: int = _number(4, 0, integer=True)
+    max_steps: int | None = _number(None, 1, integer=True, nullable=True)
+    num_workers: int = _number(0, 0, integer=True)
+    compile: bool | str = False  # false | true | a torch.compile mode (checked by compile_model)
+    capture: bool = _flag(False)
+    grad_sync: str = _choice("auto", "auto", "ddp", "flat")
+    compile_options: Mapping[str, Any] = field(default_factory=lambda: {"combo_kernels": False})
+    dist_timeout_minutes: float = _number(120, "> 0")
+    find_unused_parameters: bool | str = _choice("auto", "auto", True, False)
+    tensorboard: bool = _flag(True)
+    progress: bool = _flag(True)
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """``optimizer``: AdamW with a cosine (or constant) schedule after a linear warm-up."""
+
+    name: str = _choice("adamw", "adamw")
+    lr: float = _number(1.0e-3, 0)
+    weight_decay: float = _number(0.05, 0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    schedule: str = _choice("cosine", "cosine", "constant")
+    warmup_fraction: float = _number(0.05, 0, 1)  # of all optimizer steps
+    min_lr_ratio: float = _number(0.01, 0, 1)  # final learning rate / lr
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the training loop reads from a recipe's configuration besides the data, the
+    model's own arguments and the run folder.
+
+    Attributes
+    ----------
+    trainer : TrainerSettings
+    optimizer : OptimizerSettings
+    balance_weight : float
+        ``model.balance_weight``: weight of the gates' load-balance term in the loss.
+    physics_weight : float
+        ``model.physics_weight``: weight of a physics-informed model's residual term.
+    """
+
+    trainer: TrainerSettings = field(default_factory=TrainerSettings)
+    optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
+    balance_weight: float = _number(0.0, 0)
+    physics_weight: float = _number(0.0, 0)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> Settings:
+        """The settings of a resolved recipe configuration (a mapping with ``trainer``,
+        ``optimizer`` and ``model`` sections; absent keys take their defaults), checked."""
+        model = cfg.get("model") or {}
+        weights = {k: model[k] for k in ("balance_weight", "physics_weight") if k in model}
+        return cls(trainer=_read(TrainerSettings, cfg.get("trainer") or {}, "trainer."),
+                   optimizer=_read(OptimizerSettings, cfg.get("optimizer") or {}, "optimizer."),
+                   **{k: _checked(_field(cls, k), v, f"model.{k}") for k, v in weights.items()})
+
+    @property
+    def warmup_epochs(self) -> int:
+        """The epochs of plain MSE before group DRO: ``trainer.curriculum.warmup_epochs``, or
+        ``warmup_fraction`` of the epochs (rounded) where it is null."""
+        curriculum = self.trainer.curriculum
+        if curriculum.warmup_epochs is not None:
+            return curriculum.warmup_epochs
+        return int(round(curriculum.warmup_fraction * self.trainer.epochs))
+
+
+def defaults(cls: type) -> dict[str, Any]:
+    """A settings class's defaults as a nested mapping (the form of the recipes' YAML)."""
+    return {f.name: defaults(_NESTED[cls, f.name]) if (cls, f.name) in _NESTED else _default(f)
+            for f in dataclasses.fields(cls)}
+
+
+def _default(f: dataclasses.Field) -> Any:
+    value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return list(value) if isinstance(value, tuple) else dict(value) if isinstance(value, Mapping) else value
+
+
+_NESTED = {(TrainerSettings, "ema"): EMASettings, (TrainerSettings, "curriculum"): CurriculumSettings,
+           (TrainerSettings, "dro"): DROSettings}
+
+
+def _field(cls: type, name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(cls) if f.name == name)
+
+
+def _read(cls: type, section: Mapping[str, Any], prefix: str) -> Any:
+    """An instance of the settings class ``cls`` from ``section``, every value checked."""
+    if not isinstance(section, Mapping):
+        raise ValueError(f"{prefix[:-1]}: expected a mapping of settings, got {section!r}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in section:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean {prefix}{close[0]}?" if close else f"; the settings are {', '.join(names)}"
+            raise ValueError(f"{prefix}{key}: no such setting{hint}")
+    values = {}
+    for f in dataclasses.fields(cls):
+        nested = _NESTED.get((cls, f.name))
+        if nested is not None:
+            values[f.name] = _read(nested, section.get(f.name) or {}, f"{prefix}{f.name}.")
+        elif f.name in section:
+            values[f.name] = _checked(f, section[f.name], prefix + f.name)
+    return cls(**values)
+
+
+def _checked(f: dataclasses.Field, value: Any, key: str) -> Any:
+    """``value`` of the field ``f`` (the dotted ``key`` in messages), checked and converted."""
+    if "number" in f.metadata:
+        low, high, integer, nullable = f.metadata["number"]
+        if value is None and nullable:
+            return None
+        wanted = "an integer" if integer else "a number"
+        bounds = "above 0" if low == "> 0" else f"in [{low}, {high}]" if high < math.inf else f">= {low}"
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or (integer and value != int(value)) or value > high \
+                or (value <= 0 if low == "> 0" else value < low):
+            raise ValueError(f"{key}: expected {wanted} {bounds}{' or null' if nullable else ''}, got {value!r}")
+        return int(value) if integer else float(value)
+    if "choices" in f.metadata:
+        choices = f.metadata["choices"]
+        if not any(value == c and type(value) is type(c) for c in choices):
+            shown = ", ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in choices)
+            raise ValueError(f"{key}: expected one of {shown}, got {value!r}")
+        return value
+    if "flag" in f.metadata:
+        if not isinstance(value, bool):
+            raise ValueError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if f.name == "betas":
+        if not (isinstance(value, (list, tuple)) and len(value) == 2
+                and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in value)):
+            raise ValueError(f"{key}: expected two numbers in [0, 1), got {value!r}")
+        return tuple(float(b) for b in value)
+    if f.name == "compile_options":
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{key}: expected a mapping of inductor options, got {value!r}")
+        return dict(value)
+    if f.name == "compile":
+        if not isinstance(value, (bool, str)):
+            raise ValueError(f"{key}: expected true, false or a torch.compile mode, got {value!r}")
+        return value
+    return value

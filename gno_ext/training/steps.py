@@ -1,0 +1,128 @@
+"""One training step of the loop, as an interface with two implementations.
+
+A step is: the forward pass and the loss (`objective`), the backward pass, the gradients
+gathered into the flat buffers (averaged over processes where the loop does it), their norm
+(clipped where ``trainer.clip_grad`` is set) and the optimizer's update. `EagerSteps` runs them
+from Python; `gno_ext.training.captured.CapturedSteps` replays them from CUDA graphs. The loop
+takes the eager steps first and, with ``trainer.capture=true``, the captured ones once the
+optimizer's state exists; both answer to the same four methods (`Steps`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from gno_ext.losses import mse_per_sample
+from gno_ext.schema import PDEBatch
+from gno_ext.training.flat import FlatParameters
+from gno_ext.training.objective import global_objective
+
+__all__ = ["EagerSteps", "Objective", "Steps", "make_objective"]
+
+Objective = Callable[[PDEBatch, Tensor, bool], tuple[Tensor, Tensor]]
+"""``objective(batch, groups, dro) -> (loss to log, loss to differentiate)``."""
+
+
+class Steps(Protocol):
+    """What the epoch loop needs of a step."""
+
+    replayed: bool  # whether the steps are CUDA graph replays
+
+    def forward_backward(self, batch: PDEBatch, groups: Tensor, dro: bool, last_micro: bool) -> Tensor:
+        """The forward and backward passes of one micro-batch; returns the loss (a device tensor)."""
+
+    def gradient_norm(self, clean: bool) -> float:
+        """After the last micro-batch: the gradients into the flat buffers (averaged where the
+        loop averages them) and, if ``clean`` (no non-finite loss met), their norm, clipped where
+        the run clips; NaN otherwise."""
+
+    def optimizer_step(self) -> None:
+        """The optimizer's update."""
+
+    def zero_grad(self) -> None:
+        """Forget the gradients before the next step."""
+
+
+def make_objective(model: nn.Module, raw: nn.Module, autocast: Callable[[], Any], scale: Tensor, n_groups: int,
+                   tau: float, world: int, balance_weight: float = 0.0, physics_weight: float = 0.0) -> Objective:
+    """The training objective: the per-sample MSE of the next frame on fields divided by
+    ``scale``, reduced to the plain mean or the group-DRO loss over ``n_groups`` groups
+    (`global_objective`), plus the gates' load-balance term and a physics-informed model's
+    residual where their weights are set (read from ``raw``, the model itself)."""
+    balance = getattr(raw, "balance_loss", None) if balance_weight else None
+    physics = getattr(raw, "physics_loss", None) if physics_weight else None
+
+    def objective(batch: PDEBatch, groups: Tensor, dro: bool) -> tuple[Tensor, Tensor]:
+        with autocast():
+            pred = model(batch.u_in, theta=batch.theta, theta_field=batch.theta_field, bc=batch.bc, grid=batch.grid)
+        per_sample = mse_per_sample(pred.float() / scale, batch.u_out[:, :1].float() / scale)
+        loss, backward_loss = global_objective(per_sample, groups, n_groups, dro, tau, world)
+        if balance is not None:
+            backward_loss = backward_loss + balance_weight * balance()
+        if physics is not None:  # PINO's residual term
+            backward_loss = backward_loss + physics_weight * physics(batch, pred)
+        return loss, backward_loss
+
+    return objective
+
+
+class EagerSteps:
+    """The steps run from Python, through accelerate (DDP's gradient synchronisation on the
+    last of ``accum`` micro-batches, loss scaling in fp16, clipping).
+
+    Parameters
+    ----------
+    model : nn.Module
+        What the forward pass runs (compiled, in DDP, ...).
+    objective : Objective
+    accelerator : accelerate.Accelerator
+    optimizer : torch.optim.Optimizer
+    flat : FlatParameters or None
+        The flat buffers the optimizer steps, if any.
+    average : bool
+        Average the flat buffers' gradients over the processes (the model is outside DDP).
+    clip : float or None
+        Maximum gradient norm.
+    accum : int
+        Micro-batches per update (each loss is divided by it).
+    """
+
+    replayed = False
+
+    def __init__(self, model: nn.Module, objective: Objective, accelerator: Any, optimizer: Any,
+                 flat: FlatParameters | None, average: bool, clip: float | None, accum: int) -> None:
+        self.model, self.objective, self.accelerator, self.optimizer = model, objective, accelerator, optimizer
+        self.flat, self.average, self.clip, self.accum = flat, average, clip, accum
+
+    def forward_backward(self, batch: PDEBatch, groups: Tensor, dro: bool, last_micro: bool) -> Tensor:
+        with self.accelerator.no_sync(self.model) if not last_micro else nullcontext():
+            loss, backward_loss = self.objective(batch, groups, dro)
+            self.accelerator.backward(backward_loss / self.accum)
+        return loss
+
+    def gradient_norm(self, clean: bool) -> float:
+        if self.flat is not None:  # also when the update is skipped: it drops the parameters' own gradients
+            self.flat.gather_grads()
+            if self.average:
+                self.flat.average_grads()
+        if not clean:
+            return float("nan")
+        params = self.model.parameters() if self.flat is None else self.flat.parameters()
+        return float(self.accelerator.clip_grad_norm_(params, self.clip if self.clip else math.inf))
+
+    def optimizer_step(self) -> None:
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer inside accelerate's wrapper (or ``optimizer`` itself)."""
+    return getattr(optimizer, "optimizer", optimizer)

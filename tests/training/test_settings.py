@@ -1,0 +1,48 @@
+"""`gno_ext.training.settings`: one definition of the loop's settings, equal to the recipes' YAML,
+checked once with messages that name the key."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gno_ext.training.settings import OptimizerSettings, Settings, TrainerSettings, defaults
+
+CONF = Path(__file__).resolve().parents[2] / "recipes" / "conf"
+
+
+@pytest.mark.parametrize("cls,path", [(TrainerSettings, "trainer/default.yaml"),
+                                      (OptimizerSettings, "optimizer/adamw.yaml")])
+def test_the_recipes_yaml_lists_every_setting_with_its_default(cls, path):
+    assert yaml.safe_load((CONF / path).read_text()) == defaults(cls)
+
+
+def test_absent_keys_take_the_defaults_and_given_ones_are_converted():
+    s = Settings.from_config({"trainer": {"epochs": 10, "clip_grad": 2, "dro": {"bins": 4.0}},
+                              "optimizer": {"betas": [0.8, 0.9]}, "model": {"name": "gno", "balance_weight": 0.01}})
+    assert s.trainer.epochs == 10 and s.trainer.batch_size == 32 and s.trainer.clip_grad == 2.0
+    assert s.trainer.dro.bins == 4 and isinstance(s.trainer.dro.bins, int) and s.trainer.dro.tau == 1.0
+    assert s.optimizer.betas == (0.8, 0.9) and s.optimizer.lr == 1e-3 and s.balance_weight == 0.01
+    assert s.warmup_epochs == 7  # 0.7 of 10 epochs
+    assert Settings.from_config({"trainer": {"curriculum": {"warmup_epochs": 2}}}).warmup_epochs == 2
+    assert Settings.from_config({}) == Settings()
+
+
+@pytest.mark.parametrize("cfg,message", [
+    ({"trainer": {"dro": {"tua": 2}}}, r"trainer.dro.tua: no such setting; did you mean trainer.dro.tau\?"),
+    ({"trainer": {"epoch": 2}}, r"trainer.epoch: no such setting; did you mean trainer.epochs\?"),
+    ({"optimizer": {"zzz": 1}}, "optimizer.zzz: no such setting; the settings are name, lr, "),
+    ({"trainer": {"precision": "fp32"}}, "trainer.precision: expected one of auto, bf16, fp16, no, got 'fp32'"),
+    ({"trainer": {"find_unused_parameters": "yes"}},
+     "trainer.find_unused_parameters: expected one of auto, true, false, got 'yes'"),
+    ({"trainer": {"progress": 1}}, "trainer.progress: expected true or false, got 1"),
+    ({"trainer": {"max_steps": 0}}, r"trainer.max_steps: expected an integer >= 1 or null, got 0"),
+    ({"trainer": {"batch_size": True}}, "trainer.batch_size: expected an integer >= 1, got True"),
+    ({"trainer": {"ema": 3}}, "trainer.ema: expected a mapping of settings, got 3"),
+    ({"optimizer": {"betas": [0.9]}}, r"optimizer.betas: expected two numbers in \[0, 1\), got \[0.9\]"),
+    ({"trainer": {"compile_options": 1}}, "trainer.compile_options: expected a mapping of inductor options, got 1"),
+    ({"model": {"balance_weight": -1}}, "model.balance_weight: expected a number >= 0, got -1"),
+])
+def test_a_bad_setting_is_named(cfg, message):
+    with pytest.raises(ValueError, match=message):
+        Settings.from_config(cfg)
