@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gno_ext.layers._util import first_entry, is_integer, is_integer_dtype, may_read_device
+from gno_ext.checks import first_entry, is_integer, is_integer_dtype, may_read_device
 
 __all__ = ["mse_per_sample", "nmse", "relative_l2", "group_sums", "dro_from_group_sums", "group_dro_loss",
            "bin_parameters", "Curriculum"]

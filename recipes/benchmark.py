@@ -261,7 +261,7 @@ def prepare(runs: list[Run], extra: list[str]) -> None:
     """Generate every dataset the runs need, once, before parallel jobs open them."""
     from train import compose  # recipes/ is the script folder
 
-    from gno_ext.training.data import prepare_data
+    from gno_ext.training.recipe_data import prepare_data
 
     for recipe, size in sorted({(r.recipe, r.size) for r in runs}):
         cfg = compose(recipe, [f"size={size}", *[o for o in extra if o.startswith("data.")]])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from gno_ext.models import get_model, model_class
-from gno_ext.training.data import DataSpec, model_kwargs_from_data
+from gno_ext.training.recipe_data import DataSpec, model_kwargs_from_data
 
 import train  # recipes/train.py (this script's folder is on the path)
 

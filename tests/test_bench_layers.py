@@ -1,4 +1,4 @@
-"""`recipes/bench_layers.py` runs on the CPU (the PyTorch path) and refuses the fused path there."""
+"""`benchmarks/bench_layers.py` runs on the CPU (the PyTorch path) and refuses the fused path there."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""`recipes/bench_model.py`: a CPU row, and the whole-graph mode's refusal on the CPU (the
+"""`benchmarks/bench_model.py`: a CPU row, and the whole-graph mode's refusal on the CPU (the
 capture itself: tests/training/test_capture.py)."""
 
 import pytest
@@ -61,7 +61,7 @@ def test_the_fused_operators_go_by_the_names_paths_taken_reads(module, op):
 def test_gpu_paths_taken_at_the_paper_grid_and_the_trl_grid(shape, channels, ran):
     """At 128^2 (97 keys, 32 boundary tokens) the GNO runs its fused kernels; at the trl grid
     too: the attention's 257 keys take the key-tiled kernels, and the boundary operator's 64
-    tokens (inner width 64) take programs of 64 rows (`gno_ext.layers._boundary_kernels.WIDE`)."""
+    tokens (inner width 64) take programs of 64 rows (`gno_ext.kernels.boundary.WIDE`)."""
     pytest.importorskip("triton")
     bench = load_recipe("bench_model")
     model, x, _, _ = bench.setup("gno", 2, shape, channels, "cuda", None)

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from gno_ext.adapters import ArrayDataset
-from gno_ext.training.data import GroupBinner
+from gno_ext.training.recipe_data import GroupBinner
 from gno_ext.training.evaluate import evaluate_rollouts, write_report
 from tests._recipes import RECIPES, load_recipe
 

@@ -20,13 +20,13 @@ so the batch keeps its order. The backward pass is two more launches:
   a *run* of at most 8 samples of one kernel in registers (4 in small batches,
   `run_length`) and adds its tile to ``dW_k`` with one atomic addition (float32). Where that
   gives too few programs to fill the GPU (many rows per sample, a small batch), each program
-  takes a part of the run's rows instead (`gno_ext.layers._gathered_kernels.wgrad_splits`).
+  takes a part of the run's rows instead (`gno_ext.kernels.gathered.wgrad_splits`).
 
 The atomic additions make the weight gradient's rounding depend on the order in which the
 programs finish; under `torch.use_deterministic_algorithms` the callers use their
 deterministic path instead (`usable`).
 
-The operators (`gno_ext.layers._gathered_kernels`) are `torch.library.triton_op`s, so
+The operators (`gno_ext.kernels.gathered`) are `torch.library.triton_op`s, so
 ``torch.compile`` traces into the kernels (and CUDA graphs capture them), and
 `torch.utils.flop_counter` counts their products. They are loaded only where a CUDA device
 and Triton are present; elsewhere `usable` is false and the callers take their pure PyTorch
@@ -38,9 +38,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gno_ext.layers._util import KERNEL_TYPES, kernel_ranks, operand_type, segment_of, triton_module
+from gno_ext.kernels import load
+from gno_ext.kernels.precision import KERNEL_TYPES, operand_type
+from gno_ext.layers.routing import kernel_ranks, segment_of
 
-__all__ = ["MIN_RUNS", "RUN", "SHORT_RUN", "gathered_linear", "load_kernels", "run_length", "run_plan", "usable"]
+__all__ = ["MIN_RUNS", "RUN", "SHORT_RUN", "gathered_linear", "run_length", "run_plan", "usable"]
 
 # samples per run of the weight-gradient kernel (see `run_length`): RUN where that still gives
 # MIN_RUNS runs, SHORT_RUN otherwise
@@ -48,16 +50,10 @@ RUN = 8
 SHORT_RUN = 4
 MIN_RUNS = 32
 
-_kernels = None  # gno_ext.layers._gathered_kernels, once loaded
-
-
-def load_kernels():
-    """Import the Triton operators (`gno_ext.layers._gathered_kernels`) and return the module,
-    or None without Triton."""
-    global _kernels
-    if _kernels is None:
-        _kernels = triton_module("_gathered_kernels")
-    return _kernels
+# the Triton operators (`gno_ext.kernels.gathered`) where a GPU and Triton are present, else None
+# (the PyTorch path runs): loaded on import, since they must exist before torch.compile traces
+# a model
+_kernels = load("gathered") if torch.cuda.is_available() else None
 
 
 def usable(x: Tensor) -> bool:
@@ -140,6 +136,3 @@ def gathered_linear(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | Non
     with torch.autocast(x.device.type, enabled=False):
         return _kernels.gathered_mm(x.contiguous(), index, weight, bias, plan, run)
 
-
-if torch.cuda.is_available():  # the operators must exist before torch.compile traces a model
-    load_kernels()

@@ -18,23 +18,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from gno_ext.checks import is_integer_dtype, require_at_least
+from gno_ext.kernels import load
+from gno_ext.kernels.precision import KERNEL_TYPES, operand_type, tf32_allowed
 from gno_ext.layers import _gathered
-from gno_ext.layers._util import (KERNEL_TYPES, is_integer_dtype, kernel_ranks, one_hot, operand_type, require_at_least,
-                                  segment_of, tf32_allowed, triton_module)
+from gno_ext.layers.routing import kernel_ranks, one_hot, segment_of
 
 __all__ = ["AttentionKernel", "AttentionKernelBank", "SDPA_BACKENDS", "attend", "attend_tokens", "chunk_plan",
-           "default_chunk", "mixed_attention", "tokens_fusable"]
+           "default_chunk", "mixed_attention", "mixture_strategy", "tokens_fusable"]
 
-_kernels = None  # gno_ext.layers._attention_kernels, once loaded
-
-
-def load_kernels():
-    """Import the fused attention operators (`gno_ext.layers._attention_kernels`) and return
-    the module, or None without Triton."""
-    global _kernels
-    if _kernels is None:
-        _kernels = triton_module("_attention_kernels")
-    return _kernels
+# the Triton operators (`gno_ext.kernels.attention`) where a GPU and Triton are present, else None
+# (the PyTorch path runs): loaded on import, since they must exist before torch.compile traces
+# a model
+_kernels = load("attention") if torch.cuda.is_available() else None
 
 # cuDNN attention builds an execution plan per input shape; the per-kernel sub-batches of a
 # gated mixture change shape every step, so its plan building (tens of ms per call) would
@@ -54,18 +50,18 @@ def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 def tokens_fusable(q: Tensor, kv: Tensor) -> bool:
     """Whether `attend_tokens` runs its Triton kernels on these inputs: CUDA tensors of one
     floating type (half, bfloat16 or float32), the kernels loaded (Triton installed), and a
-    head width they take (`gno_ext.layers._attention_kernels.supported`: up to 128; any number
+    head width they take (`gno_ext.kernels.attention.supported`: up to 128; any number
     of keys).
 
     Float32 inputs take the kernels only where TF32 products are allowed
-    (`gno_ext.layers._util.tf32_allowed`: ``torch.backends.cuda.matmul.fp32_precision =
+    (`gno_ext.kernels.precision.tf32_allowed`: ``torch.backends.cuda.matmul.fp32_precision =
     "tf32"``, ``allow_tf32`` or `torch.set_float32_matmul_precision` ``("high")``): with exact
     float32 products Triton's ``tl.dot`` runs without tensor cores, and at the paper size their
     forward and backward passes took 16 times as long as `scaled_dot_product_attention`'s on
     an H100 (with TF32, a quarter as long; docs/benchmarks.md, eighteenth round). They also
     need twice the shared memory: float32 inputs take them at head widths up to 64 on GPUs
     that allow 227 KiB per program (H100, H200), not on an A100 or an Ada GPU
-    (`gno_ext.layers._attention_kernels.float32_fits`)."""
+    (`gno_ext.kernels.attention.float32_fits`)."""
     return (_kernels is not None and q.is_cuda and kv.is_cuda and q.dtype == kv.dtype and q.dtype in KERNEL_TYPES
             and _kernels.supported(kv.shape[1], q.shape[-1])
             and (q.dtype != torch.float32 or tf32_allowed() and _kernels.float32_fits(q.shape[-1], q.device.index)))
@@ -76,7 +72,7 @@ def attend_tokens(q: Tensor, kv: Tensor, fused: bool = True) -> Tensor:
 
     ``softmax(q k^T / sqrt(d)) v`` for every sample and head, with the keys ``kv[:, :, 0]`` and
     values ``kv[:, :, 1]``. Where `tokens_fusable` holds and ``fused`` is true, it runs as
-    two Triton kernels (`gno_ext.layers._attention_kernels`; forward, and backward without
+    two Triton kernels (`gno_ext.kernels.attention`; forward, and backward without
     atomics) that read and write these layouts directly, so no permuted copies are made in
     either pass; otherwise as `attend` (`scaled_dot_product_attention`) on permuted views.
     Under autocast the inputs are cast to the autocast type, as for
@@ -317,27 +313,65 @@ def mixed_attention(kernels: Sequence[AttentionKernel], index: Tensor, x: Tensor
     return _mixed(stacks, kernels[0].heads, index, x, context, chunk, kernels[0].fused_attention)
 
 
+STRATEGIES = ("single", "gathered", "per-sample", "chunked")
+
+
+def mixture_strategy(n_kernels: int, x: Tensor, chunk: int | None = None) -> tuple[str, int]:
+    """How `mixed_attention` computes its products for ``n_kernels`` kernels and the input ``x``
+    (B, N, D): ``(strategy, samples per weight group)``. The strategies, which all compute the
+    same (tested against `gno_ext.layers.mixture.reference_mixture`):
+
+    * ``"single"``: one kernel for every sample, plain products;
+    * ``"gathered"``: each sample's weights read inside the products (`gno_ext.layers._gathered`:
+      the Triton kernels, on a CUDA device), unless a ``chunk`` is asked for;
+    * ``"per-sample"``: each sample's weights selected by a one-hot product (``chunk`` 1, the
+      default for batches under ``32 K`` where the gathered kernels do not run);
+    * ``"chunked"``: the samples sorted by kernel into groups of ``chunk``, one weight
+      selection per group (`default_chunk`)."""
+    if n_kernels == 1:
+        return "single", 0
+    if chunk is None and _gathered.usable(x):
+        return "gathered", 0
+    chunk = chunk or default_chunk(x.shape[0], n_kernels)
+    return ("per-sample", 1) if chunk == 1 else ("chunked", chunk)
+
+
 def _mixed(stacks: dict[str, tuple[Tensor, Tensor | None]], heads: int, index: Tensor, x: Tensor,
            context: Tensor | None, chunk: int | None, fused: bool = True) -> Tensor:
     """`mixed_attention` on stacked weights: ``stacks[name] = (weight (K, in, out), bias (K, out))``;
     ``fused``: the attention itself through `attend_tokens`' Triton kernels where they run."""
+    check_index(index, x.shape[0])
+    strategy, chunk = mixture_strategy(stacks["q"][0].shape[0], x, chunk)
+    if strategy == "single":
+        def project(t, weight, bias):
+            return F.linear(t, weight[0].t(), None if bias is None else bias[0])
+        return _attention_with(project, stacks, heads, x, context, fused)
+    if strategy == "gathered":
+        plan = _gathered.run_plan(index, stacks["q"][0].shape[0])
+
+        def project(t, weight, bias):
+            return _gathered.gathered_linear(t, index, weight, bias, plan)
+        return _attention_with(project, stacks, heads, x, context, fused)
+    return _grouped(stacks, heads, index, x, context, chunk, fused)
+
+
+def _attention_with(project, stacks: dict[str, tuple[Tensor, Tensor | None]], heads: int, x: Tensor,
+                    context: Tensor | None, fused: bool) -> Tensor:
+    """The attention kernel with its three projections done by ``project(t, weight, bias)``."""
+    b, n, d = x.shape
+    source = x if context is None else torch.cat([x, context], 1)
+    q = project(x, *stacks["q"]).view(b, n, heads, -1)
+    kv = project(source, *stacks["kv"]).view(b, source.shape[1], 2, heads, -1)
+    return project(attend_tokens(q, kv, fused).reshape(b, n, d), *stacks["out"])
+
+
+def _grouped(stacks: dict[str, tuple[Tensor, Tensor | None]], heads: int, index: Tensor, x: Tensor,
+             context: Tensor | None, chunk: int, fused: bool) -> Tensor:
+    """The ``"per-sample"`` (``chunk`` 1) and ``"chunked"`` strategies: each group of ``chunk``
+    samples of one kernel gets its weights by a one-hot product over the stacked weights."""
     b, n, d = x.shape
     n_kernels = stacks["q"][0].shape[0]
-    check_index(index, b)
     source = x if context is None else torch.cat([x, context], 1)
-    if n_kernels == 1 or chunk is None and _gathered.usable(x):
-        if n_kernels == 1:  # one kernel for every sample: plain products
-            def project(t, weight, bias):
-                return F.linear(t, weight[0].t(), None if bias is None else bias[0])
-        else:  # weights selected inside the products (CUDA)
-            plan = _gathered.run_plan(index, n_kernels)
-
-            def project(t, weight, bias):
-                return _gathered.gathered_linear(t, index, weight, bias, plan)
-        q = project(x, *stacks["q"]).view(b, n, heads, -1)
-        kv = project(source, *stacks["kv"]).view(b, source.shape[1], 2, heads, -1)
-        return project(attend_tokens(q, kv, fused).reshape(b, n, d), *stacks["out"])
-    chunk = chunk or default_chunk(b, n_kernels)
     if chunk == 1:
         slot, select = None, one_hot(index, n_kernels, x.dtype)
     else:
@@ -437,6 +471,3 @@ class AttentionKernelBank(nn.Module):
                             [t.t() for t in parts] if part == "weight" else parts)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-
-if torch.cuda.is_available():  # the operators must exist before torch.compile traces a model
-    load_kernels()

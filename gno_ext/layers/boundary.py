@@ -14,7 +14,7 @@ returns $h_\ell$: latent *Dirichlet* tokens, one per boundary patch, that the ke
 context. Any number of faces (1-D, 2-D, 3-D boxes) and every boundary type are accepted.
 
 On a CUDA device with Triton the operator runs as fused kernels
-(`gno_ext.layers._boundary_kernels`: one for the forward pass, two for the backward pass)
+(`gno_ext.kernels.boundary`: one for the forward pass, two for the backward pass)
 instead of about forty small PyTorch kernels per block; elsewhere, and for sizes the kernels do
 not take, it runs the same computation in PyTorch.
 """
@@ -27,22 +27,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gno_ext.layers._util import one_hot, operand_type, require_at_least, triton_module
+from gno_ext.checks import require_at_least
+from gno_ext.kernels import load
+from gno_ext.kernels.precision import operand_type
 from gno_ext.layers.attention import attend
+from gno_ext.layers.routing import one_hot
 from gno_ext.schema import BCType, BoundarySpec, Grid, face_view
 
 __all__ = ["BoundaryTransfer", "boundary_features"]
 
-_kernels = None  # gno_ext.layers._boundary_kernels, once loaded
-
-
-def load_kernels():
-    """Import the fused operators (`gno_ext.layers._boundary_kernels`) and return the module,
-    or None without Triton."""
-    global _kernels
-    if _kernels is None:
-        _kernels = triton_module("_boundary_kernels")
-    return _kernels
+# the Triton operators (`gno_ext.kernels.boundary`) where a GPU and Triton are present, else None
+# (the PyTorch path runs): loaded on import, since they must exist before torch.compile traces
+# a model
+_kernels = load("boundary") if torch.cuda.is_available() else None
 
 N_DATA_FEATURES = 4  # data now, data at target time, a, b
 
@@ -137,7 +134,7 @@ class BoundaryTransfer(nn.Module):
         autocast, ``width`` up to 64: at 128 the kernels would need more shared memory than
         some GPUs allow), at most 32 boundary
         tokens per sample, 64 at inner width 64 with MLP width 128 (the default operator of a
-        256-wide model; `gno_ext.layers._boundary_kernels.max_tokens`). Set it to False on
+        256-wide model; `gno_ext.kernels.boundary.max_tokens`). Set it to False on
         an instance for the PyTorch path everywhere. Both paths compute the same function
         (tests compare them, gradients included) and both are deterministic.
     """
@@ -229,7 +226,7 @@ class BoundaryTransfer(nn.Module):
         return self.out(x + self.mlp(x))
 
     def forward_fused(self, desc: Tensor, state: Tensor) -> Tensor:
-        """The operator as the fused Triton kernels (`gno_ext.layers._boundary_kernels`), from
+        """The operator as the fused Triton kernels (`gno_ext.kernels.boundary`), from
         the description ``desc``. Under autocast the products run in the autocast type."""
         if _kernels is None:
             raise RuntimeError("BoundaryTransfer.forward_fused: the Triton operators are not loaded (they need Triton "
@@ -247,6 +244,3 @@ class BoundaryTransfer(nn.Module):
                 self.norm.eps, self.mlp[0].eps)
         return y
 
-
-if torch.cuda.is_available():  # the operators must exist before torch.compile traces a model
-    load_kernels()

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._util import first_entry, may_read_device, require_at_least
+from gno_ext.checks import first_entry, may_read_device, require_at_least
 
 __all__ = ["PatchEmbed", "PatchProject", "ConvRefine", "sincos_position", "ParameterNormalizer", "field_statistics", "token_shape"]
 

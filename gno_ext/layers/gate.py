@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from gno_ext.layers._util import one_hot, require_at_least
+from gno_ext.checks import require_at_least
+from gno_ext.layers.routing import one_hot
 
 __all__ = ["ParameterGate", "Routing", "plan_all", "route_all"]
 

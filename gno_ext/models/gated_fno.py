@@ -65,7 +65,7 @@ class GatedFNO(FNO, name="GatedFNO"):
 
     @staticmethod
     def data_kwargs(spec: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Constructor arguments completed from a recipe's data (`gno_ext.training.data.DataSpec`):
+        """Constructor arguments completed from a recipe's data (`gno_ext.training.recipe_data.DataSpec`):
         the input frames stacked on channels, the channels, the parameters, and ``n_modes``
         given as one integer repeated over the spatial axes."""
         out = dict(kwargs)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from gno_ext.layers._util import require_at_least
+from gno_ext.checks import require_at_least
 from gno_ext.layers.attention import AttentionKernel, AttentionKernelBank
 from gno_ext.layers.boundary import BoundaryTransfer, boundary_features, edge_tokens
 from gno_ext.layers.embeddings import (

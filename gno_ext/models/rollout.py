@@ -12,7 +12,7 @@ import operator
 import torch
 from torch import Tensor, nn
 
-from gno_ext.layers._util import is_integer
+from gno_ext.checks import is_integer
 from gno_ext.schema import BoundarySpec, PDEBatch
 
 __all__ = ["rollout"]

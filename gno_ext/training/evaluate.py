@@ -35,7 +35,8 @@ from gno_ext.losses import nmse, relative_l2
 from gno_ext.models.rollout import rollout
 from gno_ext.schema import BCType, collate
 from gno_ext.training.checkpoint import latest_checkpoint
-from gno_ext.training.data import (
+from gno_ext.training.objective import choose_precision
+from gno_ext.training.recipe_data import (
     GroupBinner,
     batch_to,
     open_split,
@@ -44,7 +45,6 @@ from gno_ext.training.data import (
     training_groups,
     trajectory_lengths,
 )
-from gno_ext.training.objective import choose_precision
 
 __all__ = ["evaluate_rollouts", "evaluate_run", "evaluate_saved", "write_report"]
 
@@ -62,7 +62,7 @@ def evaluate_rollouts(model: nn.Module, dataset: Dataset, indices: list[int], st
     dataset : Dataset
         Windows with ``n_steps_output >= steps``.
     indices : list of int
-        One window per trajectory (see `gno_ext.training.data.rollout_indices`).
+        One window per trajectory (see `gno_ext.training.recipe_data.rollout_indices`).
     steps : int
     binner : GroupBinner
         The training run's groups.

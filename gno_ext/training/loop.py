@@ -53,8 +53,14 @@ from gno_ext.losses import Curriculum, nmse
 from gno_ext.models.registry import get_model, model_class, save_checkpoint
 from gno_ext.schema import collate
 from gno_ext.training.captured import CapturedSteps, check_capture_settings
-from gno_ext.training.checkpoint import latest_checkpoint, load_training_checkpoint, save_training_checkpoint
-from gno_ext.training.data import (
+from gno_ext.training.checkpoint import (
+    latest_checkpoint,
+    load_training_checkpoint,
+    save_training_checkpoint,
+)
+from gno_ext.training.evaluate import evaluate_run
+from gno_ext.training.objective import NonFiniteGuard, choose_precision
+from gno_ext.training.recipe_data import (
     CurriculumBatchSampler,
     GroupBinner,
     batch_to,
@@ -65,11 +71,21 @@ from gno_ext.training.data import (
     spread,
     training_groups,
 )
-from gno_ext.training.evaluate import evaluate_run
-from gno_ext.training.objective import NonFiniteGuard, choose_precision
 from gno_ext.training.settings import Settings
-from gno_ext.training.setup import Training, fresh_accelerate_state, resolve_grad_sync, set_lr_type, set_up
-from gno_ext.training.steps import EagerSteps, Objective, Steps, make_objective, unwrap_optimizer
+from gno_ext.training.setup import (
+    Training,
+    fresh_accelerate_state,
+    resolve_grad_sync,
+    set_lr_type,
+    set_up,
+)
+from gno_ext.training.steps import (
+    EagerSteps,
+    Objective,
+    Steps,
+    make_objective,
+    unwrap_optimizer,
+)
 
 __all__ = ["EpochLoop", "Progress", "run_dir_of", "train"]
 

@@ -118,7 +118,7 @@ def test_fingerprint_changes_with_the_protocol(monkeypatch):
 
 
 def test_a_stale_dataset_is_neither_resumed_nor_used(tmp_path, monkeypatch):
-    from gno_ext.training.data import prepare_data
+    from gno_ext.training.recipe_data import prepare_data
 
     root = generate("heat-param", "smoke", tmp_path, device="cpu", progress=False, splits=("train",))
     manifest = json.loads((root / "manifest.json").read_text())
@@ -141,7 +141,7 @@ def test_a_stale_dataset_is_neither_resumed_nor_used(tmp_path, monkeypatch):
 
 
 def test_a_complete_dataset_without_a_fingerprint_is_refused(tmp_path):
-    from gno_ext.training.data import prepare_data
+    from gno_ext.training.recipe_data import prepare_data
 
     root = generate("heat-param", "smoke", tmp_path, device="cpu", progress=False)
     manifest = json.loads((root / "manifest.json").read_text())

@@ -2,7 +2,7 @@
 the shared memory each program needs (what Triton checks against the device's limit when it
 loads a kernel, raising ``OutOfResources`` above it).
 
-`recording` replaces the modules' launcher (``_launch``) so that calling an operator's Python
+`recording` replaces the modules' launcher (``launch``) so that calling an operator's Python
 launch function on CPU tensors records the launches it would make, with their compile-time
 constants and launch options, instead of running them; `shared_memory` compiles one recorded
 launch for a target architecture, and `assert_fit` checks recorded launches against a target's
@@ -32,14 +32,14 @@ def recording(*modules):
                 return lambda *args, **kwargs: launches.append((kernel, args, kwargs))
         return Grid()
 
-    saved = [m._launch for m in modules]
+    saved = [m.launch for m in modules]
     for m in modules:
-        m._launch = launch
+        m.launch = launch
     try:
         yield launches
     finally:
         for m, old in zip(modules, saved):
-            m._launch = old
+            m.launch = old
 
 
 def shared_memory(kernel, args, kwargs, arch: int) -> int:

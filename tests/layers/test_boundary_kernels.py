@@ -1,4 +1,4 @@
-"""The fused boundary transfer kernels (`gno_ext.layers._boundary_kernels`): when they are
+"""The fused boundary transfer kernels (`gno_ext.kernels.boundary`): when they are
 taken, and that they compute the PyTorch path's function and gradients, in Triton's CPU
 interpreter (when Triton is installed) and on a GPU (when there is one)."""
 
@@ -8,18 +8,20 @@ from importlib.util import find_spec
 import pytest
 import torch
 
+from gno_ext.kernels import load
 from gno_ext.layers import boundary
 from tests.layers import _targets
 from tests.layers._interpreter import run_interpreted
 
 needs_triton = pytest.mark.skipif(find_spec("triton") is None, reason="Triton is not installed")
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or boundary.load_kernels() is None,
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or boundary._kernels is None,
                                 reason="needs a CUDA device and Triton")
 
 
 @needs_triton
 def test_fused_path_only_on_cuda_for_supported_sizes(monkeypatch):
-    kernels = boundary.load_kernels()
+    kernels = load("boundary")
+    monkeypatch.setattr(boundary, "_kernels", kernels)  # (loaded on import only where CUDA is)
     assert kernels.supported(64, 128, 32) and kernels.supported(16, 16, 1) and kernels.supported(128, 256, 32)
     assert not kernels.supported(48, 96, 32)  # widths must be powers of two
     assert not kernels.supported(64, 512, 32) and not kernels.supported(256, 128, 32)
@@ -67,10 +69,12 @@ INTERPRETED = """
 import os
 import torch
 from torch.utils.flop_counter import FlopCounterMode
+from gno_ext.kernels import load
 from gno_ext.layers import boundary
 
 assert os.environ["TRITON_INTERPRET"] == "1"
-assert boundary.load_kernels() is not None
+boundary._kernels = load("boundary")  # (a layer loads its kernels on import only where CUDA is)
+assert boundary._kernels is not None
 torch.manual_seed(0)
 # (batch, boundary tokens, model width, inner width): a last program with fewer samples, token
 # counts that are not powers of two (several samples per program, and one sample of 100 tokens
@@ -117,7 +121,7 @@ def test_kernels_compiled_for_ada_and_h100_fit_their_shared_memory(arch):
     limit of the three targets in `tests/layers/_targets.py`; an A100's programs compile to
     the same sizes) and an H100 (sm90), need no more shared memory than the device allows (no
     ``OutOfResources`` when they load there)."""
-    kernels = boundary.load_kernels()
+    kernels = load("boundary")
     cases = []
     for dtype in (torch.bfloat16, torch.float32):
         width = max(w for w in (16, 32, 64, 128) if kernels.supported(w, 2 * w, 32, dtype))

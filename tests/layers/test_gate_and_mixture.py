@@ -496,6 +496,28 @@ def test_every_strategy_equals_the_reference_mixture(name):
                                    torch.zeros_like(g) if r is None and g is not None else r, rtol=1e-5, atol=1e-5)
 
 
+def test_the_strategy_is_chosen_apart_from_the_strategies(monkeypatch):
+    """`mixture_strategy` picks the strategy that `mixed_attention` runs: one kernel takes plain
+    products; the gathered kernels where they run unless a chunk is asked for; else one-hot
+    weights per sample in small batches and groups of samples in large ones."""
+    from gno_ext.layers import _gathered, attention
+
+    small, large = torch.zeros(8, 5, 16), torch.zeros(1024, 5, 16)
+    assert attention.mixture_strategy(1, large) == ("single", 0)
+    assert attention.mixture_strategy(4, small) == ("per-sample", 1)
+    assert attention.mixture_strategy(4, large) == ("chunked", 16)  # 1024 / (16 x 4)
+    assert attention.mixture_strategy(4, small, chunk=3) == ("chunked", 3)
+    monkeypatch.setattr(_gathered, "usable", lambda x: True)  # as on a GPU with Triton
+    assert attention.mixture_strategy(4, small) == ("gathered", 0)
+    assert attention.mixture_strategy(4, small, chunk=2) == ("chunked", 2)
+    ran = []
+    monkeypatch.setattr(attention, "_grouped", lambda *args: ran.append(args[5]) or args[3])
+    monkeypatch.setattr(attention, "mixture_strategy", lambda n, x, chunk: ("chunked", 5))
+    kernels = [attention.AttentionKernel(16, 4) for _ in range(2)]
+    attention.mixed_attention(kernels, torch.zeros(8, dtype=torch.long), small)
+    assert ran == [5]  # mixed_attention runs what the choice says
+
+
 def test_route_all_evaluates_a_changed_gate_on_its_own():
     """The batched evaluation of several gates assumes Linear, activation, Linear of one shape and
     one activation; a gate whose MLP was changed must still get its own routing (it used to be

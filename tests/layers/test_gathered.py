@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from gno_ext.layers import _gathered
-from gno_ext.layers._util import tf32_products
+from gno_ext.kernels.precision import tf32_products
 from tests.layers import _targets
 from tests.layers._interpreter import run_interpreted
 
 needs_triton = pytest.mark.skipif(find_spec("triton") is None, reason="Triton is not installed")
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or _gathered.load_kernels() is None,
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or _gathered._kernels is None,
                                 reason="needs a CUDA device and Triton")
 
 
@@ -61,10 +61,12 @@ INTERPRETED = """
 import os
 import torch
 from torch.utils.flop_counter import FlopCounterMode
+from gno_ext.kernels import load
 from gno_ext.layers import _gathered
 
 assert os.environ["TRITON_INTERPRET"] == "1"
-assert _gathered.load_kernels() is not None
+_gathered._kernels = load("gathered")  # (a layer loads its kernels on import only where CUDA is)
+assert _gathered._kernels is not None
 torch.manual_seed(0)
 kernels = _gathered._kernels
 # (batch, tokens, in, out, kernels, samples per run, bias, unused kernel, programs): row counts
@@ -146,7 +148,7 @@ def test_weight_gradient_splits_rows_only_where_whole_samples_leave_the_gpu_idle
     kernel keeps each sample's rows in one program; at the `trl` grid at batch 32 (192 and 257
     rows, 12 runs of 4 or, before `run_length`, 8 runs of 8) it cuts them into equal parts, at
     most one per chunk of rows."""
-    kernels = pytest.importorskip("gno_ext.layers._gathered_kernels", exc_type=ImportError)
+    kernels = pytest.importorskip("gno_ext.kernels.gathered", exc_type=ImportError)
     assert kernels.wgrad_splits(4, 36, 1, 256) == (1, 1) and kernels.wgrad_splits(8, 36, 2, 256) == (1, 2)
     assert kernels.wgrad_splits(4, 12, 3, 256) == (3, 1) and kernels.wgrad_splits(8, 12, 5, 256) == (3, 2)
     assert kernels.wgrad_splits(4, 8, 3, 256) == (3, 1) and kernels.wgrad_splits(8, 8, 5, 256) == (3, 2)
@@ -162,7 +164,7 @@ def test_tiles_fit_the_devices_shared_memory(monkeypatch):
     the configured tiles in bf16 on an H100 (227 KiB), smaller ones where they would not fit
     (float32; GPUs of about 99 KiB such as the L40S). Off CUDA (the interpreter) there is no
     limit; tiles never exceed the problem's size."""
-    kernels = pytest.importorskip("gno_ext.layers._gathered_kernels", exc_type=ImportError)
+    kernels = pytest.importorskip("gno_ext.kernels.gathered", exc_type=ImportError)
     fwd, wgrad = kernels.FORWARD, kernels.WGRAD
 
     def operands(itemsize):
@@ -204,7 +206,7 @@ def test_kernels_compiled_for_a100_ada_and_h100_fit_their_shared_memory(monkeypa
     rows, 256 -> 512), in bf16 and in float32, compiled by Triton for an A100 (sm80), an Ada
     GPU (sm89) and an H100 (sm90) with that device's shared-memory limit, need no more shared
     memory than the limit: no ``OutOfResources`` when the kernels load there."""
-    kernels = pytest.importorskip("gno_ext.layers._gathered_kernels", exc_type=ImportError)
+    kernels = pytest.importorskip("gno_ext.kernels.gathered", exc_type=ImportError)
     limit = _targets.LIMITS[arch]
     monkeypatch.setattr(kernels, "shared_memory_limit", lambda x: limit)
     plan = _gathered.run_plan(torch.tensor([0, 2, 2, 1]), 4)

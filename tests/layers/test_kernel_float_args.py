@@ -21,12 +21,12 @@ BOUNDARY = {"W": 64, "HID": 128, "MP": 32, "G": 1, "BD": 256, "PRECISION": "ieee
 ATTENTION = {"BQ": 64, "BM": 128, "BD": 32, "PRECISION": "ieee"}
 KEY_TILES = {"BQ": 64, "BK": 64, "BD": 32, "PRECISION": "ieee"}
 KERNELS = [
-    ("_attention_kernels", "_token_attention_forward", ("SCALE2",), {**KEY_TILES, "BK": 128, "ONE_TILE": True}),
-    ("_attention_kernels", "_token_attention_forward", ("SCALE2",), {**KEY_TILES, "ONE_TILE": False}),
-    ("_attention_kernels", "_token_attention_backward", ("SCALE2", "SCALE"), {**ATTENTION, "WRITE_DQ": True}),
-    ("_attention_kernels", "_token_attention_backward_keys", ("SCALE2", "SCALE"), {**KEY_TILES, "WRITE_KV": True}),
-    ("_boundary_kernels", "_boundary_forward_kernel", ("EPS1", "EPS2", "SCALE"), BOUNDARY),
-    ("_boundary_kernels", "_boundary_backward_kernel", ("EPS1", "EPS2", "SCALE"), BOUNDARY),
+    ("attention", "_token_attention_forward", ("SCALE2",), {**KEY_TILES, "BK": 128, "ONE_TILE": True}),
+    ("attention", "_token_attention_forward", ("SCALE2",), {**KEY_TILES, "ONE_TILE": False}),
+    ("attention", "_token_attention_backward", ("SCALE2", "SCALE"), {**ATTENTION, "WRITE_DQ": True}),
+    ("attention", "_token_attention_backward_keys", ("SCALE2", "SCALE"), {**KEY_TILES, "WRITE_KV": True}),
+    ("boundary", "_boundary_forward_kernel", ("EPS1", "EPS2", "SCALE"), BOUNDARY),
+    ("boundary", "_boundary_backward_kernel", ("EPS1", "EPS2", "SCALE"), BOUNDARY),
 ]
 VALUES = {"SCALE2": 0.255, "SCALE": 0.177, "EPS1": 1e-5, "EPS2": 1e-5}
 FLOAT64_ARITHMETIC = re.compile(r"\b(?:add|sub|mul|fma|div|rsqrt|sqrt|ex2|lg2|max|min)(?:\.[a-z]+)*\.f64\b")
@@ -66,7 +66,7 @@ def sm90_ptx(fn, floats: tuple[str, ...], constexprs: dict) -> str:
 def test_kernels_compute_in_float32_under_inductors_argument_types(module, kernel, floats, constexprs):
     import importlib
 
-    fn = getattr(importlib.import_module(f"gno_ext.layers.{module}"), kernel)
+    fn = getattr(importlib.import_module(f"gno_ext.kernels.{module}"), kernel)
     runtime = [p.name for p in fn.params if p.name in floats and not p.is_constexpr]
     assert not runtime, f"{kernel}: float settings {runtime} are run-time arguments (float64 under inductor)"
     ptx = sm90_ptx(fn, floats, constexprs)

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from gno_ext.layers import attention
-from gno_ext.layers._util import tf32_products
+from gno_ext.kernels.precision import tf32_products
 from gno_ext.layers.attention import AttentionKernel, AttentionKernelBank, attend_tokens, tokens_fusable
 from tests.layers import _targets
 from tests.layers._interpreter import run_interpreted
 
 needs_triton = pytest.mark.skipif(find_spec("triton") is None, reason="Triton is not installed")
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or attention.load_kernels() is None,
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or attention._kernels is None,
                                 reason="needs a CUDA device and Triton")
 
 
@@ -50,7 +50,7 @@ def test_kernels_take_any_number_of_keys_and_tile_them_beyond_one_tile():
     """One tile holds up to 128 keys at head width 32 (64 at 64: the paper size's 97 and 65
     keys); beyond, the passes loop over tiles of keys, so any number of keys runs. Head widths
     up to 128."""
-    kernels = pytest.importorskip("gno_ext.layers._attention_kernels", exc_type=ImportError)
+    kernels = pytest.importorskip("gno_ext.kernels.attention", exc_type=ImportError)
     assert kernels.one_tile(97, 32) and kernels.one_tile(65, 32) and kernels.one_tile(128, 32)
     assert kernels.one_tile(64, 64) and kernels.one_tile(256, 16)
     assert not kernels.one_tile(129, 32) and not kernels.one_tile(193, 32) and not kernels.one_tile(65, 64)
@@ -61,7 +61,7 @@ def test_kernels_take_any_number_of_keys_and_tile_them_beyond_one_tile():
 def test_backward_tiles_keys_up_to_one_tile_of_queries():
     """The backward pass loops over key tiles where one tile holds every query (the GNO's 64),
     and over query tiles beyond."""
-    kernels = pytest.importorskip("gno_ext.layers._attention_kernels", exc_type=ImportError)
+    kernels = pytest.importorskip("gno_ext.kernels.attention", exc_type=ImportError)
     assert kernels.key_tiled(5) and kernels.key_tiled(64)
     assert not kernels.key_tiled(65) and not kernels.key_tiled(150)
 
@@ -73,9 +73,9 @@ def test_float32_takes_the_kernels_only_where_they_fit(monkeypatch):
     227 KiB per program, not on an A100's 163 or an Ada GPU's 99 KiB. Under `torch.compile`
     the device's part is a constant and the head width a guard: no graph break
     (``fullgraph=True``), symbolic sizes (``dynamic=True``) included."""
-    kernels = pytest.importorskip("gno_ext.layers._attention_kernels", exc_type=ImportError)
+    kernels = pytest.importorskip("gno_ext.kernels.attention", exc_type=ImportError)
     for arch, limit in _targets.LIMITS.items():
-        monkeypatch.setattr(kernels, "_shared_memory", lambda index, limit=limit: limit)
+        monkeypatch.setattr(kernels, "shared_memory", lambda index, limit=limit: limit)
         assert [kernels.float32_fits(d, 0) for d in (16, 32, 33, 64, 65, 128)] == (
             [True, True, True, True, False, False] if arch == 90 else [False] * 6)
 
@@ -83,7 +83,7 @@ def test_float32_takes_the_kernels_only_where_they_fit(monkeypatch):
         return x * (2.0 if kernels.float32_fits(x.shape[-1], 0) else 3.0)
 
     for limit, factor in [(232448, 2.0), (166912, 3.0)]:
-        monkeypatch.setattr(kernels, "_shared_memory", lambda index, limit=limit: limit)
+        monkeypatch.setattr(kernels, "shared_memory", lambda index, limit=limit: limit)
         torch._dynamo.reset()
         compiled = torch.compile(scale, fullgraph=True, dynamic=True)
         assert compiled(torch.ones(2, 32)).unique().tolist() == [factor]
@@ -96,9 +96,9 @@ def test_float32_takes_the_kernels_only_with_tf32_products(monkeypatch):
     """Float32 inputs on a GPU take the kernels only where TF32 products are allowed (exact
     float32 products in Triton run without tensor cores, far slower than SDPA); 16-bit inputs
     take them either way. Mixed types and CPU tensors never do."""
-    kernels = pytest.importorskip("gno_ext.layers._attention_kernels", exc_type=ImportError)
+    kernels = pytest.importorskip("gno_ext.kernels.attention", exc_type=ImportError)
     monkeypatch.setattr(attention, "_kernels", kernels)
-    monkeypatch.setattr(kernels, "_shared_memory", lambda index: _targets.LIMITS[90])
+    monkeypatch.setattr(kernels, "shared_memory", lambda index: _targets.LIMITS[90])
 
     class OnGPU(torch.Tensor):  # CPU tensors that say they are on a GPU: only the rule runs
         is_cuda = True
@@ -129,9 +129,9 @@ def test_kernels_compiled_for_a100_ada_and_h100_fit_their_shared_memory(monkeypa
     shared memory than the device allows: in bf16 at every head width, in float32 where
     `float32_fits` admits it on that device (no ``OutOfResources`` when the kernels load
     there)."""
-    kernels = pytest.importorskip("gno_ext.layers._attention_kernels", exc_type=ImportError)
+    kernels = pytest.importorskip("gno_ext.kernels.attention", exc_type=ImportError)
     limit = _targets.LIMITS[arch]
-    monkeypatch.setattr(kernels, "_shared_memory", lambda index: limit)
+    monkeypatch.setattr(kernels, "shared_memory", lambda index: limit)
     seen = set()
     for dtype in (torch.bfloat16, torch.float32):
         for d, n, m in LARGEST_TILES:
@@ -148,7 +148,7 @@ def test_kernels_compiled_for_a100_ada_and_h100_fit_their_shared_memory(monkeypa
 def test_flop_formulas_are_those_of_scaled_dot_product_attention():
     """The kernels count what `torch.utils.flop_counter` counts for
     `scaled_dot_product_attention` on the same shapes, so TFLOP/s figures of both paths compare."""
-    kernels = pytest.importorskip("gno_ext.layers._attention_kernels", exc_type=ImportError)
+    kernels = pytest.importorskip("gno_ext.kernels.attention", exc_type=ImportError)
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
     b, n, m, h, d = 5, 64, 97, 8, 32
@@ -174,10 +174,12 @@ import os
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
+from gno_ext.kernels import load
 from gno_ext.layers import attention
 
 assert os.environ["TRITON_INTERPRET"] == "1"
-assert attention.load_kernels() is not None
+attention._kernels = load("attention")  # (a layer loads its kernels on import only where CUDA is)
+assert attention._kernels is not None
 torch.manual_seed(0)
 
 
@@ -318,7 +320,7 @@ def test_gpu_kernels_under_bf16_autocast_over_sizes(b, n, m, h, d):
     backward pass) and one with several query tiles at head width 64: in bf16 the output and
     both gradients are within
     bf16 rounding (1e-2 relative) of float64. Triton compiled the boundary kernels wrong in bf16
-    at some sizes only (`gno_ext.layers._boundary_kernels.WIDE`)."""
+    at some sizes only (`gno_ext.kernels.boundary.WIDE`)."""
     torch.manual_seed(n + m)
     q, kv = torch.randn(b, n, h, d, device="cuda"), torch.randn(b, m, 2, h, d, device="cuda")
     assert tokens_fusable(q.bfloat16(), kv.bfloat16())

@@ -351,7 +351,7 @@ def test_training_step_does_not_wait_for_the_device(chunk):
 
 
 def test_one_hot_matches_torch():
-    from gno_ext.layers._util import one_hot
+    from gno_ext.layers.routing import one_hot
 
     index = torch.tensor([[2, 0], [1, 2]])
     assert torch.equal(one_hot(index, 4), torch.nn.functional.one_hot(index, 4))
@@ -362,7 +362,7 @@ def test_operand_type_follows_autocast_and_leaves_float64_alone():
     """The kernels' operand type is what autocast gives a product: the autocast type for
     float32 and 16-bit inputs; float64 and integers as they are (autocast does not cast them,
     so they stay off the Triton kernels, which accumulate in float32)."""
-    from gno_ext.layers._util import KERNEL_TYPES, operand_type
+    from gno_ext.kernels.precision import KERNEL_TYPES, operand_type
 
     assert [operand_type(t, "cpu") for t in (torch.float32, torch.float64, torch.bfloat16)] == [
         torch.float32, torch.float64, torch.bfloat16]
@@ -387,7 +387,7 @@ def run_in_own_process(source: str, marker: str, timeout: float) -> None:
 
 TF32_SETTINGS = """
 import torch
-from gno_ext.layers._util import tf32_allowed, tf32_products
+from gno_ext.kernels.precision import tf32_allowed, tf32_products
 
 
 def check_tf32_products(before):

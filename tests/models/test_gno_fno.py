@@ -10,7 +10,7 @@ pytest.importorskip("neuralop")
 from gno_ext.layers.spectral import GatedSpectralConv  # noqa: E402
 from gno_ext.models import available_models, from_checkpoint, get_model, save_checkpoint  # noqa: E402
 from gno_ext.models.gno_fno import BoundaryLayer  # noqa: E402
-from gno_ext.schema import BoundarySpec, Grid  # noqa: E402
+from gno_ext.schema import BoundarySpec  # noqa: E402
 from tests.models._overfit import overfit_loss_ratio  # noqa: E402
 
 

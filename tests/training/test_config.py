@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gno_ext.models import get_model, model_class
-from gno_ext.training.data import (
+from gno_ext.training.recipe_data import (
     data_spec,
     model_kwargs_from_data,
     open_split,

@@ -9,7 +9,7 @@ import torch
 
 from gno_ext.adapters import ArrayDataset
 from gno_ext.schema import BCType, BoundarySpec
-from gno_ext.training.data import GroupBinner, parameter_names
+from gno_ext.training.recipe_data import GroupBinner, parameter_names
 from gno_ext.training.evaluate import evaluate_rollouts, read_metrics, write_report
 
 

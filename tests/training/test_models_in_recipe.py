@@ -38,7 +38,7 @@ def test_persistence_is_evaluated_not_trained(train_module, tmp_path):
 
     from gno_ext.adapters import GeneratedDataset
     from gno_ext.losses import nmse
-    from gno_ext.training.data import rollout_indices
+    from gno_ext.training.recipe_data import rollout_indices
 
     result = train_module.main(["--recipe", "heat-param", "size=smoke", "model=persistence", "eval.figures=0",
                                 "trainer.progress=false", "trainer.tensorboard=false", f"output_root={tmp_path}"])
@@ -67,7 +67,7 @@ def test_the_rollouts_first_step_is_the_one_step_prediction_from_frame_0(train_m
     from gno_ext.losses import nmse
     from gno_ext.models.registry import from_checkpoint
     from gno_ext.schema import collate
-    from gno_ext.training.data import rollout_indices
+    from gno_ext.training.recipe_data import rollout_indices
 
     # time-dependent Dirichlet and Robin data: the first step must also read the data of the right times
     result = train_module.main(["--recipe", "heat-bc-extended", "size=smoke", "trainer.max_steps=3", "eval.figures=0",

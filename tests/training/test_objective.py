@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gno_ext.losses import group_dro_loss
-from gno_ext.training.data import CurriculumBatchSampler, GroupBinner
+from gno_ext.training.recipe_data import CurriculumBatchSampler, GroupBinner
 from gno_ext.training.objective import (
     NonFiniteGuard,
     NonFiniteLossError,

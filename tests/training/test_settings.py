@@ -6,7 +6,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gno_ext.training.settings import OptimizerSettings, Settings, TrainerSettings, defaults
+from gno_ext.training.settings import (
+    OptimizerSettings,
+    Settings,
+    TrainerSettings,
+    defaults,
+)
 
 CONF = Path(__file__).resolve().parents[2] / "recipes" / "conf"
 

@@ -5,7 +5,7 @@ per solver call) into a temporary folder, timing the two stages separately, and 
 to the whole preset (all splits). The first batch is a warm-up (CUDA context, cuFFT plans,
 ``torch.compile`` of the WENO transport) and is not timed.
 
-    python recipes/bench_generate.py heat-joint advection-joint --size paper --device cuda
+    python benchmarks/bench_generate.py heat-joint advection-joint --size paper --device cuda
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Datasets, data-dependent model sizes, DRO groups and the curriculum's batch order for the recipes.
+"""The recipes' data: datasets opened by split, data-dependent model sizes, DRO groups and the
+curriculum's batch order. (The generation of datasets is `gno_ext.data`.)
 
 A recipe names its data with a small mapping (the ``data`` group of the Hydra configs):
 

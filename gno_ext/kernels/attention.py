@@ -60,7 +60,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from gno_ext.layers._gathered_kernels import _launch, _precision, _shared_memory
+from gno_ext.kernels.launch import dot_precision, launch, shared_memory
 
 __all__ = ["CONFIG", "FLOAT32_MAX_HEAD_DIM", "FLOAT32_SHARED_MEMORY", "KEY_TILED_QUERIES", "MAX_TILE", "float32_fits",
            "key_tiled", "one_tile", "supported", "token_attention",
@@ -123,7 +123,7 @@ def one_tile(keys: int, head_dim: int) -> bool:
 def _float32_device(device_index: int) -> bool:
     """Whether CUDA device ``device_index`` allows `FLOAT32_SHARED_MEMORY` bytes of shared
     memory per program."""
-    return _shared_memory(device_index) >= FLOAT32_SHARED_MEMORY
+    return shared_memory(device_index) >= FLOAT32_SHARED_MEMORY
 
 
 def float32_fits(head_dim: int, device_index: int) -> bool:
@@ -329,9 +329,9 @@ def token_attention(q: Tensor, kv: Tensor) -> tuple[Tensor, Tensor]:
     c = CONFIG["forward" if one else "forward_tiles"]
     bq = min(c["BQ"], _pow2(n))
     launch_options = {name: c[name] for name in ("num_warps", "num_stages") if name in c}
-    _launch(_token_attention_forward)[(b * h, triton.cdiv(n, bq))](
+    launch(_token_attention_forward)[(b * h, triton.cdiv(n, bq))](
         q, kv, o, lse, n, m, h, dh, *_strides(q, kv), *o.stride()[:3], SCALE2=LOG2E / math.sqrt(dh), BQ=bq,
-        BK=_pow2(m) if one else c["BK"], BD=_pow2(dh), PRECISION=_precision(), ONE_TILE=one, **launch_options)
+        BK=_pow2(m) if one else c["BK"], BD=_pow2(dh), PRECISION=dot_precision(), ONE_TILE=one, **launch_options)
     return o, lse
 
 
@@ -343,25 +343,25 @@ def token_attention_backward(q: Tensor, kv: Tensor, o: Tensor, lse: Tensor, grad
     m = kv.shape[1]
     dq, dkv = torch.empty_like(q), torch.empty_like(kv)
     args = (q, kv, o, grad, lse, dq, dkv, n, m, h, dh, *_strides(q, kv), *o.stride()[:3], *grad.stride()[:3])
-    scales = {"SCALE2": LOG2E / math.sqrt(dh), "SCALE": 1 / math.sqrt(dh), "PRECISION": _precision()}
+    scales = {"SCALE2": LOG2E / math.sqrt(dh), "SCALE": 1 / math.sqrt(dh), "PRECISION": dot_precision()}
     bd = _pow2(dh)
     if key_tiled(n):  # one tile of every query, looping over the keys (any number)
         c = CONFIG["backward_keys"]
-        _launch(_token_attention_backward_keys)[(b * h, 1)](
+        launch(_token_attention_backward_keys)[(b * h, 1)](
             *args, **scales, BQ=_pow2(n), BK=c["BK"], BD=bd, WRITE_KV=True, num_warps=c["num_warps"],
             num_stages=c["num_stages"])
     elif one_tile(m, dh):  # one tile of every key, looping over the queries
         c = CONFIG["backward"]
         bq, bm, bd = _tiles(n, m, dh, c["BQ"])
-        _launch(_token_attention_backward)[(b * h, 1)](*args, **scales, BQ=bq, BM=bm, BD=bd, WRITE_DQ=True,
+        launch(_token_attention_backward)[(b * h, 1)](*args, **scales, BQ=bq, BM=bm, BD=bd, WRITE_DQ=True,
                                                        num_warps=c["num_warps"])
     else:  # dk and dv per tile of keys, then dq per tile of queries
         c = CONFIG["backward_split"]
         bq, bk = c["BQ"], c["BK"]
-        _launch(_token_attention_backward)[(b * h, triton.cdiv(m, bk))](
+        launch(_token_attention_backward)[(b * h, triton.cdiv(m, bk))](
             *args, **scales, BQ=bq, BM=bk, BD=bd, WRITE_DQ=False, num_warps=c["num_warps"],
             num_stages=c["num_stages"])
-        _launch(_token_attention_backward_keys)[(b * h, triton.cdiv(n, bq))](
+        launch(_token_attention_backward_keys)[(b * h, triton.cdiv(n, bq))](
             *args, **scales, BQ=bq, BK=bk, BD=bd, WRITE_KV=False, num_warps=c["num_warps"],
             num_stages=c["num_stages"])
     return dq, dkv

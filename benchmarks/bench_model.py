@@ -38,20 +38,20 @@ it steps flat buffers of which the parameters are views (`gno_ext.training.FlatP
 The attention kernels attend through gno_ext's Triton kernels (`attend_tokens`) on a GPU by
 default; ``--attention sdpa`` takes ``scaled_dot_product_attention`` instead. ``--attention``
 and ``--boundary`` are requests: where the fused kernels do not take the sizes (head widths
-above 128; more boundary tokens per sample than `gno_ext.layers._boundary_kernels.max_tokens`,
+above 128; more boundary tokens per sample than `gno_ext.kernels.boundary.max_tokens`,
 64 at the default widths of a 256-wide model, 32 otherwise) or there is no GPU, the layers run
 their PyTorch paths. Each row's ``ran`` says which paths the step took, read from
 the operators that ran while its FLOPs were counted.
 
-    python recipes/bench_model.py --device cuda --batch 1 256 --out benchmarks/history/model_h100.json
-    python recipes/bench_model.py --batch 256 --modes graphs --chunk 0 4     # gathered kernels against chunks of 4
-    python recipes/bench_model.py --batch 256 --modes graphs --boundary fused unfused   # boundary operator paths
-    python recipes/bench_model.py --batch 32 --shape 128 384 --channels 4    # The Well TRL size
-    python recipes/bench_model.py --batch 256 --profile 40                   # kernels of one compiled step
-    python recipes/bench_model.py --batch 256 --modes graphs --compile-options combo_kernels=True
-    python recipes/bench_model.py --batch 256 --modes whole-graph --optimizer flat fused   # optimizer layouts
-    python recipes/bench_model.py --batch 256 --modes whole-graph --attention fused sdpa   # attention paths
-    python recipes/bench_model.py --batch 256 --modes graphs whole-graph --compile-options combo_kernels=True
+    python benchmarks/bench_model.py --device cuda --batch 1 256 --out benchmarks/history/model_h100.json
+    python benchmarks/bench_model.py --batch 256 --modes graphs --chunk 0 4     # gathered kernels against chunks of 4
+    python benchmarks/bench_model.py --batch 256 --modes graphs --boundary fused unfused   # boundary operator paths
+    python benchmarks/bench_model.py --batch 32 --shape 128 384 --channels 4    # The Well TRL size
+    python benchmarks/bench_model.py --batch 256 --profile 40                   # kernels of one compiled step
+    python benchmarks/bench_model.py --batch 256 --modes graphs --compile-options combo_kernels=True
+    python benchmarks/bench_model.py --batch 256 --modes whole-graph --optimizer flat fused   # optimizer layouts
+    python benchmarks/bench_model.py --batch 256 --modes whole-graph --attention fused sdpa   # attention paths
+    python benchmarks/bench_model.py --batch 256 --modes graphs whole-graph --compile-options combo_kernels=True
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def paths_taken(ops: set[str], boundary_transfer: bool) -> dict:
     operators ``ops`` (from `count_flops`): ``fused`` where gno_ext's Triton operator ran, the
     PyTorch path otherwise. A requested fused path falls back to PyTorch where the kernels do
     not take the sizes (a head width above 128, more boundary tokens than
-    `gno_ext.layers._boundary_kernels.max_tokens`) or there is no GPU."""
+    `gno_ext.kernels.boundary.max_tokens`) or there is no GPU."""
     return {"attention": "fused" if "gno_ext.token_attention" in ops else "sdpa",
             "boundary": ("fused" if "gno_ext.boundary_transfer" in ops else "unfused") if boundary_transfer else None}
 

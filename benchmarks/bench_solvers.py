@@ -7,8 +7,8 @@ counts one update per cell and output frame ("steps" = frames, "ms/step" = ms pe
 
 Examples
 --------
-    python recipes/bench_solvers.py --device cpu --batch 1 16
-    python recipes/bench_solvers.py --device cuda --batch 1 256 --out benchmarks/history/solvers_cuda.json
+    python benchmarks/bench_solvers.py --device cpu --batch 1 16
+    python benchmarks/bench_solvers.py --device cuda --batch 1 256 --out benchmarks/history/solvers_cuda.json
 """
 
 from __future__ import annotations

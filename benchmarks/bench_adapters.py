@@ -6,7 +6,7 @@ PDEBench 2-D CFD (4 channels, 128 x 128) and a custom HDF5 file (1 channel, 128 
 case iterates a shuffled DataLoader (batch 16, ``collate``) over the whole dataset once after
 a warm-up pass.
 
-    python recipes/bench_adapters.py --workers 0 2 [--batch 16]
+    python benchmarks/bench_adapters.py --workers 0 2 [--batch 16]
 """
 
 from __future__ import annotations

@@ -3,16 +3,13 @@ run: a CUDA device, or Triton's interpreter in the tests)."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from gno_ext.layers._util import tf32_allowed
+from gno_ext.kernels.launch import dot_precision, launch, shared_memory
 
 __all__ = ["FORWARD", "WGRAD", "gathered_mm", "grouped_wgrad", "wgrad_splits"]
 
@@ -24,7 +21,7 @@ __all__ = ["FORWARD", "WGRAD", "gathered_mm", "grouped_wgrad", "wgrad_splits"]
 # samples: `gno_ext.layers._gathered.run_length`; "programs": below this many programs of whole
 # samples, each sample's rows are split between programs, see `wgrad_splits`). Read when a
 # model is compiled: after a change, start from a fresh compile cache (see
-# `_attention_kernels.CONFIG`).
+# `gno_ext.kernels.attention.CONFIG`).
 FORWARD = {"BM": 128, "BN": 128, "BK": 64, "num_warps": 8, "num_stages": 3}
 WGRAD = {"BD": 256, "BN": 64, "BT": 64, "num_warps": 4, "num_stages": 3, "programs": 256}
 
@@ -135,13 +132,6 @@ def _grouped_wgrad_kernel(x_ptr, dy_ptr, order_ptr, run_kernel_ptr, run_start_pt
 # float64 under `torch.compile`.
 
 
-def _precision() -> str:
-    """How `tl.dot` multiplies float32 operands: as torch's float32 products do (TF32 only
-    where PyTorch's settings permit it, `gno_ext.layers._util.tf32_allowed`). Other types are
-    unaffected."""
-    return "tf32" if tf32_allowed() else "ieee"
-
-
 def _tile(n: int, largest: int) -> int:
     """The smallest power of two >= min(n, largest), at least 16 (`tl.dot`'s minimum). ``int``
     makes a symbolic size (``torch.compile`` with dynamic shapes) concrete: tile sizes are
@@ -159,11 +149,11 @@ def _gathered_mm(x: Tensor, weight: Tensor, bias: Tensor | None, plan: Tensor) -
     # every kernel's rows fill whole tiles but its last: at most B * T / BM + K tiles
     grid = (triton.cdiv(b * t, bm) + n_kernels, triton.cdiv(dout, bn))
     bias_arg = weight if bias is None else bias  # unused pointer when there is no bias
-    _launch(_gathered_mm_kernel)[grid](
+    launch(_gathered_mm_kernel)[grid](
         x, weight, bias_arg, plan, y, t, din, dout, n_kernels, *x.stride(),
         *weight.stride(), 0 if bias is None else bias.stride(0), *y.stride(),
         HAS_BIAS=bias is not None, BM=bm, BN=bn, BK=bk, KP=triton.next_power_of_2(n_kernels),
-        PRECISION=_precision(), num_warps=c["num_warps"], num_stages=c["num_stages"])
+        PRECISION=dot_precision(), num_warps=c["num_warps"], num_stages=c["num_stages"])
     return y
 
 
@@ -182,19 +172,12 @@ def wgrad_splits(tiles: int, runs: int, chunks: int, programs: int | None = None
     return -(-chunks // per), per
 
 
-@functools.cache
-def _shared_memory(device_index: int) -> int:
-    """Shared memory (bytes) that one program may use on CUDA device ``device_index``
-    (the opt-in limit, as Triton reads it)."""
-    return triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"]
-
-
 def shared_memory_limit(x: Tensor) -> int | None:
     """Shared memory (bytes) that one program may use on ``x``'s device; None off CUDA
     (Triton's interpreter), where there is no limit."""
     if not x.is_cuda:
         return None
-    return _shared_memory(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    return shared_memory(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
 
 def _fit(tile: int, need, limit: int | None) -> int:
@@ -246,45 +229,12 @@ def _grouped_wgrad(x: Tensor, dy: Tensor, plan: Tensor, n_kernels: int, has_bias
     bd, bn, bt = _wgrad_tiles(x, din, dout, t)
     tiles, runs = triton.cdiv(din, bd) * triton.cdiv(dout, bn), run_len.shape[0]
     parts, per = wgrad_splits(tiles, runs, triton.cdiv(int(t), bt))
-    _launch(_grouped_wgrad_kernel)[(tiles, runs, parts)](
+    launch(_grouped_wgrad_kernel)[(tiles, runs, parts)](
         x, dy, order, run_kernel, run_start, run_len, dw, dbias, t, din, dout, per,
         *x.stride(), *dy.stride(), *dw.stride(), dbias.stride(0) if has_bias else 0,
-        HAS_BIAS=has_bias, BD=bd, BN=bn, BT=bt, RUN=triton.next_power_of_2(run), PRECISION=_precision(),
+        HAS_BIAS=has_bias, BD=bd, BN=bn, BT=bt, RUN=triton.next_power_of_2(run), PRECISION=dot_precision(),
         num_warps=c["num_warps"], num_stages=c["num_stages"])
     return dw, dbias
-
-
-def _on_device(t: Tensor):
-    """A context that makes ``t``'s CUDA device the current one where it is not already.
-
-    Triton launches on the current device, and a Python custom operator gets no device guard
-    of its own (ATen's CUDA operators do): with a model on ``cuda:1`` and ``cuda:0`` current,
-    the launch would fail ("cannot be accessed from Triton") or run on the wrong device.
-    Under `torch.compile` the generated code guards the device itself."""
-    if t.device.type != "cuda" or torch.compiler.is_compiling() or t.device.index == torch.cuda.current_device():
-        return contextlib.nullcontext()
-    return torch.cuda.device(t.device)
-
-
-class _Launcher:
-    """``_launch(kernel)[grid](*args, **kwargs)``: the kernel wrapped so that `torch.compile`
-    traces it, launched on the device of its first tensor argument (`_on_device`)."""
-
-    def __init__(self, kernel) -> None:
-        self.kernel = torch.library.wrap_triton(kernel)
-
-    def __getitem__(self, grid):
-        launch = self.kernel[grid]
-
-        def run(*args, **kwargs):
-            with _on_device(next(a for a in args if isinstance(a, Tensor))):
-                return launch(*args, **kwargs)
-        return run
-
-
-def _launch(kernel) -> _Launcher:
-    """The kernel wrapped so that `torch.compile` traces it, launched on its tensors' device."""
-    return _Launcher(kernel)
 
 
 @torch.library.triton_op("gno_ext::gathered_mm", mutates_args={})

@@ -1,6 +1,6 @@
 """Data-parallel scaling of a recipe: training samples/s on 1, 2, 4, ... GPUs (or CPU processes).
 
-    python recipes/bench_ddp.py --recipe heat-param --size paper --procs 1 2 4 --steps 60
+    python benchmarks/bench_ddp.py --recipe heat-param --size paper --procs 1 2 4 --steps 60
 
 Each count runs ``torchrun --nproc_per_node N recipes/train.py`` for ``--steps`` optimizer steps
 with ``--batch`` samples per process (so the global batch grows with N: weak scaling) and reads
@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-TRAIN = Path(__file__).resolve().parent / "train.py"
+TRAIN = Path(__file__).resolve().parents[1] / "recipes" / "train.py"
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

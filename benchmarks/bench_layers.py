@@ -7,10 +7,10 @@ allowed, as ``torch.set_float32_matmul_precision("high")`` sets).
 Layers (``--layers``) and their paths (``--paths``, default: all of the layer's):
 
 * ``boundary``: one `BoundaryTransfer` on a batch of random boundary tokens. Paths: ``fused``
-  (the Triton kernels of `gno_ext.layers._boundary_kernels`, CUDA only), ``unfused`` (PyTorch).
+  (the Triton kernels of `gno_ext.kernels.boundary`, CUDA only), ``unfused`` (PyTorch).
 * ``attention``: `attend_tokens` on random queries ``(B, N, H, d)`` and keys/values
   ``(B, M, 2, H, d)``, for each ``--keys`` M. Paths: ``fused`` (the Triton kernels of
-  `gno_ext.layers._attention_kernels`, CUDA only, with their default choice of backward
+  `gno_ext.kernels.attention`, CUDA only, with their default choice of backward
   kernel), ``fused-query-tiles`` (the same, the backward pass forced onto the query-tiled
   kernel), ``fused-key-tiles`` (the same, with no tile of every key: the forward pass loops
   over key tiles and the backward pass with more than 64 queries is the split pair, as beyond
@@ -33,11 +33,11 @@ then the median of ``--repeats`` synchronised runs. Inductor's FX graph cache (a
 AOTAutograd's cache) is off while a compiled row is timed: the caches do not see the kernels'
 launch settings, so a cached graph could run another row's kernel.
 
-    python recipes/bench_layers.py                          # both layers at the paper size, batch 256
-    python recipes/bench_layers.py --layers attention --keys 65 97 --modes eager
-    python recipes/bench_layers.py --device cpu --batch 16 --layers boundary --paths unfused --modes eager
-    python recipes/bench_layers.py --layers products --modes eager
-    python recipes/bench_layers.py --precision float32 --modes compiled
+    python benchmarks/bench_layers.py                          # both layers at the paper size, batch 256
+    python benchmarks/bench_layers.py --layers attention --keys 65 97 --modes eager
+    python benchmarks/bench_layers.py --device cpu --batch 16 --layers boundary --paths unfused --modes eager
+    python benchmarks/bench_layers.py --layers products --modes eager
+    python benchmarks/bench_layers.py --precision float32 --modes compiled
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gno_ext.layers import _gathered, _util, attention
+from gno_ext.kernels import precision as kernel_precision
+from gno_ext.layers import _gathered, attention
 from gno_ext.layers.boundary import BoundaryTransfer
 from gno_ext.training import capture_step
 
@@ -86,7 +87,7 @@ def tf32_products(precision: str):
     (forward and backward passes alike; restored afterwards)."""
     if precision not in PRECISIONS:
         raise SystemExit(f"unknown precision {precision!r}; choose from {PRECISIONS}")
-    with _util.tf32_products(precision == "tf32"):
+    with kernel_precision.tf32_products(precision == "tf32"):
         yield
 
 
@@ -159,7 +160,7 @@ def bench_attention(path: str, mode: str, batch: int, queries: int, keys: int, h
     kv = torch.randn(batch, keys, 2, heads, head_dim, device=device, requires_grad=True)
     grad_out = torch.randn(batch, queries, heads, head_dim, device=device)
     fused = path != "sdpa"
-    kernels = attention.load_kernels()
+    kernels = attention._kernels
     if fused and not (q.is_cuda and kernels is not None and kernels.supported(keys, head_dim)):
         raise SystemExit(f"the fused attention cannot run here (device {device}, {keys} keys, head width "
                          f"{head_dim}); it needs a CUDA device with Triton and a head width up to 128")
@@ -252,7 +253,7 @@ def bench_products(path: str, mode: str, batch: int, rows: int, dim_in: int, dim
     n = 1 if path == "dense" else n_kernels
     weight = (torch.randn(n, dim_in, dim_out, device=device) / dim_in**0.5).requires_grad_()
     bias = torch.zeros(n, dim_out, device=device, requires_grad=True)
-    if path == "gathered" and not (_gathered.load_kernels() is not None and _gathered.usable(x)):
+    if path == "gathered" and not (_gathered._kernels is not None and _gathered.usable(x)):
         raise SystemExit(f"the gathered products cannot run here (device {device}); the path needs a CUDA device with "
                          "Triton and deterministic algorithms off")
     grad_out = torch.randn(batch, rows, dim_out, device=device)

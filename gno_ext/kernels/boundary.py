@@ -42,8 +42,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from gno_ext.layers._gathered_kernels import _launch, _precision
-from gno_ext.layers._util import KERNEL_TYPES
+from gno_ext.kernels.launch import dot_precision, launch
+from gno_ext.kernels.precision import KERNEL_TYPES
 
 __all__ = ["FLOAT32_MAX_WIDTH", "MAX_TOKENS", "ROWS", "WIDE", "boundary_transfer", "boundary_transfer_backward",
            "boundary_transfer_wgrad", "max_tokens", "sums_layout", "supported", "wgrad_shapes"]
@@ -52,7 +52,7 @@ __all__ = ["FLOAT32_MAX_WIDTH", "MAX_TOKENS", "ROWS", "WIDE", "boundary_transfer
 # H100 at the paper size (32 tokens, width 64, bf16; docs/benchmarks.md): 32 rows with 4 warps
 # keep every value in registers; 64 rows spill (forward 34 to 37 against 25 us). This and the
 # WGRAD_* settings are read when a model is compiled: after a change, start from a fresh
-# compile cache (see `_attention_kernels.CONFIG`).
+# compile cache (see `gno_ext.kernels.attention.CONFIG`).
 ROWS = 32
 # Boundary tokens per sample the kernels take: programs of 32 rows (one sample of 17 to 32
 # tokens, or several of fewer), 4 warps. Larger programs (64 or 128 rows) went wrong on an
@@ -395,10 +395,10 @@ def boundary_transfer(desc: Tensor, state: Tensor, ws: Tensor, bs: Tensor, g1: T
     mp, g, bd, grid = _geometry(state, width, hidden)
     y = state.new_empty(b, m, d)
     saved = state.new_empty(b, m, 9 * width + 2 * hidden)
-    _launch(_boundary_forward_kernel)[grid](
+    launch(_boundary_forward_kernel)[grid](
         desc, state, ws, bs, g1, be1, wqkv, bqkv, wo, bo, g2, be2, w1, b1, w2, b2, wout, bout, y, saved,
         b, m, d, EPS1=eps1, EPS2=eps2, SCALE=width ** -0.5, W=width, HID=hidden, MP=mp, G=g, BD=bd,
-        PRECISION=_precision(), num_warps=_warps(g * mp), num_stages=1)
+        PRECISION=dot_precision(), num_warps=_warps(g * mp), num_stages=1)
     return y, saved
 
 
@@ -417,9 +417,9 @@ def boundary_transfer_backward(dy: Tensor, saved: Tensor, ws: Tensor, g1: Tensor
     dstate = dy.new_empty(b, m, d)
     grads = dy.new_empty(b, m, 6 * width + hidden)
     sums = dy.new_empty(grid[0], 10 * width + hidden + d, dtype=torch.float32)
-    _launch(_boundary_backward_kernel)[grid](
+    launch(_boundary_backward_kernel)[grid](
         dy, saved, ws, g1, wqkv, wo, g2, w1, w2, wout, dstate, grads, sums, b, m, d, EPS1=eps1, EPS2=eps2,
-        SCALE=width ** -0.5, W=width, HID=hidden, MP=mp, G=g, BD=bd, PRECISION=_precision(),
+        SCALE=width ** -0.5, W=width, HID=hidden, MP=mp, G=g, BD=bd, PRECISION=dot_precision(),
         num_warps=_warps(g * mp), num_stages=1)
     return dstate, grads, sums
 
@@ -448,9 +448,9 @@ def boundary_transfer_wgrad(grads: Tensor, dy: Tensor, saved: Tensor, state: Ten
     splits = triton.cdiv(n, WGRAD_SPLIT_ROWS)
     tiles = max(triton.cdiv(a, WGRAD_TILE) * triton.cdiv(x, WGRAD_TILE) for a, x in shapes)
     partial = grads.new_empty(splits, sum(a * x for a, x in shapes), dtype=torch.float32)
-    _launch(_boundary_wgrad_kernel)[(6, tiles, splits)](
+    launch(_boundary_wgrad_kernel)[(6, tiles, splits)](
         grads, dy, saved, state, partial, n, d, W=width, HID=hidden, ROWS_PER=WGRAD_SPLIT_ROWS, BR=WGRAD_ROWS,
-        BT=WGRAD_TILE, PRECISION=_precision(), num_warps=4, num_stages=3)
+        BT=WGRAD_TILE, PRECISION=dot_precision(), num_warps=4, num_stages=3)
     return partial.sum(0)
 
 
