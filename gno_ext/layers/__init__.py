@@ -21,7 +21,7 @@ from gno_ext.layers.embeddings import (
     sincos_position,
     token_shape,
 )
-from gno_ext.layers.gate import ParameterGate, Routing, plan_all, route_all
+from gno_ext.layers.gate import ParameterGate, Routing, balance_losses, plan_all, record_balance_loss, route_all
 from gno_ext.layers.mixture import GatedKernelMixture, dispatch, reference_mixture
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "PatchEmbed",
     "PatchProject",
     "Routing",
+    "balance_losses",
     "boundary_features",
     "chunk_plan",
     "condition_on",
@@ -47,6 +48,7 @@ __all__ = [
     "mixed_attention",
     "reference_mixture",
     "plan_all",
+    "record_balance_loss",
     "route_all",
     "sincos_position",
     "token_shape",

@@ -15,11 +15,19 @@ Guards against collapse onto one kernel: the Switch-Transformer load-balance ter
 $K \sum_k f_k P_k$ (``f_k``: fraction of the batch routed to ``k``; ``P_k``: mean probability of
 ``k``; equal to 1 for a uniform load), returned with every routing for the training loss, and
 optional Gaussian noise on the scores during training.
+
+The load-balance terms reach the training loss explicitly: the forward pass runs inside
+`balance_losses`, which collects the term of every gate (and router) that runs within it::
+
+    with balance_losses() as terms:
+        y = model(u, theta=theta, bc=bc)
+    loss = mse(y, target) + 0.01 * torch.stack(terms).sum()
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +36,31 @@ from torch import Tensor, nn
 from gno_ext.checks import require_at_least
 from gno_ext.layers.routing import one_hot
 
-__all__ = ["ParameterGate", "Routing", "plan_all", "route_all"]
+__all__ = ["ParameterGate", "Routing", "balance_losses", "plan_all", "record_balance_loss", "route_all"]
+
+_COLLECTORS: list[list[Tensor]] = []  # the lists of the open `balance_losses` blocks, innermost last
+
+
+@contextlib.contextmanager
+def balance_losses() -> Iterator[list[Tensor]]:
+    """Collect the load-balance terms (0-d tensors, in the graph) of every gate and router that
+    runs within the block, in the order they run, into the list it yields. Outside such a block
+    the gates record nothing. Blocks nest: a term goes to the innermost one. Works in compiled
+    models (the compiled code appends the same terms) and in steps captured in CUDA graphs (the
+    terms are computed inside the graph)."""
+    terms: list[Tensor] = []
+    _COLLECTORS.append(terms)
+    try:
+        yield terms
+    finally:
+        _COLLECTORS.pop()
+
+
+def record_balance_loss(term: Tensor) -> None:
+    """Hand a load-balance term to the innermost open `balance_losses` block, if any (for
+    routers of one's own; `ParameterGate` and `route_all` do it themselves)."""
+    if _COLLECTORS:
+        _COLLECTORS[-1].append(term)
 
 
 @dataclass
@@ -44,7 +76,8 @@ class Routing:
     weight : Tensor, shape (B,)
         Straight-through gate value of the selected kernel (exactly 1 in the forward pass).
     balance_loss : Tensor, shape ()
-        Load-balance term (1 for a uniform load, ``K`` when all samples pick one kernel).
+        Load-balance term (1 for a uniform load, ``K`` when all samples pick one kernel), also
+        handed to the open `balance_losses` block.
     """
 
     probs: Tensor
@@ -132,7 +165,10 @@ def _route(scores: Tensor, gates: Sequence[ParameterGate]) -> list[Routing]:
     # one_hot instead of bincount: no device-to-host synchronisation
     load = one_hot(index, k, probs.dtype).mean(-2)
     balance = k * (load * probs.mean(-2)).sum(-1)
-    return [Routing(*parts) for parts in zip(probs, index, weight, balance)]
+    routings = [Routing(*parts) for parts in zip(probs, index, weight, balance)]
+    for routing in routings:
+        record_balance_loss(routing.balance_loss)
+    return routings
 
 
 def route_all(gates: Sequence[ParameterGate], theta: Tensor) -> list[Routing]:

@@ -103,7 +103,8 @@ class GatedKernelMixture(nn.Module):
     ----------
     kernels : nn.ModuleList or AttentionKernelBank
     last_routing : Routing or None
-        Routing of the latest forward pass (for inspection and the load-balance loss).
+        Routing of the latest forward pass, for inspection (the load-balance term reaches the
+        loss through `gno_ext.layers.balance_losses`).
     chunk : int or None
         Samples per weight group of the attention path's chunked products (`mixed_attention`);
         None: the gathered-weight kernels on a CUDA device, else chosen by batch size

@@ -133,12 +133,6 @@ class GatedFNO(FNO, name="GatedFNO"):
         folder = _checkpoint_folder(save_folder, save_name)
         load_weights(self, folder / WEIGHTS_FILE, f"this {type(self).__name__}", str(map_location or "cpu"))
 
-    def balance_loss(self) -> Tensor:
-        """Sum of the gates' load-balance terms of the latest forward pass."""
-        convs = [m for m in self.modules() if isinstance(m, GatedSpectralConv) and m.last_routing is not None]
-        return sum(c.last_routing.balance_loss for c in convs)
-
-
 def _checkpoint_folder(save_folder: str | Path, save_name: str) -> Path:
     folder = Path(save_folder) / save_name
     pickled = [p.name for p in Path(save_folder).glob(f"{save_name}_*") if p.suffix in (".pt", ".pkl")]

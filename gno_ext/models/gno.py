@@ -262,12 +262,6 @@ class GNO(nn.Module):
             return u_in[:, -1:] + delta * std
         return delta * std + self.u_mean.view_as(std)
 
-    def balance_loss(self) -> Tensor:
-        """Sum of the gates' load-balance terms of the latest forward pass (0 without gates)."""
-        losses = [blk.mixture.last_routing.balance_loss for blk in self.blocks
-                  if blk.mixture is not None and blk.mixture.last_routing is not None]
-        return torch.stack(losses).sum() if losses else torch.zeros((), device=self.u_std.device)
-
     def rollout(self, batch: PDEBatch, steps: int) -> Tensor:
         """Autoregressive prediction of ``steps`` frames (see `gno_ext.models.rollout.rollout`).
 

@@ -198,12 +198,6 @@ class GNOFNO(SchemaModel):
             delta = net.projection(h)
         return self.increment(u_in, delta)
 
-    def balance_loss(self) -> Tensor:
-        """Sum of the gates' load-balance terms of the latest forward pass."""
-        convs = [m for m in self.modules() if isinstance(m, GatedSpectralConv) and m.last_routing is not None]
-        return torch.stack([c.last_routing.balance_loss for c in convs]).sum() if convs \
-            else torch.zeros((), device=self.u_std.device)
-
     def routing_index(self) -> list[Tensor]:
         """Each layer's selected kernel per sample in the latest forward pass."""
         return [m.last_routing.index for m in self.modules() if isinstance(m, GatedSpectralConv)

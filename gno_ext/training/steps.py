@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from gno_ext.layers.gate import balance_losses
 from gno_ext.losses import mse_per_sample
 from gno_ext.schema import PDEBatch
 from gno_ext.training.flat import FlatParameters
@@ -53,18 +54,21 @@ def make_objective(model: nn.Module, raw: nn.Module, autocast: Callable[[], Any]
                    tau: float, world: int, balance_weight: float = 0.0, physics_weight: float = 0.0) -> Objective:
     """The training objective: the per-sample MSE of the next frame on fields divided by
     ``scale``, reduced to the plain mean or the group-DRO loss over ``n_groups`` groups
-    (`global_objective`), plus the gates' load-balance term and a physics-informed model's
-    residual where their weights are set (read from ``raw``, the model itself)."""
-    balance = getattr(raw, "balance_loss", None) if balance_weight else None
-    physics = getattr(raw, "physics_loss", None) if physics_weight else None
+    (`global_objective`), plus the load-balance terms of the gates and routers that ran
+    (`gno_ext.layers.balance_losses`) and a physics-informed model's residual (``raw``'s
+    ``physics_loss``), where their weights are set."""
+    if physics_weight and not hasattr(raw, "physics_loss"):
+        raise ValueError(f"model.physics_weight={physics_weight}: {type(raw).__name__} has no physics residual "
+                         "(physics_loss); set it for a physics-informed model (model=pino) only")
+    physics = raw.physics_loss if physics_weight else None
 
     def objective(batch: PDEBatch, groups: Tensor, dro: bool) -> tuple[Tensor, Tensor]:
-        with autocast():
+        with balance_losses() as balance, autocast():
             pred = model(batch.u_in, theta=batch.theta, theta_field=batch.theta_field, bc=batch.bc, grid=batch.grid)
         per_sample = mse_per_sample(pred.float() / scale, batch.u_out[:, :1].float() / scale)
         loss, backward_loss = global_objective(per_sample, groups, n_groups, dro, tau, world)
-        if balance is not None:
-            backward_loss = backward_loss + balance_weight * balance()
+        if balance_weight and balance:
+            backward_loss = backward_loss + balance_weight * torch.stack(balance).sum()
         if physics is not None:  # PINO's residual term
             backward_loss = backward_loss + physics_weight * physics(batch, pred)
         return loss, backward_loss

@@ -552,3 +552,45 @@ def test_boundary_operator_takes_the_fused_kernels_only_in_their_form():
         op = BoundaryTransfer(64, 2)
         change(op)
         assert not op.has_fused_form()
+
+
+def test_balance_losses_collects_every_gates_term_once_and_nests():
+    """The load-balance terms reach the loss through `balance_losses`: each gate that runs in the
+    block hands over its term once (also through `route_all`, batched or not), a nested block
+    takes its own gates' terms, and outside any block nothing is kept."""
+    from gno_ext.layers import balance_losses, route_all
+
+    torch.manual_seed(4)
+    gates, theta = [ParameterGate(2, 3, hidden=8) for _ in range(3)], torch.randn(5, 2)
+    gates[0](theta)  # outside a block: nothing is recorded, nothing fails
+    with balance_losses() as outer:
+        first = gates[0](theta)
+        with balance_losses() as inner:
+            batched = route_all(gates, theta)
+        gates[2].score[1] = nn.Tanh()  # no longer stackable: route_all runs the gates one by one
+        with balance_losses() as single:
+            one_by_one = route_all(gates, theta)
+    assert [t is r.balance_loss for t, r in zip(inner, batched)] == [True] * 3
+    assert [t is r.balance_loss for t, r in zip(single, one_by_one)] == [True] * 3
+    assert len(outer) == 1 and outer[0] is first.balance_loss and outer[0].requires_grad
+
+
+def test_balance_losses_are_collected_from_a_compiled_model():
+    """`torch.compile` (one graph, no break) appends the same terms as the eager model."""
+    from gno_ext.layers import balance_losses
+
+    class TwoGates(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gates = nn.ModuleList(ParameterGate(2, 3, hidden=8) for _ in range(2))
+
+        def forward(self, theta):
+            return sum(g(theta).weight for g in self.gates)
+
+    torch.manual_seed(5)
+    model, theta = TwoGates(), torch.randn(6, 2)
+    with balance_losses() as eager:
+        model(theta)
+    with balance_losses() as compiled:
+        torch.compile(model, fullgraph=True)(theta)
+    assert len(compiled) == 2 and all(torch.allclose(c, e) for c, e in zip(compiled, eager))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gno_ext.layers import balance_losses
 from gno_ext.models import get_model
 from gno_ext.models.baselines import ViT
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch
@@ -151,10 +152,12 @@ def test_moe_pot_routes_by_latent_state_with_a_positive_balance_loss():
     model = build("moe_pot")
     batch = batch_for(model)
     model.eval()
-    run(model, batch)
+    with balance_losses() as terms:
+        run(model, batch)
     first = model.backbone.blocks[0].mlp.last_index.clone()
     assert first.shape == (4, 16, 2) and (first[..., 0] != first[..., 1]).all()  # two distinct experts per token
-    loss = model.balance_loss().detach()
+    assert len(terms) == len(model.backbone.blocks)  # one router per block
+    loss = torch.stack(terms).sum().detach()
     assert torch.isfinite(loss) and loss > 0
     assert not _changes(model, batch, theta=batch.theta * 3)  # routing ignores theta
     run(model, PDEBatch(**{**batch.__dict__, "u_in": batch.u_in * 5 + 1}))

@@ -6,6 +6,7 @@ import pytest
 import safetensors.torch
 import torch
 
+from gno_ext.layers import balance_losses
 from gno_ext.models import (
     GNO,
     available_models,
@@ -65,8 +66,10 @@ def test_every_parameter_gets_a_gradient_except_unselected_kernels():
     model = tiny(field_channels=2)
     b = 8
     u = torch.randn(b, 1, 1, 32, 32)
-    y = model(u, theta=torch.linspace(0.1, 10, b)[:, None], theta_field=torch.randn(b, 2, 32, 32), bc=bc_mixed(b))
-    (y.pow(2).mean() + 0.01 * model.balance_loss()).backward()
+    with balance_losses() as balance:
+        y = model(u, theta=torch.linspace(0.1, 10, b)[:, None], theta_field=torch.randn(b, 2, 32, 32), bc=bc_mixed(b))
+    assert len(balance) == len(model.blocks)  # one gate per block, each term in the graph
+    (y.pow(2).mean() + 0.01 * torch.stack(balance).sum()).backward()
     banks = set()
     for blk in model.blocks:  # the kernels' weights are stacked: kernel k is slice k of each
         used = set(blk.mixture.last_routing.index.tolist())

@@ -7,6 +7,7 @@ import torch
 
 pytest.importorskip("neuralop")
 
+from gno_ext.layers import balance_losses  # noqa: E402
 from gno_ext.layers.spectral import GatedSpectralConv  # noqa: E402
 from gno_ext.models import available_models, from_checkpoint, get_model, save_checkpoint  # noqa: E402
 from gno_ext.models.gno_fno import BoundaryLayer  # noqa: E402
@@ -57,9 +58,11 @@ def test_every_parameter_gets_a_gradient_and_unselected_kernels_none():
     torch.manual_seed(2)
     model = tiny(field_channels=2)
     b = 8
-    y = model(torch.randn(b, 1, 1, 32, 32), theta=torch.linspace(-3, 3, b)[:, None],
-              theta_field=torch.randn(b, 2, 32, 32), bc=bc_mixed(b))
-    (y.pow(2).mean() + 0.01 * model.balance_loss()).backward()
+    with balance_losses() as balance:
+        y = model(torch.randn(b, 1, 1, 32, 32), theta=torch.linspace(-3, 3, b)[:, None],
+                  theta_field=torch.randn(b, 2, 32, 32), bc=bc_mixed(b))
+    assert len(balance) == len(convs(model))  # one gate per Fourier layer
+    (y.pow(2).mean() + 0.01 * torch.stack(balance).sum()).backward()
     kernel_params = set()
     for conv in convs(model):
         used = set(conv.last_routing.index.tolist())

@@ -141,3 +141,34 @@ def test_group_binner():
     assert few.label(4) == "dirichlet/dirichlet/dirichlet/dirichlet, theta0 = 0.1"  # a bin per value: the value
     with pytest.raises(ValueError, match="not in the training data"):
         few(torch.tensor([[0.1]]), torch.tensor([[2, 2, 2, 2]]))
+
+
+def test_the_training_objective_adds_the_gates_balance_terms_with_their_weight():
+    """`make_objective` collects the terms of the gates that ran (`balance_losses`) and adds them
+    with ``model.balance_weight``; the logged loss is the data term alone."""
+    import types
+    from contextlib import nullcontext
+
+    from gno_ext.layers import ParameterGate
+    from gno_ext.training.steps import make_objective
+
+    class Gated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gates = torch.nn.ModuleList(ParameterGate(1, 3, hidden=4) for _ in range(2))
+
+        def forward(self, u_in, theta, theta_field, bc, grid):
+            return u_in[:, :1] * sum(g(theta).weight for g in self.gates)[:, None, None, None]
+
+    torch.manual_seed(0)
+    model = Gated()
+    batch = types.SimpleNamespace(u_in=torch.randn(6, 1, 1, 4), u_out=torch.randn(6, 1, 1, 4), theta=torch.randn(6, 1),
+                                  theta_field=None, bc=None, grid=None)
+    groups, scale = torch.zeros(6, dtype=torch.long), torch.ones(1, 1, 1, 1)
+    terms = sum(g(batch.theta).balance_loss for g in model.gates)
+    runs = {w: make_objective(model, model, nullcontext, scale, 1, 1.0, 1, balance_weight=w)(batch, groups, False)
+            for w in (0.0, 0.5)}
+    assert torch.equal(runs[0.0][0], runs[0.5][0]) and torch.equal(runs[0.0][0], runs[0.0][1])
+    torch.testing.assert_close(runs[0.5][1] - runs[0.0][1], 0.5 * terms)
+    with pytest.raises(ValueError, match="model.physics_weight=1.0: Gated has no physics residual"):
+        make_objective(model, model, nullcontext, scale, 1, 1.0, 1, physics_weight=1.0)

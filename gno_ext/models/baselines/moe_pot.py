@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gno_ext.models.baselines.base import SchemaModel, TransformerBlock
+from gno_ext.layers.gate import record_balance_loss
+from gno_ext.models.baselines.base import SchemaModel
 from gno_ext.models.baselines.vit import ViTBackbone
 from gno_ext.models.registry import register_model
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch
@@ -42,7 +43,6 @@ class MoEMLP(nn.Module):
         self.router = nn.Linear(dim, n_experts)
         self.experts = nn.ModuleList(_mlp(dim, hidden) for _ in range(n_experts))
         self.shared = _mlp(dim, hidden)
-        self.last_balance_loss: Tensor | None = None
         self.last_index: Tensor | None = None
 
     def forward(self, x: Tensor) -> Tensor:
@@ -59,7 +59,7 @@ class MoEMLP(nn.Module):
                 out = out.index_add(0, rows, (expert(flat[rows]) * weight[rows, slot, None]).to(out.dtype))
         probs = logits.softmax(-1)
         share = F.one_hot(index, self.n_experts).float().sum(1).mean(0) / self.top_k
-        self.last_balance_loss = self.n_experts * (share * probs.mean(0)).sum()
+        record_balance_loss(self.n_experts * (share * probs.mean(0)).sum())  # (gno_ext.layers.balance_losses)
         self.last_index = index.view(*shape[:-1], self.top_k)
         return out.view(shape)
 
@@ -92,9 +92,3 @@ class MoEPOT(SchemaModel):
         """Next frame ``(B, 1, C, *S)`` from the input frames alone."""
         u_in, theta, theta_field, bc, grid = self.inputs(u_in, theta, theta_field, bc, grid)
         return self.increment(u_in, self.backbone(self.normalized_input(u_in)))
-
-    def balance_loss(self) -> Tensor:
-        """Sum of the blocks' load-balance losses of the latest forward pass."""
-        losses = [b.mlp.last_balance_loss for b in self.backbone.blocks if isinstance(b, TransformerBlock)
-                  and b.mlp.last_balance_loss is not None]
-        return torch.stack(losses).sum() if losses else self.u_std.new_zeros(())
