@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from gno_ext.checks import require_at_least
 from gno_ext.layers.routing import one_hot
 
-__all__ = ["ParameterGate", "Routing", "balance_losses", "plan_all", "record_balance_loss", "route_all"]
+__all__ = ["ParameterGate", "Routing", "balance_losses", "gate_input", "plan_all", "record_balance_loss", "route_all"]
 
 _COLLECTORS: list[list[Tensor]] = []  # the lists of the open `balance_losses` blocks, innermost last
 
@@ -142,6 +142,18 @@ class ParameterGate(nn.Module):
         """
         _check_input(theta, self.n_params)
         return _route(self.score(theta), [self])[0]
+
+
+def gate_input(theta: Tensor | None, theta_field: Tensor | None, ndim: int) -> Tensor | None:
+    """What the gates of gno_ext's models read: the normalised parameters ``theta`` (B, P), then
+    the mean and the RMS over space of each field-parameter channel of ``theta_field``
+    (B, F, *S), as ``(B, P + 2 F)``; None where there is neither. One definition for every gated
+    model (the GNO, `GatedFNO`, ``gno_fno``), so that their gates see the same input."""
+    parts = [] if theta is None else [theta]
+    if theta_field is not None:
+        dims = tuple(range(2, 2 + ndim))
+        parts += [theta_field.mean(dims), theta_field.pow(2).mean(dims).sqrt()]
+    return torch.cat(parts, 1) if parts else None
 
 
 def _check_input(theta: Tensor, n_params: int) -> None:

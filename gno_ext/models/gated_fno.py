@@ -20,6 +20,7 @@ from neuralop.models import FNO
 from torch import Tensor
 
 from gno_ext.layers.embeddings import ParameterNormalizer
+from gno_ext.layers.gate import gate_input
 from gno_ext.layers.spectral import GatedSpectralConv, condition_on
 from gno_ext.models.registry import register_model
 
@@ -99,10 +100,10 @@ class GatedFNO(FNO, name="GatedFNO"):
             Ignored (neuraloperator's ``Trainer`` passes the whole sample, ``y`` included).
         """
         if x.ndim == self.n_dim + 3:  # schema input (B, T_in, C, *S)
-            with condition_on(self, self.param_norm(theta).to(x.dtype)):
+            with condition_on(self, gate_input(self.param_norm(theta), None, self.n_dim).to(x.dtype)):
                 out = super().forward(x.flatten(1, 2), output_shape=output_shape)[:, None]
             return x[:, -1:] + out if out.shape[2] == x.shape[2] else out
-        with condition_on(self, self.param_norm(theta).to(x.dtype)):
+        with condition_on(self, gate_input(self.param_norm(theta), None, self.n_dim).to(x.dtype)):
             return super().forward(x, output_shape=output_shape)
 
     # neuraloperator's BaseModel saves with torch.save and loads with torch.load(weights_only=False),

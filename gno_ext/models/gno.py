@@ -34,7 +34,7 @@ from gno_ext.layers.embeddings import (
     sincos_position,
     token_shape,
 )
-from gno_ext.layers.gate import ParameterGate, Routing, route_all
+from gno_ext.layers.gate import ParameterGate, Routing, gate_input, route_all
 from gno_ext.layers.mixture import GatedKernelMixture
 from gno_ext.models.registry import register_model
 from gno_ext.models.rollout import rollout
@@ -237,16 +237,12 @@ class GNO(nn.Module):
         std = self.u_std.view(1, 1, -1, *([1] * self.ndim))
         x = ((u_in - self.u_mean.view_as(std)) / std).flatten(1, 2)
         tokens = self.embed(x) + sincos_position(grid_tokens, self.embed.proj.out_channels, x.device, x.dtype)
-        gate_parts = []
-        if self.param_norm is not None:
-            gate_parts.append(self.param_norm(theta).to(x.dtype))
         if self.field_embed is not None:
             tokens = tokens + self.field_embed(theta_field.to(x.dtype))
-            dims = tuple(range(2, 2 + self.ndim))
-            gate_parts += [theta_field.mean(dims).to(x.dtype), theta_field.pow(2).mean(dims).sqrt().to(x.dtype)]
-        gate_input = torch.cat(gate_parts, 1) if gate_parts else None
-        theta_token = self.theta_embed(gate_input if gate_input is not None else x.new_zeros(b, 1))[:, None]
-        routings = route_all([blk.mixture.gate for blk in self.blocks if blk.mixture is not None], gate_input)
+        conditions = gate_input(None if self.param_norm is None else self.param_norm(theta).to(x.dtype),
+                                None if self.field_embed is None else theta_field.to(x.dtype), self.ndim)
+        theta_token = self.theta_embed(conditions if conditions is not None else x.new_zeros(b, 1))[:, None]
+        routings = route_all([blk.mixture.gate for blk in self.blocks if blk.mixture is not None], conditions)
         routing_of = iter(routings)
         features = None
         if self.boundary_transfer:

@@ -594,3 +594,19 @@ def test_balance_losses_are_collected_from_a_compiled_model():
     with balance_losses() as compiled:
         torch.compile(model, fullgraph=True)(theta)
     assert len(compiled) == 2 and all(torch.allclose(c, e) for c, e in zip(compiled, eager))
+
+
+def test_the_gates_input_has_one_definition():
+    """`gate_input`: the normalised parameters, then each field channel's mean and RMS; the
+    baselines' condition without the boundary (what ``gno_fno``'s gates read) is the same."""
+    from gno_ext.layers.gate import gate_input
+    from gno_ext.models import get_model
+
+    torch.manual_seed(6)
+    theta, field = torch.randn(3, 2), torch.randn(3, 2, 8, 8)
+    want = torch.cat([theta, field.mean((2, 3)), field.pow(2).mean((2, 3)).sqrt()], 1)
+    assert torch.equal(gate_input(theta, field, 2), want)
+    assert torch.equal(gate_input(theta, None, 2), theta) and gate_input(None, None, 2) is None
+    fno = get_model("fno", n_params=2, field_channels=2, n_modes=4, hidden_channels=8, n_layers=1)
+    got = fno.condition(theta, field, None, 3, torch.float32, use_boundary=False)
+    assert torch.equal(got, gate_input(fno.param_norm(theta), field, 2))

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gno_ext.layers.embeddings import ParameterNormalizer, field_statistics
+from gno_ext.layers.gate import gate_input
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, check_model_inputs, face_view, model_inputs
 
 __all__ = ["SchemaModel", "TransformerBlock", "boundary_summary", "boundary_channels", "neuralop_fno", "N_TYPES"]
@@ -137,15 +138,12 @@ class SchemaModel(nn.Module):
 
     def condition(self, theta: Tensor | None, theta_field: Tensor | None, bc: BoundarySpec,
                   batch: int, dtype: torch.dtype, use_boundary: bool = True) -> Tensor:
-        """Domain-wise condition vector: normalised ``theta``, the mean and RMS of each field
-        parameter channel, and (``use_boundary``) the `boundary_summary` of ``bc`` (as `inputs`
-        returns it)."""
-        parts = []
-        if self.n_params:
-            parts.append(self.param_norm(theta))
-        if self.field_channels:
-            dims = tuple(range(2, 2 + self.ndim))
-            parts += [theta_field.mean(dims), theta_field.pow(2).mean(dims).sqrt()]
+        """Domain-wise condition vector: the gates' input (`gno_ext.layers.gate.gate_input`:
+        normalised ``theta``, the mean and RMS of each field parameter channel) and
+        (``use_boundary``) the `boundary_summary` of ``bc`` (as `inputs` returns it)."""
+        gated = gate_input(self.param_norm(theta) if self.n_params else None,
+                           theta_field if self.field_channels else None, self.ndim)
+        parts = [] if gated is None else [gated]
         if use_boundary:
             parts.append(boundary_summary(bc, self.u_std.mean()))
         if not parts:
