@@ -306,8 +306,8 @@ class EpochLoop:
     """
 
     def __init__(self, cfg: dict[str, Any], settings: Settings, training: Training, curriculum: Curriculum,
-                 steps: Steps, objective: Objective,
-                 sampler: CurriculumBatchSampler, loader: DataLoader, binner: GroupBinner, valid_ds: Dataset | None,
+                 steps: Steps, objective: Objective, sampler: CurriculumBatchSampler, loader: DataLoader,
+                 binner: GroupBinner, valid_ds: Dataset | None,
                  scale: torch.Tensor, guard: NonFiniteGuard, precision: str, run_dir: Path, main: bool, rank: int,
                  world: int, device: torch.device, total_steps: int, say: Callable[[str], None]) -> None:
         self.cfg, self.settings, self.tr, self.training, self.steps = cfg, settings, settings.trainer, training, steps
@@ -361,7 +361,7 @@ class EpochLoop:
             bar.update(1)
             if not last_micro:
                 continue
-            finite, grad_norm = self._update(dro)
+            finite, grad_norm = self._update()
             bar.set_postfix(loss=f"{loss_value:.3e}")
             if finite and (progress.step % tr.log_every == 0 or progress.step == self.total_steps):
                 self._log_training(loss_value, grad_norm, dro)
@@ -378,7 +378,7 @@ class EpochLoop:
         finished = batch_index >= len(self.sampler.global_batches(epoch))
         self._checkpoint(epoch + 1 if finished else epoch, 0 if finished else batch_index)
 
-    def _update(self, dro: bool) -> tuple[bool, float]:
+    def _update(self) -> tuple[bool, float]:
         """After the last micro-batch of a step: the gradient norm, checked like the loss, and the
         update unless a loss or the gradients were non-finite. Returns (updated, gradient norm)."""
         t = self.training

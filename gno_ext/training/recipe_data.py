@@ -28,6 +28,7 @@ from torch.utils.data import ConcatDataset, Dataset
 
 from gno_ext.losses import bin_parameters
 from gno_ext.schema import PDEBatch
+from gno_ext.training.settings import Settings
 
 __all__ = ["DataSpec", "open_split", "data_spec", "parameter_values", "window_boundary_kinds", "GroupBinner",
            "CurriculumBatchSampler", "model_kwargs_from_data", "rollout_indices", "trajectory_lengths", "default_cache",
@@ -447,8 +448,10 @@ def spread(n: int, k: int) -> list[int]:
 def training_groups(cfg: Mapping[str, Any], train_ds: Dataset) -> tuple[DataSpec, Tensor, np.ndarray, GroupBinner]:
     """From the training split's metadata, read once: the model sizes (`DataSpec`), the parameter
     values, the boundary types of every window, and the run's DRO groups (boundary
-    configurations x parameter bins)."""
+    configurations x parameter bins; ``trainer.dro.bins`` per parameter, checked, its default
+    where it is absent)."""
+    bins = Settings.from_config({"trainer": {"dro": (cfg.get("trainer") or {}).get("dro") or {}}}).trainer.dro.bins
     values, kinds = parameter_values(train_ds), window_boundary_kinds(train_ds)
     spec = data_spec(train_ds, cfg["data"].get("log_params"), values)
     names = parameter_names(train_ds, values.shape[1], cfg.get("recipe", {}).get("parameter"))
-    return spec, values, kinds, GroupBinner(values, kinds, int(cfg["trainer"]["dro"]["bins"]), spec.log_params, names)
+    return spec, values, kinds, GroupBinner(values, kinds, bins, spec.log_params, names)
