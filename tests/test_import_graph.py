@@ -60,3 +60,13 @@ def test_no_import_cycle_between_modules():
 def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_every_subpackage_is_in_the_distribution():
+    """A wheel holds the packages that pyproject.toml lists: a new subpackage left out of the
+    list imports from a checkout but not from an installed wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {module_name(p) for p in ROOT.rglob("__init__.py")}
+    assert found <= listed, f"not in pyproject.toml's packages: {sorted(found - listed)}"
