@@ -135,4 +135,3 @@ def gathered_linear(x: Tensor, index: Tensor, weight: Tensor, bias: Tensor | Non
         plan = run_plan(index, weight.shape[0], run)
     with torch.autocast(x.device.type, enabled=False):
         return _kernels.gathered_mm(x.contiguous(), index, weight, bias, plan, run)
-

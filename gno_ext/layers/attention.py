@@ -470,4 +470,3 @@ class AttentionKernelBank(nn.Module):
                         state_dict[f"{prefix}{name}_{part}"] = torch.stack(
                             [t.t() for t in parts] if part == "weight" else parts)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-

@@ -243,4 +243,3 @@ class BoundaryTransfer(nn.Module):
                 self.mlp[0].weight, self.mlp[0].bias, w1, fc1.bias, w2, fc2.bias, wout, self.out.bias,
                 self.norm.eps, self.mlp[0].eps)
         return y
-
