@@ -1,7 +1,9 @@
 """Reusable GNO building blocks.
 
 `GatedSpectralConv`, `FullPrecisionSpectralConv` (and `condition_on`) need the optional
-``neuraloperator`` package and are imported on first use.
+``neuraloperator`` package, and the graph kernels (`GraphAttentionKernel`,
+`GraphKernelIntegral`, `GraphKernelMixture`) the optional ``torch-geometric``; they are imported
+on first use.
 """
 
 from gno_ext.layers.attention import (
@@ -32,6 +34,9 @@ __all__ = [
     "FullPrecisionSpectralConv",
     "GatedKernelMixture",
     "GatedSpectralConv",
+    "GraphAttentionKernel",
+    "GraphKernelIntegral",
+    "GraphKernelMixture",
     "ParameterGate",
     "ParameterNormalizer",
     "PatchEmbed",
@@ -54,12 +59,13 @@ __all__ = [
     "token_shape",
 ]
 
-_LAZY = {"FullPrecisionSpectralConv", "GatedSpectralConv", "condition_on"}
+_LAZY = {"FullPrecisionSpectralConv": "spectral", "GatedSpectralConv": "spectral", "condition_on": "spectral",
+         "GraphAttentionKernel": "graph", "GraphKernelIntegral": "graph", "GraphKernelMixture": "graph"}
 
 
 def __getattr__(name: str):
     if name in _LAZY:
-        from gno_ext.layers import spectral
+        import importlib
 
-        return getattr(spectral, name)
+        return getattr(importlib.import_module(f"gno_ext.layers.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'gno_ext.layers' has no attribute {name!r}")

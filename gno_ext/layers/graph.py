@@ -1,0 +1,178 @@
+r"""Kernels on graphs, and their parameter-gated mixture, for irregular domains (`gno_ext.mesh`).
+
+The nodes of a batch of graphs are concatenated (torch-geometric's layout): features ``x``
+(N, D), positions ``pos`` (N, d), directed edges ``edge_index`` (2, E) from source ``j`` to
+target ``i`` (neighbourhoods, e.g. from ``torch_geometric.nn.radius_graph``), and ``batch``
+(N,), each node's graph. Context tokens (a graph's latent boundary tokens) come as ``context``
+(M, D) with ``context_batch`` (M,).
+
+Two kernels, both the integral of the GNO's kernel layer over a neighbourhood:
+
+* `GraphAttentionKernel`: each node attends over its neighbours *and* its graph's context
+  tokens, one softmax over both (the grid `AttentionKernel`'s domain and context tokens);
+* `GraphKernelIntegral`: $(\mathcal K v)(x_i) = \frac{1}{|N(i)|}\sum_{j \in N(i)} \phi(x_j - x_i)
+  \odot W v_j$, a kernel integral over the neighbourhood whose kernel is an MLP of the offset
+  (diagonal in the channels after the mixing ``W``), as in graph kernel networks.
+
+`GraphKernelMixture` routes each *graph* by its $\theta$ (`ParameterGate`) and runs each kernel
+only on the subgraph of the graphs that selected it. All of them are equivariant to the order
+of the nodes and treat each graph independently of the others in its batch (tested).
+
+Requires torch-geometric (``pip install gno-ext[mesh]``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+from torch_geometric.utils import scatter, subgraph
+
+from gno_ext.checks import require_at_least
+from gno_ext.layers.gate import ParameterGate, Routing
+
+__all__ = ["GraphAttentionKernel", "GraphKernelIntegral", "GraphKernelMixture"]
+
+
+class GraphAttentionKernel(nn.Module):
+    """Multi-head attention of each node over its neighbours and its graph's context tokens.
+
+    For node ``i`` of graph ``g`` the keys and values are those of the sources of its edges and
+    of the context tokens of ``g``; one softmax spans both. A node without neighbours or context
+    gets zero from the attention (its output is the output projection's bias).
+
+    Parameters
+    ----------
+    dim : int
+        Feature width ``D``.
+    heads : int
+        Attention heads (``D`` must be divisible by it).
+    """
+
+    def __init__(self, dim: int, heads: int = 4) -> None:
+        super().__init__()
+        require_at_least(1, dim=dim, heads=heads)
+        if dim % heads:
+            raise ValueError(f"dim={dim}: must be divisible by heads={heads}")
+        self.dim, self.heads = dim, heads
+        self.q, self.kv, self.out = nn.Linear(dim, dim), nn.Linear(dim, 2 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor, pos: Tensor | None = None,
+                context: Tensor | None = None, context_batch: Tensor | None = None) -> Tensor:
+        n, h = x.shape[0], self.heads
+        q = self.q(x).view(n, h, -1)
+        k, v = self.kv(x).view(n, 2, h, -1).unbind(1)
+        scale = 1 / math.sqrt(q.shape[-1])
+        src, dst = edge_index
+        edge_score = (q[dst] * k[src]).sum(-1) * scale  # (E, H)
+        top = scatter(edge_score, dst, 0, dim_size=n, reduce="max")  # (N, H); 0 where a node has no edge
+        has_edge = scatter(torch.ones_like(dst, dtype=x.dtype), dst, 0, dim_size=n, reduce="sum")[:, None] > 0
+        top = torch.where(has_edge, top, torch.full_like(top, -math.inf))
+        if context is not None:
+            # the context tokens of each node's graph, padded to the graph with the most
+            kc, vc = self.kv(context).view(-1, 2, h, q.shape[-1]).unbind(1)
+            slots, mask = _dense_context(context_batch, int(batch.max()) + 1 if n else 0)
+            kc, vc = kc[slots], vc[slots]  # (B, Mmax, H, dh)
+            ctx_score = (q[:, None] * kc[batch]).sum(-1) * scale  # (N, Mmax, H)
+            ctx_score = ctx_score.masked_fill(~mask[batch][..., None], -math.inf)
+            top = torch.maximum(top, ctx_score.amax(1))
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()  # (any shift: exact)
+        edge_weight = (edge_score - top[dst]).exp()  # (E, H)
+        total = scatter(edge_weight, dst, 0, dim_size=n, reduce="sum")
+        summed = scatter(edge_weight[..., None] * v[src], dst, 0, dim_size=n, reduce="sum")  # (N, H, dh)
+        if context is not None:
+            ctx_weight = (ctx_score - top[:, None]).exp()  # masked slots: exp(-inf) = 0
+            total = total + ctx_weight.sum(1)
+            summed = summed + (ctx_weight[..., None] * vc[batch]).sum(1)
+        attended = summed / total.clamp_min(torch.finfo(total.dtype).tiny)[..., None]
+        return self.out(attended.reshape(n, self.dim))
+
+
+class GraphKernelIntegral(nn.Module):
+    r"""$(\mathcal K v)(x_i) = \operatorname{mean}_{j \in N(i)} \phi(x_j - x_i) \odot W v_j$.
+
+    Parameters
+    ----------
+    dim : int
+        Feature width ``D``.
+    ndim : int
+        Dimension of the positions (2 or 3).
+    hidden : int
+        Hidden width of the kernel MLP $\phi$ (offset and its length in, ``D`` weights out).
+    """
+
+    def __init__(self, dim: int, ndim: int = 2, hidden: int = 64) -> None:
+        super().__init__()
+        require_at_least(1, dim=dim, ndim=ndim, hidden=hidden)
+        self.ndim = ndim
+        self.value = nn.Linear(dim, dim)
+        self.kernel = nn.Sequential(nn.Linear(ndim + 1, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor, pos: Tensor | None = None,
+                context: Tensor | None = None, context_batch: Tensor | None = None) -> Tensor:
+        if pos is None or pos.shape != (x.shape[0], self.ndim):
+            raise ValueError(f"pos: expected shape ({x.shape[0]}, {self.ndim}), got "
+                             f"{None if pos is None else tuple(pos.shape)}")
+        src, dst = edge_index
+        offset = pos[src] - pos[dst]
+        phi = self.kernel(torch.cat([offset, offset.norm(dim=1, keepdim=True)], 1).to(x.dtype))
+        return scatter(phi * self.value(x)[src], dst, 0, dim_size=x.shape[0], reduce="mean")
+
+
+class GraphKernelMixture(nn.Module):
+    """``K`` graph kernels behind a `ParameterGate`: each graph's $\\theta$ selects one kernel,
+    which runs on that graph alone.
+
+    Each kernel runs once, on the subgraph of the graphs that selected it (their nodes, the
+    edges among them, their context tokens); unselected kernels do not run. The output is
+    scaled by the gate's straight-through value (exactly 1 in the forward pass), so the gate
+    learns. Choosing the subgraphs reads the routing on the host (graphs have no static shapes
+    to capture anyway).
+
+    Parameters
+    ----------
+    kernels : sequence of nn.Module
+        Kernels with the signature of `GraphAttentionKernel`.
+    gate : ParameterGate
+    """
+
+    def __init__(self, kernels: Sequence[nn.Module], gate: ParameterGate) -> None:
+        super().__init__()
+        if len(kernels) != gate.n_kernels:
+            raise ValueError(f"kernels: the gate chooses among {gate.n_kernels}, got {len(kernels)} kernels")
+        self.kernels, self.gate = nn.ModuleList(kernels), gate
+        self.last_routing: Routing | None = None
+
+    def forward(self, x: Tensor, theta: Tensor, edge_index: Tensor, batch: Tensor, pos: Tensor | None = None,
+                context: Tensor | None = None, context_batch: Tensor | None = None) -> Tensor:
+        """Each node through its graph's kernel; ``theta`` (B, n_params): one row per graph."""
+        routing = self.gate(theta)
+        self.last_routing = routing
+        node_kernel = routing.index[batch]
+        out = None
+        for k in node_kernel.unique().tolist():
+            nodes = (node_kernel == k).nonzero().squeeze(1)
+            sub_edges, _ = subgraph(nodes, edge_index, relabel_nodes=True, num_nodes=x.shape[0])
+            ctx = cb = None
+            if context is not None:
+                keep = routing.index[context_batch] == k
+                ctx, cb = context[keep], context_batch[keep]
+            y = self.kernels[k](x[nodes], sub_edges, batch[nodes], None if pos is None else pos[nodes], ctx, cb)
+            out = y.new_zeros(x.shape[0], *y.shape[1:]) if out is None else out
+            out = out.index_copy(0, nodes, y)
+        return out * routing.weight[batch].to(out.dtype).view(-1, *([1] * (out.ndim - 1)))
+
+
+def _dense_context(context_batch: Tensor, n_graphs: int) -> tuple[Tensor, Tensor]:
+    """For ``context_batch`` (M,), sorted by graph: ``slots`` (B, Mmax), each graph's token
+    indices padded (with 0), and ``mask`` (B, Mmax), true at real tokens."""
+    counts = torch.bincount(context_batch, minlength=n_graphs)
+    if context_batch.numel() > 1 and (context_batch[1:] < context_batch[:-1]).any():
+        raise ValueError("context_batch: the context tokens must be sorted by graph (as torch-geometric batches)")
+    width = int(counts.max()) if counts.numel() else 0
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(width, device=context_batch.device)
+    mask = slot[None] < counts[:, None]
+    return torch.where(mask, starts[:, None] + slot[None], torch.zeros_like(mask, dtype=torch.long)), mask

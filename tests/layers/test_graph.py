@@ -1,0 +1,160 @@
+"""`gno_ext.layers.graph`: the kernels on graphs against dense definitions, equivariance in node
+order, independence of the graphs in a batch, routing by theta per graph."""
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("torch_geometric")
+
+from gno_ext.layers import ParameterGate  # noqa: E402
+from gno_ext.layers.graph import GraphAttentionKernel, GraphKernelIntegral, GraphKernelMixture  # noqa: E402
+
+DIM = 8
+
+
+def radius_edges(pos, r):
+    """Edges j -> i between distinct nodes closer than r (what torch-geometric's radius_graph
+    gives, without its compiled extension)."""
+    close = (torch.cdist(pos, pos) < r) & ~torch.eye(len(pos), dtype=torch.bool)
+    dst, src = close.nonzero().unbind(1)
+    return torch.stack([src, dst])
+
+
+def graph(n, seed, n_context=3):
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.rand(n, 2, generator=g)
+    return dict(x=torch.randn(n, DIM, generator=g), pos=pos, edge_index=radius_edges(pos, 0.5),
+                context=torch.randn(n_context, DIM, generator=g))
+
+
+def batched(*graphs):
+    """The graphs concatenated as torch-geometric batches them."""
+    xs, pos, edges, batch, ctx, ctx_batch, offset = [], [], [], [], [], [], 0
+    for b, gr in enumerate(graphs):
+        n = gr["x"].shape[0]
+        xs.append(gr["x"]), pos.append(gr["pos"]), edges.append(gr["edge_index"] + offset)
+        batch.append(torch.full((n,), b)), ctx.append(gr["context"])
+        ctx_batch.append(torch.full((gr["context"].shape[0],), b))
+        offset += n
+    return dict(x=torch.cat(xs), pos=torch.cat(pos), edge_index=torch.cat(edges, 1), batch=torch.cat(batch),
+                context=torch.cat(ctx), context_batch=torch.cat(ctx_batch))
+
+
+def dense_attention(kernel, x, edge_index, batch, context, context_batch):
+    """Node by node: softmax over the sources of its edges and its graph's context tokens."""
+    h = kernel.heads
+    q, kv, kvc = kernel.q(x), kernel.kv(x), kernel.kv(context)
+    out = []
+    for i in range(x.shape[0]):
+        src = edge_index[0, edge_index[1] == i]
+        keys = torch.cat([kv[src], kvc[context_batch == batch[i]]])
+        k, v = keys.view(-1, 2, h, DIM // h).unbind(1)
+        score = (q[i].view(h, -1) * k).sum(-1) / math.sqrt(DIM // h)  # (keys, H)
+        out.append((score.softmax(0)[..., None] * v).sum(0).reshape(-1) if len(keys) else torch.zeros(DIM))
+    return kernel.out(torch.stack(out))
+
+
+def dense_integral(kernel, x, edge_index, pos):
+    out = []
+    for i in range(x.shape[0]):
+        src = edge_index[0, edge_index[1] == i]
+        offset = pos[src] - pos[i]
+        phi = kernel.kernel(torch.cat([offset, offset.norm(dim=1, keepdim=True)], 1))
+        out.append((phi * kernel.value(x[src])).mean(0) if len(src) else torch.zeros(DIM))
+    return torch.stack(out)
+
+
+def test_the_attention_kernel_is_the_softmax_over_neighbours_and_context():
+    torch.manual_seed(0)
+    kernel = GraphAttentionKernel(DIM, heads=2)
+    b = batched(graph(9, 1), graph(6, 2, n_context=1), graph(4, 3, n_context=0))
+    b["edge_index"] = b["edge_index"][:, b["edge_index"][1] != 0]  # node 0: context only
+    got = kernel(b["x"], b["edge_index"], b["batch"], b["pos"], b["context"], b["context_batch"])
+    want = dense_attention(kernel, b["x"], b["edge_index"], b["batch"], b["context"], b["context_batch"])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    alone = kernel(b["x"], b["edge_index"], b["batch"])  # no context at all
+    no_ctx = dense_attention(kernel, b["x"], b["edge_index"], b["batch"], b["context"][:0], b["context_batch"][:0])
+    torch.testing.assert_close(alone, no_ctx, rtol=1e-5, atol=1e-5)
+
+
+def test_the_kernel_integral_is_the_mean_over_the_neighbourhood():
+    torch.manual_seed(0)
+    kernel = GraphKernelIntegral(DIM, ndim=2, hidden=16)
+    b = batched(graph(9, 1), graph(6, 2))
+    got = kernel(b["x"], b["edge_index"], b["batch"], b["pos"])
+    torch.testing.assert_close(got, dense_integral(kernel, b["x"], b["edge_index"], b["pos"]), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"pos: expected shape \(15, 2\), got None"):
+        kernel(b["x"], b["edge_index"], b["batch"])
+
+
+def mixture(seed=0):
+    torch.manual_seed(seed)
+    kernels = [GraphAttentionKernel(DIM, 2), GraphKernelIntegral(DIM, 2, 16), GraphAttentionKernel(DIM, 4)]
+    return GraphKernelMixture(kernels, ParameterGate(1, 3, hidden=8))
+
+
+def run(module, b, theta=None):
+    args = (b["x"], b["edge_index"], b["batch"], b["pos"], b["context"], b["context_batch"])
+    return module(b["x"], theta, *args[1:]) if theta is not None else module(*args)
+
+
+@pytest.mark.parametrize("which", ["attention", "integral", "mixture"])
+def test_equivariant_in_node_order_and_each_graph_independent_of_its_batch(which):
+    torch.manual_seed(3)
+    module = {"attention": GraphAttentionKernel(DIM, 2), "integral": GraphKernelIntegral(DIM, 2, 16),
+              "mixture": mixture()}[which]
+    theta = torch.tensor([[0.3], [-2.0]]) if which == "mixture" else None
+    a, c = graph(9, 1), graph(7, 2)
+    b = batched(a, c)
+    y = run(module, b, theta)
+    perm = torch.randperm(b["x"].shape[0])
+    inverse = torch.argsort(perm)
+    shuffled = {**b, "x": b["x"][perm], "pos": b["pos"][perm], "batch": b["batch"][perm],
+                "edge_index": inverse[b["edge_index"]]}
+    torch.testing.assert_close(run(module, shuffled, theta), y[perm], rtol=1e-5, atol=1e-5)
+    alone = run(module, batched(a), None if theta is None else theta[:1])
+    torch.testing.assert_close(alone, y[:9], rtol=1e-5, atol=1e-5)
+
+
+def test_each_graph_runs_only_its_selected_kernel():
+    model = mixture(seed=4)
+    a, c, d = graph(9, 1), graph(7, 2), graph(5, 3)
+    b = batched(a, c, d)
+    theta = torch.tensor([[-3.0], [0.0], [3.0]])
+    y = run(model, b, theta)
+    index = model.last_routing.index
+    for g, gr in enumerate((a, c, d)):  # each graph's output is its own kernel's, on the graph alone
+        one = batched(gr)
+        want = model.kernels[int(index[g])](one["x"], one["edge_index"], one["batch"], one["pos"], one["context"],
+                                             one["context_batch"])
+        torch.testing.assert_close(y[b["batch"] == g], want, rtol=1e-5, atol=1e-5)
+    y.square().sum().backward()
+    used = set(index.tolist())
+    for k, kernel in enumerate(model.kernels):
+        grads = [p.grad for p in kernel.parameters()]
+        assert all(g is not None for g in grads) if k in used else all(g is None for g in grads), k
+    assert model.gate.score[0].weight.grad is not None  # the gate learns through the straight-through value
+
+
+def test_the_gate_routes_graphs_by_theta():
+    """Trained on the routing alone (kernels frozen), the gate sends theta < 0 to one kernel and
+    theta > 0 to another: the graphs' outputs then follow their parameters."""
+    torch.manual_seed(5)
+    model = mixture(seed=5)
+    for p in model.kernels.parameters():
+        p.requires_grad_(False)
+    graphs = [graph(6, s, n_context=2) for s in range(8)]
+    b = batched(*graphs)
+    theta = torch.linspace(-2, 2, 8)[:, None]
+    target_kernel = (theta[:, 0] > 0).long() * 2  # kernel 0 below zero, kernel 2 above
+    opt = torch.optim.Adam(model.gate.parameters(), lr=0.05)
+    for _ in range(150):
+        routing = model.gate(theta)
+        loss = torch.nn.functional.nll_loss(routing.probs.clamp_min(1e-9).log(), target_kernel)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    run(model, b, theta)
+    assert torch.equal(model.last_routing.index, target_kernel)
