@@ -1,9 +1,9 @@
 """Reusable GNO building blocks.
 
 `GatedSpectralConv`, `FullPrecisionSpectralConv` (and `condition_on`) need the optional
-``neuraloperator`` package, and the graph kernels (`GraphAttentionKernel`,
-`GraphKernelIntegral`, `GraphKernelMixture`) the optional ``torch-geometric``; they are imported
-on first use.
+``neuraloperator`` package, and the graph layers (`GraphAttentionKernel`, `GraphKernelIntegral`,
+`GraphKernelMixture`, `GraphBoundaryTransfer`) the optional ``torch-geometric``; they are
+imported on first use.
 """
 
 from gno_ext.layers.attention import (
@@ -35,6 +35,7 @@ __all__ = [
     "GatedKernelMixture",
     "GatedSpectralConv",
     "GraphAttentionKernel",
+    "GraphBoundaryTransfer",
     "GraphKernelIntegral",
     "GraphKernelMixture",
     "ParameterGate",
@@ -60,7 +61,8 @@ __all__ = [
 ]
 
 _LAZY = {"FullPrecisionSpectralConv": "spectral", "GatedSpectralConv": "spectral", "condition_on": "spectral",
-         "GraphAttentionKernel": "graph", "GraphKernelIntegral": "graph", "GraphKernelMixture": "graph"}
+         "GraphAttentionKernel": "graph", "GraphBoundaryTransfer": "graph", "GraphKernelIntegral": "graph",
+         "GraphKernelMixture": "graph"}
 
 
 def __getattr__(name: str):

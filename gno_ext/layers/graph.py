@@ -14,6 +14,9 @@ Two kernels, both the integral of the GNO's kernel layer over a neighbourhood:
   \odot W v_j$, a kernel integral over the neighbourhood whose kernel is an MLP of the offset
   (diagonal in the channels after the mixing ``W``), as in graph kernel networks.
 
+`GraphBoundaryTransfer` turns each boundary segment of a graph into one latent token, the
+context of the attention kernel.
+
 `GraphKernelMixture` routes each *graph* by its $\theta$ (`ParameterGate`) and runs each kernel
 only on the subgraph of the graphs that selected it. All of them are equivariant to the order
 of the nodes and treat each graph independently of the others in its batch (tested).
@@ -32,8 +35,10 @@ from torch_geometric.utils import scatter, subgraph
 
 from gno_ext.checks import require_at_least
 from gno_ext.layers.gate import ParameterGate, Routing
+from gno_ext.layers.routing import one_hot
+from gno_ext.schema import BCType
 
-__all__ = ["GraphAttentionKernel", "GraphKernelIntegral", "GraphKernelMixture"]
+__all__ = ["GraphAttentionKernel", "GraphBoundaryTransfer", "GraphKernelIntegral", "GraphKernelMixture"]
 
 
 class GraphAttentionKernel(nn.Module):
@@ -176,3 +181,56 @@ def _dense_context(context_batch: Tensor, n_graphs: int) -> tuple[Tensor, Tensor
     slot = torch.arange(width, device=context_batch.device)
     mask = slot[None] < counts[:, None]
     return torch.where(mask, starts[:, None] + slot[None], torch.zeros_like(mask, dtype=torch.long)), mask
+
+
+class GraphBoundaryTransfer(nn.Module):
+    r"""The boundary transfer operator on a graph: each boundary *segment* becomes one latent
+    token (the latent Dirichlet representation $h_\ell$ of the paper, one per segment instead of
+    one per boundary patch of a box), for any number of boundary nodes and segments per graph.
+
+    Every boundary node is described by its condition type (one-hot), its data at the first and
+    last boundary time (divided by ``scale``), its outward normal, its Robin coefficients and its
+    position, together with the latent state at that node (layer-normed); an MLP maps each node
+    to a vector, and the nodes of a segment are averaged into the segment's token. The tokens
+    come sorted by graph, as `GraphAttentionKernel`'s ``context`` expects.
+
+    Parameters
+    ----------
+    dim : int
+        Latent width ``D``.
+    ndim : int
+        Dimension of the positions (2 or 3).
+    hidden : int
+        Hidden width of the MLP.
+    """
+
+    N_TYPES = 6  # the BCType codes
+
+    def __init__(self, dim: int, ndim: int = 2, hidden: int = 128) -> None:
+        super().__init__()
+        require_at_least(1, dim=dim, ndim=ndim, hidden=hidden)
+        self.ndim = ndim
+        self.norm = nn.LayerNorm(dim)
+        described = self.N_TYPES + 2 + ndim + 2 + ndim
+        self.mlp = nn.Sequential(nn.Linear(described + dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, x: Tensor, pos: Tensor, batch: Tensor, boundary_index: Tensor, boundary_kind: Tensor,
+                boundary_values: Tensor, boundary_normal: Tensor, boundary_segment: Tensor,
+                boundary_coeffs: Tensor | None = None, scale: float | Tensor = 1.0) -> tuple[Tensor, Tensor]:
+        """Returns ``(tokens (S_total, D), token_batch (S_total,))``: one token per segment of each
+        graph, ordered by graph, then segment."""
+        kind = one_hot(boundary_kind, self.N_TYPES, x.dtype)
+        values = boundary_values.to(x.dtype) / scale
+        data = torch.stack([values[:, 0], values[:, -1]], 1)
+        if boundary_coeffs is None:  # (a, b) of a u + b du/dn = g: Dirichlet (1, 0), Neumann (0, 1), else 0
+            a = (boundary_kind == BCType.DIRICHLET).to(x.dtype)
+            boundary_coeffs = torch.stack([a, (boundary_kind == BCType.NEUMANN).to(x.dtype)], 1)
+        described = torch.cat([kind, data, boundary_normal.to(x.dtype), boundary_coeffs.to(x.dtype),
+                               pos[boundary_index].to(x.dtype), self.norm(x[boundary_index])], 1)
+        per_node = self.mlp(described)
+        graph = batch[boundary_index]
+        key = graph * (int(boundary_segment.max()) + 1 if boundary_segment.numel() else 1) + boundary_segment
+        keys, token = torch.unique(key, return_inverse=True)  # sorted: by graph, then segment
+        tokens = scatter(per_node, token, 0, dim_size=keys.numel(), reduce="mean")
+        token_batch = scatter(graph, token, 0, dim_size=keys.numel(), reduce="max")
+        return tokens, token_batch

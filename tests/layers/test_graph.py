@@ -158,3 +158,60 @@ def test_the_gate_routes_graphs_by_theta():
         opt.step()
     run(model, b, theta)
     assert torch.equal(model.last_routing.index, target_kernel)
+
+
+def boundary_of(sample_kwargs):
+    """The boundary attributes of a `tests.test_mesh.disk_with_hole` sample."""
+    return {k: sample_kwargs[k] for k in ("boundary_index", "boundary_kind", "boundary_values", "boundary_normal",
+                                          "boundary_segment", "boundary_coeffs")}
+
+
+def transfer_batch(samples):
+    """Latent states and boundary attributes of several samples, concatenated (boundary nodes
+    offset by the nodes before, segments not)."""
+    out, offset = {"x": [], "pos": [], "batch": [], "boundary_index": []}, 0
+    rest = {k: [] for k in ("boundary_kind", "boundary_values", "boundary_normal", "boundary_segment")}
+    for b, s in enumerate(samples):
+        n = s["pos"].shape[0]
+        out["x"].append(s["latent"]), out["pos"].append(s["pos"]), out["batch"].append(torch.full((n,), b))
+        out["boundary_index"].append(s["boundary_index"] + offset)
+        for k in rest:
+            rest[k].append(s[k])
+        offset += n
+    return {k: torch.cat(v) for k, v in {**out, **rest}.items()}
+
+
+def test_the_boundary_transfer_gives_one_token_per_segment_of_each_graph():
+    from gno_ext.layers.graph import GraphBoundaryTransfer
+    from tests.test_mesh import disk_with_hole
+
+    torch.manual_seed(7)
+    op = GraphBoundaryTransfer(DIM, ndim=2, hidden=16)
+    a, c = disk_with_hole(seed=1), disk_with_hole(n_outer=8, n_inner=4, n_inside=9, seed=2)
+    c["boundary_segment"] = torch.zeros_like(c["boundary_segment"])  # one segment: all Dirichlet
+    c["boundary_kind"] = torch.full_like(c["boundary_kind"], 1)
+    for s in (a, c):
+        s["latent"] = torch.randn(s["pos"].shape[0], DIM)
+    both = transfer_batch([a, c])
+    tokens, token_batch = op(**both)
+    assert tokens.shape == (3, DIM) and token_batch.tolist() == [0, 0, 1]  # 2 segments, then 1
+    for g, s in enumerate((a, c)):  # each graph's tokens as computed on it alone
+        alone, _ = op(**transfer_batch([s]))
+        torch.testing.assert_close(tokens[token_batch == g], alone, rtol=1e-5, atol=1e-5)
+    # the order of the boundary nodes does not matter
+    perm = torch.randperm(both["boundary_index"].shape[0])
+    shuffled = {k: (v[perm] if k.startswith("boundary") else v) for k, v in both.items()}
+    torch.testing.assert_close(op(**shuffled)[0], tokens, rtol=1e-5, atol=1e-5)
+    # new data on the hole's rim (segment 1 of graph 0) change that segment's token only
+    changed = {**both, "boundary_values": both["boundary_values"].clone()}
+    rim = (both["boundary_segment"] == 1) & (both["batch"][both["boundary_index"]] == 0)
+    changed["boundary_values"][rim] += 1.0
+    moved = (op(**changed)[0] - tokens).abs().amax(1)
+    assert moved[1] > 1e-4 and moved[0] == 0 and moved[2] == 0
+    # and it learns: gradients reach the MLP and the latent state at the boundary nodes
+    latent = both["x"].clone().requires_grad_(True)
+    op(**{**both, "x": latent})[0].square().sum().backward()
+    assert latent.grad[both["boundary_index"]].abs().sum() > 0
+    interior = torch.ones(latent.shape[0], dtype=torch.bool)
+    interior[both["boundary_index"]] = False
+    assert latent.grad[interior].abs().sum() == 0 and op.mlp[0].weight.grad is not None
