@@ -20,6 +20,7 @@ torch-geometric batches graphs:
 | ``boundary_normal`` | (M, d) | outward unit normals |
 | ``boundary_segment`` | (M,) long | segment of each boundary node, ``0..S-1``; one condition type per segment |
 | ``boundary_coeffs`` | (M, 2), optional | Robin ``(a, b)`` of $a u + b\,\partial_n u = g$ |
+| ``edge_index`` | (2, E) long, optional | directed edges source -> target between distinct nodes: a mesh's edges, or `radius_edges` of a point set |
 
 `MeshSample.to_data` and `MeshSample.from_data` convert to and from
 ``torch_geometric.data.Data``; `collate_meshes` makes a ``torch_geometric.data.Batch``, in which
@@ -44,7 +45,7 @@ from torch import Tensor
 
 from gno_ext.schema import BCType
 
-__all__ = ["MeshSample", "collate_meshes", "split_meshes"]
+__all__ = ["MeshSample", "collate_meshes", "radius_edges", "split_meshes"]
 
 NODE_FIELDS = ("pos", "u_in", "u_out", "theta_field")
 BOUNDARY_FIELDS = ("boundary_index", "boundary_kind", "boundary_values", "boundary_normal", "boundary_segment",
@@ -81,6 +82,7 @@ class MeshSample:
     boundary_segment: Tensor
     boundary_coeffs: Tensor | None = None
     theta_field: Tensor | None = None
+    edge_index: Tensor | None = None
     dt: float = 1.0
     group: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
@@ -121,7 +123,7 @@ class MeshSample:
         theta = data.theta
         if theta.ndim != 2 or theta.shape[0] != 1:
             raise ValueError(f"Data.theta: expected shape (1, P), got {tuple(theta.shape)}")
-        optional = {k: data[k] for k in ("boundary_coeffs", "theta_field") if k in keys}
+        optional = {k: data[k] for k in ("boundary_coeffs", "theta_field", "edge_index") if k in keys}
         return cls(pos=data.pos, u_in=data.u_in, u_out=data.u_out, theta=theta[0],
                    **{k: data[k] for k in BOUNDARY_FIELDS[:5]}, **optional,
                    dt=float(data.dt[0]) if "dt" in keys else 1.0, group=int(data.group[0]) if "group" in keys else 0)
@@ -145,7 +147,7 @@ def collate_meshes(samples: Sequence[MeshSample]) -> Any:
             if a != b:
                 raise ValueError(f"collate_meshes: sample {i}'s {name} has shape {tuple(s.__dict__[name].shape)}, "
                                  f"unlike sample 0's {tuple(first.__dict__[name].shape)} (per-node sizes must agree)")
-        for name in ("theta_field", "boundary_coeffs"):
+        for name in ("theta_field", "boundary_coeffs", "edge_index"):
             if (getattr(first, name) is None) != (getattr(s, name) is None):
                 raise ValueError(f"collate_meshes: sample {i} {'lacks' if getattr(s, name) is None else 'has'} "
                                  f"{name}, unlike sample 0")
@@ -242,5 +244,37 @@ def _check(s: MeshSample) -> None:
     robin = s.boundary_kind == BCType.ROBIN
     if robin.any() and s.boundary_coeffs is None:
         raise ValueError("MeshSample.boundary_coeffs: Robin boundary nodes need their coefficients (a, b)")
+    if s.edge_index is not None:
+        e = s.edge_index
+        if not isinstance(e, Tensor) or e.dtype not in (torch.int64, torch.int32) or e.ndim != 2 or e.shape[0] != 2:
+            raise ValueError(f"MeshSample.edge_index: expected an integer tensor of shape (2, E), got "
+                             f"{tuple(e.shape) if isinstance(e, Tensor) else type(e).__name__}")
+        s.edge_index = e = e.long()
+        if e.numel() and (e.min() < 0 or e.max() >= n):
+            raise ValueError(f"MeshSample.edge_index: node ids must lie in [0, {n}), got {int(e.min())} to {int(e.max())}")
+        if (e[0] == e[1]).any():
+            raise ValueError("MeshSample.edge_index: an edge joins a node to itself (a kernel adds the node's own "
+                             "term; list distinct nodes)")
     if not math.isfinite(float(s.dt)) or float(s.dt) <= 0:
         raise ValueError(f"MeshSample.dt: expected a positive time step, got {s.dt!r}")
+
+
+def radius_edges(pos: Tensor, radius: float, batch: Tensor | None = None) -> Tensor:
+    """Directed edges ``(2, E)`` (source, target) between the distinct nodes of one graph that lie
+    closer than ``radius``: the neighbourhoods of a point set. ``batch`` (N,): each node's graph
+    (edges stay within graphs). Computed from all pairwise distances of each graph (memory
+    ``N_g^2``); for large graphs use torch-geometric's ``radius_graph`` (it needs torch-cluster
+    or pyg-lib)."""
+    if pos.ndim != 2:
+        raise ValueError(f"pos: expected shape (N, d), got {tuple(pos.shape)}")
+    if not radius > 0:
+        raise ValueError(f"radius: expected a positive distance, got {radius!r}")
+    batch = torch.zeros(pos.shape[0], dtype=torch.long, device=pos.device) if batch is None else batch
+    edges = []
+    for g in batch.unique().tolist():
+        nodes = (batch == g).nonzero().squeeze(1)
+        close = torch.cdist(pos[nodes], pos[nodes]) < radius
+        close.fill_diagonal_(False)
+        target, source = close.nonzero().unbind(1)
+        edges.append(torch.stack([nodes[source], nodes[target]]))
+    return torch.cat(edges, 1) if edges else torch.zeros(2, 0, dtype=torch.long, device=pos.device)

@@ -126,3 +126,28 @@ def test_data_without_a_mesh_samples_attributes_is_refused():
     with pytest.raises(ValueError, match=r"Data.theta: expected shape \(1, P\)"):
         MeshSample.from_data(tg.data.Data(**{**MeshSample(**disk_with_hole()).to_data().to_dict(),
                                              "theta": torch.zeros(2, 1)}))
+
+
+def test_edges_are_checked_offset_in_a_batch_and_radius_edges_are_the_close_pairs():
+    pytest.importorskip("torch_geometric")
+    from gno_ext.mesh import radius_edges
+
+    a_kw, b_kw = disk_with_hole(seed=1), disk_with_hole(n_outer=8, n_inner=4, n_inside=9, seed=2)
+    for kw in (a_kw, b_kw):
+        kw["edge_index"] = radius_edges(kw["pos"], 0.4)
+    a, b = MeshSample(**a_kw), MeshSample(**b_kw)
+    pairs = {(int(s), int(t)) for s, t in a.edge_index.t()}
+    want = {(j, i) for i in range(a.n_nodes) for j in range(a.n_nodes)
+            if i != j and float((a.pos[i] - a.pos[j]).norm()) < 0.4}
+    assert pairs == want and len(pairs) > a.n_nodes  # every close pair, each direction, no self-loop
+    batch = collate_meshes([a, b])
+    assert torch.equal(batch.edge_index, torch.cat([a.edge_index, b.edge_index + a.n_nodes], 1))
+    assert torch.equal(radius_edges(batch.pos, 0.4, batch.batch), batch.edge_index)  # never across graphs
+    assert torch.equal(split_meshes(batch)[1].edge_index, b.edge_index)
+    for edges, message in [(torch.tensor([[0, 1], [1, 38]]), r"edge_index: node ids must lie in \[0, 38\)"),
+                           (torch.tensor([[2], [2]]), "joins a node to itself"),
+                           (torch.tensor([0, 1]), r"edge_index: expected an integer tensor of shape \(2, E\)")]:
+        with pytest.raises(ValueError, match=message):
+            MeshSample(**{**a_kw, "edge_index": edges})
+    with pytest.raises(ValueError, match="radius: expected a positive distance"):
+        radius_edges(a.pos, 0.0)

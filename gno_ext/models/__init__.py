@@ -1,6 +1,7 @@
 """Complete models behind one registry: `get_model(name, **kwargs)`.
 
-`GatedFNO` and `GNOFNO` need the optional ``neuraloperator`` package and are imported on first use.
+`GatedFNO` and `GNOFNO` need the optional ``neuraloperator`` package, and ``gno_mesh`` (the GNO
+on irregular domains) the optional ``torch-geometric``; they are imported on first use.
 """
 
 from gno_ext.models import baselines  # noqa: F401  (registers the baselines)
@@ -24,8 +25,13 @@ def _load_gno_fno() -> None:
     import gno_ext.models.gno_fno  # noqa: F401  (registers "gno_fno")
 
 
+def _load_gno_mesh() -> None:
+    import gno_ext.models.gno_mesh  # noqa: F401  (registers "gno_mesh")
+
+
 register_lazy("gated_fno", _load_gated_fno)
 register_lazy("gno_fno", _load_gno_fno)
+register_lazy("gno_mesh", _load_gno_mesh)
 
 __all__ = ["GNO", "GNOBlock", "GNOFNO", "GatedFNO", "available_models", "from_checkpoint", "get_model", "model_class", "rollout",
            "save_checkpoint"]

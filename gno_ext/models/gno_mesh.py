@@ -1,0 +1,170 @@
+r"""The GNO on irregular domains (`get_model("gno_mesh")`): gated graph kernels and the boundary
+transfer operator over the nodes of a mesh or point set (`gno_ext.mesh`).
+
+Per block, as in the grid GNO:
+
+$$
+h \leftarrow h + \sum_k g_k(\theta)\, \mathcal K_k\big[\mathrm{LN}(h);\ \text{neighbours},
+\ \text{boundary tokens}\big], \qquad h \leftarrow h + \mathrm{MLP}(\mathrm{LN}(h)),
+$$
+
+where the boundary tokens are one latent Dirichlet vector per boundary segment
+(`GraphBoundaryTransfer`, from the current latent state at the boundary nodes and their
+conditions), the kernels are `GraphAttentionKernel`s (``kernel="attention"``: over each node's
+neighbours and its graph's boundary tokens) or `GraphKernelIntegral`s (``kernel="integral"``,
+neighbours only; the boundary tokens then enter through a projection added to every node), and
+each graph's gate reads its normalised parameters and the mean and RMS of its field
+parameters. The nodes are lifted from their input frames (normalised), positions and field
+parameters; the output is the next frame at every node, ``u_in[:, -1] + std * delta``.
+
+The model takes a batch of `MeshSample`s as torch-geometric builds it (`collate_meshes`), with
+``edge_index`` (a mesh's edges, or `gno_ext.mesh.radius_edges`). Requires torch-geometric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch_geometric.utils import scatter
+
+from gno_ext.checks import require_at_least
+from gno_ext.layers.embeddings import ParameterNormalizer
+from gno_ext.layers.gate import ParameterGate
+from gno_ext.layers.graph import GraphAttentionKernel, GraphBoundaryTransfer, GraphKernelIntegral, GraphKernelMixture
+from gno_ext.models.registry import register_model
+
+__all__ = ["GNOMesh"]
+
+KERNELS = ("attention", "integral")
+
+
+class GNOMeshBlock(nn.Module):
+    """One block: the gated graph kernel with the boundary tokens as context, then an MLP."""
+
+    def __init__(self, dim: int, ndim: int, heads: int, n_kernels: int, gate_inputs: int, gate_hidden: int,
+                 kernel: str, boundary_transfer: bool, mlp_ratio: float) -> None:
+        super().__init__()
+        make = (lambda: GraphAttentionKernel(dim, heads)) if kernel == "attention" else \
+            (lambda: GraphKernelIntegral(dim, ndim, 2 * dim))
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.mixture = GraphKernelMixture([make() for _ in range(n_kernels)],
+                                          ParameterGate(max(gate_inputs, 1), n_kernels, gate_hidden))
+        self.boundary = GraphBoundaryTransfer(dim, ndim, 2 * dim) if boundary_transfer else None
+        # the integral kernel takes no context: its graph's boundary tokens reach the nodes through this
+        self.to_nodes = nn.Linear(dim, dim) if boundary_transfer and kernel == "integral" else None
+        self.mlp = nn.Sequential(nn.Linear(dim, int(mlp_ratio * dim)), nn.GELU(), nn.Linear(int(mlp_ratio * dim), dim))
+
+    def forward(self, h: Tensor, gate_in: Tensor, data: Any, scale: Tensor) -> Tensor:
+        context = context_batch = None
+        if self.boundary is not None:
+            context, context_batch = self.boundary(
+                h, data.pos, data.batch, data.boundary_index, data.boundary_kind, data.boundary_values,
+                data.boundary_normal, data.boundary_segment, getattr(data, "boundary_coeffs", None), scale)
+        x = self.norm1(h)
+        if self.to_nodes is not None:
+            pooled = scatter(context, context_batch, 0, dim_size=gate_in.shape[0], reduce="mean")
+            x = x + self.to_nodes(pooled)[data.batch]
+            context = context_batch = None
+        h = h + self.mixture(x, gate_in, data.edge_index, data.batch, data.pos, context, context_batch)
+        return h + self.mlp(self.norm2(h))
+
+
+@register_model("gno_mesh")
+class GNOMesh(nn.Module):
+    """The GNO on graphs (see the module's text).
+
+    Parameters
+    ----------
+    in_channels : int
+        Field channels ``C``.
+    n_params : int
+        Scalar parameters ``P`` per graph.
+    field_channels : int
+        Field-parameter channels per node (0: none).
+    ndim : int
+        Dimension of the positions (2 or 3).
+    t_in : int
+        Input frames.
+    log_params : sequence of bool, optional
+        Parameters normalised on a log scale.
+    latent, depth, heads : int
+        Latent width, blocks, attention heads.
+    n_kernels : int
+        Kernels per block (1: no gate needed; with ``n_params = 0`` and no field parameters it
+        must be 1).
+    gate_hidden : int
+    kernel : {"attention", "integral"}
+    boundary_transfer : bool
+        The boundary tokens (False: the ablation without them).
+    mlp_ratio : float
+    """
+
+    def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2,
+                 t_in: int = 1, log_params: Sequence[bool] | None = None, latent: int = 64, depth: int = 4,
+                 heads: int = 4, n_kernels: int = 4, gate_hidden: int = 32, kernel: str = "attention",
+                 boundary_transfer: bool = True, mlp_ratio: float = 2.0) -> None:
+        super().__init__()
+        require_at_least(1, in_channels=in_channels, t_in=t_in, latent=latent, depth=depth, heads=heads,
+                         n_kernels=n_kernels, gate_hidden=gate_hidden)
+        require_at_least(0, n_params=n_params, field_channels=field_channels)
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
+        if ndim not in (2, 3):
+            raise ValueError(f"ndim: expected 2 or 3, got {ndim}")
+        gate_inputs = n_params + 2 * field_channels
+        if n_kernels > 1 and gate_inputs == 0:
+            raise ValueError(f"n_kernels={n_kernels}: the gate needs parameters or field parameters to read")
+        self.in_channels, self.n_params, self.field_channels, self.ndim, self.t_in = (
+            in_channels, n_params, field_channels, ndim, t_in)
+        self.param_norm = ParameterNormalizer(n_params, log_params) if n_params else None
+        self.register_buffer("u_mean", torch.zeros(in_channels))
+        self.register_buffer("u_std", torch.ones(in_channels))
+        self.lift = nn.Linear(t_in * in_channels + ndim + field_channels, latent)
+        self.blocks = nn.ModuleList(
+            GNOMeshBlock(latent, ndim, heads, n_kernels, gate_inputs, gate_hidden, kernel, boundary_transfer, mlp_ratio)
+            for _ in range(depth))
+        self.head = nn.Sequential(nn.LayerNorm(latent), nn.Linear(latent, in_channels))
+
+    @torch.no_grad()
+    def fit_normalization(self, u: Tensor, theta: Tensor | None = None) -> GNOMesh:
+        """Field statistics from node values ``u`` (..., C) and the parameters' from ``theta`` (G, P)."""
+        if u.shape[-1] != self.in_channels:
+            raise ValueError(f"u: expected {self.in_channels} channels on the last axis, got shape {tuple(u.shape)}")
+        flat = u.reshape(-1, self.in_channels).float()
+        if theta is not None and self.param_norm is not None:
+            self.param_norm.fit(theta)
+        self.u_mean.copy_(flat.mean(0))
+        self.u_std.copy_(flat.std(0, unbiased=False).clamp_min(1e-6))
+        return self
+
+    def gate_input(self, data: Any) -> Tensor:
+        """Each graph's gate input (G, P + 2 C_f): normalised parameters, then the mean and RMS over
+        the graph's nodes of each field parameter (`gno_ext.layers.gate.gate_input` on a graph)."""
+        graphs = data.num_graphs
+        parts = [self.param_norm(data.theta)] if self.param_norm is not None else []
+        if self.field_channels:
+            f = data.theta_field.float()
+            parts += [scatter(f, data.batch, 0, dim_size=graphs, reduce="mean"),
+                      scatter(f.square(), data.batch, 0, dim_size=graphs, reduce="mean").sqrt()]
+        return torch.cat(parts, 1) if parts else data.pos.new_zeros(graphs, 1)
+
+    def forward(self, data: Any) -> Tensor:
+        """The next frame at every node, ``(N, 1, C)``, of a torch-geometric batch of mesh samples."""
+        for name in ("edge_index", "batch"):
+            if getattr(data, name, None) is None:
+                raise ValueError(f"data.{name}: the mesh GNO needs it (collate_meshes with samples that have edges)")
+        u = data.u_in
+        if u.ndim != 3 or u.shape[1:] != (self.t_in, self.in_channels):
+            raise ValueError(f"data.u_in: expected shape (N, {self.t_in}, {self.in_channels}), got {tuple(u.shape)}")
+        x = ((u - self.u_mean) / self.u_std).flatten(1)
+        parts = [x, data.pos.to(x.dtype)]
+        if self.field_channels:
+            parts.append(data.theta_field.to(x.dtype))
+        h = self.lift(torch.cat(parts, 1))
+        gate_in = self.gate_input(data).to(h.dtype)
+        for block in self.blocks:
+            h = block(h, gate_in, data, self.u_std.mean())
+        return (u[:, -1] + self.head(h) * self.u_std)[:, None]

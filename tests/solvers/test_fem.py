@@ -1,0 +1,76 @@
+"""`gno_ext.solvers.fem`: P1 finite elements for the heat equation on an annulus, against an exact
+solution, with the measured convergence order."""
+
+import math
+
+import pytest
+import torch
+
+from gno_ext.solvers.fem import TriangleMesh, annulus_mesh, heat_fem
+
+ALPHA, T_END = 0.5, 0.2
+
+
+def exact(x, t):
+    """A solution of u_t = alpha Laplacian u: e^{-2 alpha t} sin x sin y."""
+    return math.exp(-2 * ALPHA * t) * torch.sin(x[:, 0]) * torch.sin(x[:, 1])
+
+
+def outward_derivative_on_the_hole(x, t):
+    """d u / d n on the hole's rim, whose outward normal (out of the domain) points to the centre."""
+    r = x.norm(dim=1)
+    gx, gy = torch.cos(x[:, 0]) * torch.sin(x[:, 1]), torch.sin(x[:, 0]) * torch.cos(x[:, 1])
+    return math.exp(-2 * ALPHA * t) * (-(x[:, 0] * gx + x[:, 1] * gy) / r)
+
+
+def test_the_matrices_integrate_exactly_what_p1_elements_must():
+    mesh = annulus_mesh(0.3, 1.0, rings=3, sectors=12)
+    m, k = mesh.matrices()
+    ones = torch.ones(len(mesh.nodes), dtype=torch.float64)
+    assert float(ones @ m @ ones) == pytest.approx(float(mesh.areas().sum()), rel=1e-12)  # the domain's area
+    assert k.matmul(ones).abs().max() < 1e-12 and torch.allclose(k, k.T) and torch.allclose(m, m.T)
+    assert torch.linalg.eigvalsh(k).min() > -1e-10  # positive semi-definite
+    x = mesh.nodes[:, 0]  # the energy of a linear function is exact: |grad x|^2 |Omega|
+    assert float(x @ k @ x) == pytest.approx(float(mesh.areas().sum()), rel=1e-12)
+    outer = mesh.edge_segment == 0  # the load of g = 1 on the outer circle: its (polygon's) length
+    perimeter = 12 * 2 * math.sin(math.pi / 12)
+    assert float(mesh.boundary_load(ones, outer).sum()) == pytest.approx(perimeter, rel=1e-12)
+    assert mesh.boundary_nodes(1).tolist() == list(range(12)) and len(mesh.boundary_nodes()) == 24
+
+
+@pytest.mark.parametrize("outer_dirichlet", [True, False])
+def test_crank_nicolson_p1_converges_at_second_order_with_mixed_conditions(outer_dirichlet):
+    """Dirichlet data on one circle and Neumann data on the other; the mesh and the time step
+    halved together. The L2 error (through the mass matrix) falls as h^2."""
+    errors, sizes = [], []
+    for level in range(3):
+        mesh = annulus_mesh(0.3, 1.0, rings=4 * 2 ** level, sectors=16 * 2 ** level)
+        dirichlet = (mesh.edge_segment == 0) if outer_dirichlet else (mesh.edge_segment == 1)
+        normal = mesh.nodes / mesh.nodes.norm(dim=1, keepdim=True)  # outward on the outer circle
+
+        def neumann(x, t):
+            if outer_dirichlet:
+                return outward_derivative_on_the_hole(x, t)
+            g = torch.stack([torch.cos(x[:, 0]) * torch.sin(x[:, 1]), torch.sin(x[:, 0]) * torch.cos(x[:, 1])], 1)
+            return math.exp(-2 * ALPHA * t) * (g * normal).sum(1)
+
+        u = heat_fem(mesh, exact(mesh.nodes, 0.0), ALPHA, T_END, 4 * 2 ** level, dirichlet,
+                     g_dirichlet=exact, g_neumann=neumann)
+        error = u - exact(mesh.nodes, T_END)
+        m, _ = mesh.matrices()
+        errors.append(float((error @ m @ error).sqrt()))
+        sizes.append(mesh.size())
+    orders = [math.log(errors[i - 1] / errors[i]) / math.log(sizes[i - 1] / sizes[i]) for i in (1, 2)]
+    assert errors[-1] < 5e-4 and min(orders) > 1.85, (errors, orders)
+
+
+def test_bad_meshes_and_settings_are_refused():
+    mesh = annulus_mesh(rings=1, sectors=4)
+    with pytest.raises(ValueError, match="counter-clockwise with a positive area"):
+        TriangleMesh(mesh.nodes, mesh.triangles[:, [0, 2, 1]], mesh.boundary_edges, mesh.edge_segment)
+    with pytest.raises(ValueError, match=r"triangles: node ids must lie in \[0, 8\)"):
+        TriangleMesh(mesh.nodes, mesh.triangles + 1, mesh.boundary_edges, mesh.edge_segment)
+    with pytest.raises(ValueError, match="expected 0 < r_in < r_out"):
+        annulus_mesh(1.0, 0.5)
+    with pytest.raises(ValueError, match="steps >= 1 expected"):
+        heat_fem(mesh, torch.zeros(8, dtype=torch.float64), 0.1, 1.0, 0, mesh.edge_segment == 0)
