@@ -1,0 +1,106 @@
+"""Heat datasets on annuli (`gno_ext.data.mesh`): the file's layout, the reader's windows, and
+frames that re-solving from the stored mesh and conditions reproduces."""
+
+import h5py
+import pytest
+import torch
+
+from gno_ext.data.mesh import FIELDS, LAYOUT, MeshDataset, generate_heat_annulus
+from gno_ext.schema import BCType
+from gno_ext.solvers.fem import TriangleMesh, heat_fem
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return generate_heat_annulus(tmp_path_factory.mktemp("mesh") / "train.h5", 4, frames=5, dt=0.02, rings=3,
+                                 sectors=12, seed=3)
+
+
+def test_the_file_has_the_documented_layout(dataset):
+    with h5py.File(dataset) as f:
+        assert f.attrs["layout"] == LAYOUT and list(f.attrs["parameter_names"]) == ["alpha"]
+        assert set(FIELDS) <= set(f)
+        n, frames, nodes, channels = f["u"].shape
+        assert (n, frames, nodes, channels) == (4, 5, 48, 1) and f["pos"].shape == (4, 48, 2)
+        assert f["boundary_index"].shape == (4, 24) and f["boundary_values"].shape == (4, 24, 1)
+        assert set(f["boundary_kind"][()].flatten().tolist()) == {int(BCType.DIRICHLET), int(BCType.NEUMANN)}
+        assert 0.1 <= f["theta"][()].min() and f["theta"][()].max() <= 1.0
+    assert not list(dataset.parent.glob(".*tmp*"))  # written under a temporary name, then renamed
+
+
+def test_windows_are_valid_mesh_samples_of_every_start(dataset):
+    ds = MeshDataset(dataset, n_steps_input=2, n_steps_output=1)
+    assert len(ds) == 4 * 3
+    s = ds[5]  # trajectory 1, start 2
+    assert s.meta["trajectory"] == 1 and s.meta["start"] == 2 and s.u_in.shape == (48, 2, 1)
+    whole = MeshDataset(dataset, 1, 4)[1]  # trajectory 1 from frame 0
+    assert torch.equal(s.u_in[:, 0], whole.u_out[:, 1]) and torch.equal(s.u_out[:, 0], whole.u_out[:, 3])
+    assert s.n_segments == 2 and s.edge_index.shape[0] == 2 and s.dt == pytest.approx(0.02)
+    with pytest.raises(ValueError, match="have 5 frames"):
+        MeshDataset(dataset, 3, 3)
+    with pytest.raises(IndexError):
+        ds[12]
+
+
+def test_the_frames_are_the_solvers_and_the_dirichlet_data_hold(dataset):
+    """Re-solving the stored first frame on the stored mesh, with the stored conditions,
+    reproduces the stored frames (to float32 storage)."""
+    ds = MeshDataset(dataset, 1, 4)
+    for traj in range(4):
+        s = ds[traj]
+        with h5py.File(dataset) as f:
+            triangles = torch.from_numpy(f["triangles"][traj])
+            alpha = float(f["theta"][traj, 0])
+        edges = torch.cat([triangles[:, [0, 1]], triangles[:, [1, 2]], triangles[:, [2, 0]]]).sort(1).values
+        unique, count = edges.unique(dim=0, return_counts=True)
+        boundary_edges = unique[count == 1]  # edges of one triangle only
+        node_segment = torch.full((s.n_nodes,), -1)
+        node_segment[s.boundary_index] = s.boundary_segment
+        mesh = TriangleMesh(s.pos.double(), triangles, boundary_edges, node_segment[boundary_edges[:, 0]])
+        node_kind = torch.zeros(s.n_nodes, dtype=torch.long)
+        node_kind[s.boundary_index] = s.boundary_kind
+        value = torch.zeros(s.n_nodes, dtype=torch.float64)
+        value[s.boundary_index] = s.boundary_values[:, 0].double()
+        dirichlet = node_kind[boundary_edges[:, 0]] == int(BCType.DIRICHLET)
+        u = s.u_in[:, 0, 0].double()
+        for frame in range(4):
+            u = heat_fem(mesh, u, alpha, 0.02, 4, dirichlet, g_dirichlet=lambda x, t: value,
+                         g_neumann=lambda x, t: value)
+            torch.testing.assert_close(u.float(), s.u_out[:, frame, 0], rtol=1e-4, atol=1e-4)
+        held = s.boundary_index[s.boundary_kind == int(BCType.DIRICHLET)]
+        assert torch.allclose(s.u_out[held, :, 0], value[held].float()[:, None].expand(-1, 4))
+
+
+def test_a_file_of_another_layout_is_named(tmp_path):
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f.attrs["layout"] = "something"
+    with pytest.raises(ValueError, match="not a mesh dataset of layout gno_ext.mesh/1"):
+        MeshDataset(other)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        MeshDataset(tmp_path / "missing.h5")
+    with pytest.raises(ValueError, match="alpha_range: expected 0 < low <= high"):
+        generate_heat_annulus(tmp_path / "x.h5", 1, alpha_range=(1.0, 0.1))
+
+
+def test_the_mesh_gno_learns_from_the_windows(dataset):
+    """Data to model: windows of two trajectories, batched by torch-geometric, and a few steps
+    of the mesh GNO lower the one-step error."""
+    pytest.importorskip("torch_geometric")
+    from gno_ext.mesh import collate_meshes
+    from gno_ext.models import get_model
+
+    ds = MeshDataset(dataset, 1, 1)
+    batch = collate_meshes([ds[0], ds[4], ds[9]])
+    torch.manual_seed(0)
+    model = get_model("gno_mesh", n_params=1, log_params=[True], latent=16, depth=2, heads=2, n_kernels=2)
+    model.fit_normalization(torch.cat([batch.u_in, batch.u_out], 1), batch.theta)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(40):
+        loss = (model(batch) - batch.u_out).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.3 * losses[0]
