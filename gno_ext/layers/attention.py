@@ -58,7 +58,7 @@ def tokens_fusable(q: Tensor, kv: Tensor) -> bool:
     "tf32"``, ``allow_tf32`` or `torch.set_float32_matmul_precision` ``("high")``): with exact
     float32 products Triton's ``tl.dot`` runs without tensor cores, and at the paper size their
     forward and backward passes took 16 times as long as `scaled_dot_product_attention`'s on
-    an H100 (with TF32, a quarter as long; docs/benchmarks.md, eighteenth round). They also
+    an H100 (with TF32, a quarter as long; benchmarks/history.md). They also
     need twice the shared memory: float32 inputs take them at head widths up to 64 on GPUs
     that allow 227 KiB per program (H100, H200), not on an A100 or an Ada GPU
     (`gno_ext.kernels.attention.float32_fits`)."""

@@ -3,7 +3,7 @@
 The host's work in a training step (Python, the optimizer's launches) can take longer than the
 GPU's: on the paper-size GNO at batch 256 an H100 step took 13.6 ms with the model's own CUDA
 graphs and the optimizer run from Python, 8.9 ms with the whole step in one graph
-(benchmarks/history.md, sixth round). `CapturedSteps` brings the whole-step capture to the
+(benchmarks/history.md). `CapturedSteps` brings the whole-step capture to the
 training loop and keeps the loop's semantics:
 
 * one graph for the forward and backward passes, the move of the gradients into the flat
@@ -72,7 +72,7 @@ def capture_step(fn: Callable[[], Any], warmup: int = 3, pool: Any = None, strea
     capturable=True)``) and a model compiled *without* CUDA graphs of its own
     (`compile_model` with ``mode=True``). On the paper-size GNO at batch 256 this took an H100
     training step from 13.6 to 8.9 ms against ``mode="reduce-overhead"``, which leaves the
-    optimizer step to Python (benchmarks/history.md, sixth round).
+    optimizer step to Python (benchmarks/history.md).
 
     Two pitfalls:
 
@@ -186,6 +186,8 @@ class CapturedSteps:
         before the clipping: for runs on several processes whose model is not wrapped in DDP.
     """
 
+    replayed = True  # (the `Steps` interface: these steps are CUDA graph replays)
+
     def __init__(self, flat: FlatParameters, optimizer: Any, objective: Callable[..., tuple[Tensor, Tensor]],
                  clip: float | None, stream: torch.cuda.Stream, warmup: int = 2, average: bool = False) -> None:
         self.flat, self.optimizer, self.objective, self.clip = flat, optimizer, objective, clip
@@ -194,8 +196,6 @@ class CapturedSteps:
         self.graphs: dict[Any, tuple[Callable[[], None], PDEBatch, Tensor, dict[str, Tensor]]] = {}
         self._step: Callable[[], None] | None = None
         self._norm: Tensor | None = None
-
-    replayed = True
 
     def _capture(self, fn: Callable[[], Any], warmup: int) -> Callable[[], None]:
         try:

@@ -4,8 +4,7 @@ PyTorch's multi-tensor optimizers (``foreach`` and ``fused``) split their work i
 a bounded number of tensors; each launch waits for the one before, and a launch of many small
 tensors leaves most of a GPU idle. The paper-size GNO has 378 parameter tensors: on an H100
 (torch 2.11) its fused AdamW step took 11 launches and 0.74 ms of GPU time in a profiled
-training step, where one flat tensor of the same size takes about 0.16 ms (benchmarks/history.md,
-sixth and eighth rounds).
+training step, where one flat tensor of the same size takes about 0.16 ms (benchmarks/history.md).
 
 `FlatParameters` moves the parameters of each optimizer group into one contiguous buffer (one
 per data type and device), leaves every parameter in its module as a view of that buffer, and
