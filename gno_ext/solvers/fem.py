@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["TriangleMesh", "annulus_mesh", "heat_fem"]
+__all__ = ["TriangleMesh", "annulus_mesh", "heat_fem", "l_shape_mesh"]
 
 
 @dataclass
@@ -134,6 +134,37 @@ def annulus_mesh(r_in: float = 0.3, r_out: float = 1.0, rings: int = 8, sectors:
     inner = torch.stack([j, (j + 1) % sectors], 1)
     return TriangleMesh(nodes, triangles, torch.cat([outer, inner]),
                         torch.cat([torch.zeros(sectors), torch.ones(sectors)]).long())
+
+
+def l_shape_mesh(n: int = 8) -> TriangleMesh:
+    """A triangulation of the L-shaped domain ``[0, 1]^2`` without ``(0.5, 1] x (0.5, 1]``: ``n``
+    cells per half side, each square cut in two. Segment 0 is the four edges on the axes and
+    the far sides (``x = 0``, ``y = 0``, ``x = 1`` for ``y <= 0.5``, ``y = 1`` for ``x <= 0.5``),
+    segment 1 the two edges of the re-entrant corner (``x = 0.5`` for ``y >= 0.5`` and
+    ``y = 0.5`` for ``x >= 0.5``)."""
+    if n < 1:
+        raise ValueError(f"n: expected >= 1 cells per half side, got {n}")
+    m = 2 * n  # cells per side of the unit square
+    ij = torch.cartesian_prod(torch.arange(m + 1), torch.arange(m + 1))  # (i along x, j along y)
+    keep = ~((ij[:, 0] > n) & (ij[:, 1] > n))
+    ids = torch.full((m + 1, m + 1), -1, dtype=torch.long)
+    ids[ij[keep, 0], ij[keep, 1]] = torch.arange(int(keep.sum()))
+    nodes = ij[keep].double() / m
+    triangles = []
+    for i in range(m):
+        for j in range(m):
+            if i >= n and j >= n:
+                continue  # the removed quarter
+            a, b, c, d = ids[i, j], ids[i + 1, j], ids[i + 1, j + 1], ids[i, j + 1]
+            triangles += [[a, b, c], [a, c, d]]
+    triangles = torch.tensor(triangles)
+    t = triangles
+    edges = torch.cat([t[:, [0, 1]], t[:, [1, 2]], t[:, [2, 0]]])
+    unique, count = edges.sort(1).values.unique(dim=0, return_counts=True)
+    boundary = unique[count == 1]
+    mid = nodes[boundary].mean(1)
+    corner = ((mid[:, 0] - 0.5).abs() < 1e-12) & (mid[:, 1] > 0.5) | ((mid[:, 1] - 0.5).abs() < 1e-12) & (mid[:, 0] > 0.5)
+    return TriangleMesh(nodes, triangles, boundary, corner.long())
 
 
 def heat_fem(mesh: TriangleMesh, u0: Tensor, alpha: float, t_end: float, steps: int, dirichlet: Tensor,

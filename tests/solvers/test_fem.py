@@ -74,3 +74,34 @@ def test_bad_meshes_and_settings_are_refused():
         annulus_mesh(1.0, 0.5)
     with pytest.raises(ValueError, match="steps >= 1 expected"):
         heat_fem(mesh, torch.zeros(8, dtype=torch.float64), 0.1, 1.0, 0, mesh.edge_segment == 0)
+
+
+def test_the_l_shape_mesh_and_second_order_there():
+    """The L-shape's mesh covers area 3/4 with the re-entrant corner's edges as segment 1; the
+    solution e^{-alpha (a^2 + b^2) t} cos(a (x - 1/2)) cos(b (y - 1/2)), with zero normal
+    derivative on those edges (Neumann) and its values elsewhere (Dirichlet), is reached at
+    second order."""
+    from gno_ext.solvers.fem import l_shape_mesh
+
+    mesh = l_shape_mesh(2)
+    assert float(mesh.areas().sum()) == pytest.approx(0.75) and mesh.edge_segment.bincount().tolist() == [12, 4]
+    corner = mesh.nodes[mesh.boundary_nodes(1)]
+    assert (((corner[:, 0] - 0.5).abs() < 1e-12) | ((corner[:, 1] - 0.5).abs() < 1e-12)).all()
+    a, b = 2.0, 3.0
+
+    def solution(x, t):
+        return math.exp(-ALPHA * (a * a + b * b) * t) * torch.cos(a * (x[:, 0] - 0.5)) * torch.cos(b * (x[:, 1] - 0.5))
+
+    errors, sizes = [], []
+    for level in range(3):
+        n = 4 * 2 ** level
+        mesh = l_shape_mesh(n)
+        u = heat_fem(mesh, solution(mesh.nodes, 0.0), ALPHA, 0.1, 2 * n, mesh.edge_segment == 0, g_dirichlet=solution)
+        error = u - solution(mesh.nodes, 0.1)
+        m, _ = mesh.matrices()
+        errors.append(float((error @ m @ error).sqrt()))
+        sizes.append(mesh.size())
+    orders = [math.log(errors[i - 1] / errors[i]) / math.log(sizes[i - 1] / sizes[i]) for i in (1, 2)]
+    assert min(orders) > 1.85, (errors, orders)
+    with pytest.raises(ValueError, match="n: expected >= 1"):
+        l_shape_mesh(0)
