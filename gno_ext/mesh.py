@@ -47,7 +47,6 @@ from gno_ext.schema import BCType
 
 __all__ = ["MeshSample", "collate_meshes", "radius_edges", "split_meshes"]
 
-NODE_FIELDS = ("pos", "u_in", "u_out", "theta_field")
 BOUNDARY_FIELDS = ("boundary_index", "boundary_kind", "boundary_values", "boundary_normal", "boundary_segment",
                    "boundary_coeffs")
 NORMAL_TOLERANCE = 1e-3  # |1 - |n|| allowed for a unit normal
