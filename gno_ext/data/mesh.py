@@ -82,11 +82,10 @@ def generate_heat_annulus(path: str | Path, n_trajectories: int, frames: int = 1
         u0 = _initial_field(mesh.nodes, modes, g)
         fixed = mesh.boundary_edges[on_dirichlet_edge].flatten().unique()
         u0[fixed] = node_value[fixed]
-        neumann_value = node_value.clone()
-        u = [u0]
-        for _ in range(frames - 1):
-            u.append(heat_fem(mesh, u[-1], alpha, dt, substeps, on_dirichlet_edge,
-                              g_dirichlet=lambda x, t, v=node_value: v, g_neumann=lambda x, t, v=neumann_value: v))
+        frames_after = heat_fem(mesh, u0, alpha, dt * (frames - 1), substeps * (frames - 1), on_dirichlet_edge,
+                                g_dirichlet=lambda x, t: node_value, g_neumann=lambda x, t: node_value,
+                                record_every=substeps)
+        u = torch.cat([u0[None], frames_after])
         boundary = mesh.boundary_nodes()
         segment = _node_segment(mesh, boundary)
         kind = torch.where(dirichlet_segment[segment], int(BCType.DIRICHLET), int(BCType.NEUMANN))
@@ -95,7 +94,7 @@ def generate_heat_annulus(path: str | Path, n_trajectories: int, frames: int = 1
         t = mesh.triangles
         edges = torch.cat([t[:, [0, 1]], t[:, [1, 2]], t[:, [2, 0]]])
         edges = torch.cat([edges, edges.flip(1)]).unique(dim=0).T
-        for name, value in (("pos", mesh.nodes), ("u", torch.stack(u)[..., None]), ("theta", torch.tensor([alpha])),
+        for name, value in (("pos", mesh.nodes), ("u", u[..., None]), ("theta", torch.tensor([alpha])),
                             ("triangles", t), ("edge_index", edges), ("boundary_index", boundary),
                             ("boundary_kind", kind), ("boundary_values", datum[segment][:, None]),
                             ("boundary_normal", normal), ("boundary_segment", segment)):

@@ -169,7 +169,7 @@ def l_shape_mesh(n: int = 8) -> TriangleMesh:
 
 def heat_fem(mesh: TriangleMesh, u0: Tensor, alpha: float, t_end: float, steps: int, dirichlet: Tensor,
              neumann: Tensor | None = None, g_dirichlet: Callable[[Tensor, float], Tensor] | None = None,
-             g_neumann: Callable[[Tensor, float], Tensor] | None = None) -> Tensor:
+             g_neumann: Callable[[Tensor, float], Tensor] | None = None, record_every: int = 0) -> Tensor:
     """The heat equation from ``u0`` (N,) to ``t_end`` in ``steps`` Crank-Nicolson steps.
 
     Parameters
@@ -187,14 +187,19 @@ def heat_fem(mesh: TriangleMesh, u0: Tensor, alpha: float, t_end: float, steps: 
     g_dirichlet, g_neumann : callable, optional
         ``g(nodes (N, 2), t) -> (N,)``: the data (zero where not given); ``g_neumann`` is the
         outward normal derivative.
+    record_every : int
+        If positive, also keep the state after every ``record_every`` steps (the frames of a
+        trajectory, from one factorisation).
 
     Returns
     -------
-    Tensor, shape (N,)
-        ``u`` at ``t_end``.
+    Tensor, shape (N,), or (steps // record_every, N) with ``record_every``
+        ``u`` at ``t_end``, or at every ``record_every`` steps.
     """
     if not (alpha > 0 and t_end > 0 and steps >= 1):
         raise ValueError(f"alpha, t_end > 0 and steps >= 1 expected, got {alpha}, {t_end}, {steps}")
+    if record_every < 0:
+        raise ValueError(f"record_every: expected >= 0, got {record_every}")
     neumann = ~dirichlet if neumann is None else neumann
     m, k = mesh.matrices()
     dt = t_end / steps
@@ -208,7 +213,7 @@ def heat_fem(mesh: TriangleMesh, u0: Tensor, alpha: float, t_end: float, steps: 
     def load(t: float) -> Tensor:
         return mesh.boundary_load(g_neumann(mesh.nodes, t), neumann) if g_neumann is not None else zero
 
-    u, before = u0.to(torch.float64), load(0.0)
+    u, before, recorded = u0.to(torch.float64), load(0.0), []
     for n in range(steps):
         t = (n + 1) * dt
         after = load(t)
@@ -216,4 +221,6 @@ def heat_fem(mesh: TriangleMesh, u0: Tensor, alpha: float, t_end: float, steps: 
         rhs[fixed] = g_dirichlet(mesh.nodes, t)[fixed] if g_dirichlet is not None else 0.0
         u = torch.linalg.lu_solve(*factor, rhs[:, None])[:, 0]
         before = after
-    return u
+        if record_every and (n + 1) % record_every == 0:
+            recorded.append(u)
+    return torch.stack(recorded) if record_every else u

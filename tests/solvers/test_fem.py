@@ -105,3 +105,21 @@ def test_the_l_shape_mesh_and_second_order_there():
     assert min(orders) > 1.85, (errors, orders)
     with pytest.raises(ValueError, match="n: expected >= 1"):
         l_shape_mesh(0)
+
+
+def test_recorded_frames_are_the_states_of_separate_runs():
+    """``record_every`` keeps the state after every ``record_every`` steps of one run, as runs
+    of ``record_every`` steps restarted from the last state give (data constant in time)."""
+    mesh = annulus_mesh(rings=3, sectors=12)
+    u0 = exact(mesh.nodes, 0.0)
+    dirichlet = mesh.edge_segment == 0
+    g = lambda x, t: torch.full((len(x),), 0.3, dtype=torch.float64)  # noqa: E731
+    frames = heat_fem(mesh, u0, ALPHA, 0.06, 6, dirichlet, g_dirichlet=g, g_neumann=g, record_every=2)
+    assert frames.shape == (3, len(mesh.nodes))
+    u = u0
+    for frame in frames:
+        u = heat_fem(mesh, u, ALPHA, 0.02, 2, dirichlet, g_dirichlet=g, g_neumann=g)
+        torch.testing.assert_close(frame, u, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(frames[-1], heat_fem(mesh, u0, ALPHA, 0.06, 6, dirichlet, g_dirichlet=g, g_neumann=g))
+    with pytest.raises(ValueError, match="record_every: expected >= 0"):
+        heat_fem(mesh, u0, ALPHA, 0.06, 6, dirichlet, record_every=-1)
