@@ -89,18 +89,10 @@ def test_the_mesh_gno_learns_from_the_windows(dataset):
     pytest.importorskip("torch_geometric")
     from gno_ext.mesh import collate_meshes
     from gno_ext.models import get_model
+    from tests.models._overfit import mesh_loss_ratio
 
     ds = MeshDataset(dataset, 1, 1)
     batch = collate_meshes([ds[0], ds[4], ds[9]])
     torch.manual_seed(0)
     model = get_model("gno_mesh", n_params=1, log_params=[True], latent=16, depth=2, heads=2, n_kernels=2)
-    model.fit_normalization(torch.cat([batch.u_in, batch.u_out], 1), batch.theta)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(40):
-        loss = (model(batch) - batch.u_out).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert losses[-1] < 0.3 * losses[0]
+    assert mesh_loss_ratio(model, batch, steps=40, lr=3e-3) < 0.3

@@ -21,3 +21,18 @@ def overfit_loss_ratio(model: torch.nn.Module, steps: int, lr: float) -> float:
         loss.backward()
         opt.step()
     return loss.item() / first
+
+
+def mesh_loss_ratio(model: torch.nn.Module, batch, steps: int, lr: float) -> float:
+    """Fit the mesh model's normalisation to ``batch`` (a torch-geometric batch of mesh samples),
+    train it there with Adam for ``steps`` steps on the next frame; the last loss over the first."""
+    model.fit_normalization(torch.cat([batch.u_in, batch.u_out], 1), batch.theta)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = (model(batch) - batch.u_out).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses[-1] / losses[0]

@@ -9,6 +9,7 @@ pytest.importorskip("torch_geometric")
 
 from gno_ext.mesh import MeshSample, collate_meshes, radius_edges  # noqa: E402
 from gno_ext.models import from_checkpoint, get_model, save_checkpoint  # noqa: E402
+from tests.models._overfit import mesh_loss_ratio  # noqa: E402
 from tests.test_mesh import disk_with_hole  # noqa: E402
 
 
@@ -84,16 +85,7 @@ def test_boundary_data_reach_the_prediction_only_through_the_boundary_transfer()
 def test_a_tiny_overfit_and_a_checkpoint_round_trip(tmp_path):
     model = tiny(latent=32)
     data = collate_meshes([sample(4, theta=0.02), sample(5, theta=0.5)])
-    model.fit_normalization(torch.cat([data.u_in, data.u_out], 1), data.theta)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(150):
-        loss = (model(data) - data.u_out).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert losses[-1] < 0.05 * losses[0]
+    assert mesh_loss_ratio(model, data, steps=150, lr=3e-3) < 0.05
     save_checkpoint(model, tmp_path / "m")
     back = from_checkpoint(tmp_path / "m")
     torch.testing.assert_close(back(data), model(data))
