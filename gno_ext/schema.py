@@ -31,6 +31,7 @@ __all__ = [
     "FACE_NAMES",
     "Grid",
     "BoundarySpec",
+    "robin_coefficients",
     "PDESample",
     "PDEBatch",
     "collate",
@@ -290,15 +291,7 @@ class BoundarySpec:
         Filled from the type where `coeffs` is ``None`` or the face is not Robin:
         Dirichlet and WALL ``(1, 0)``, Neumann and OPEN ``(0, 1)``, periodic ``(0, 0)``.
         """
-        dtype, kind = self.values.dtype, self.kind
-        # compared with the plain integer codes: torch.compile traces these without a graph break
-        out = torch.zeros(*kind.shape, 2, dtype=dtype, device=kind.device)
-        out[..., 0] = ((kind == BCType.DIRICHLET.value) | (kind == BCType.WALL.value)).to(dtype)
-        out[..., 1] = ((kind == BCType.NEUMANN.value) | (kind == BCType.OPEN.value)).to(dtype)
-        if self.coeffs is not None:
-            robin = (kind == BCType.ROBIN.value).unsqueeze(-1)
-            out = torch.where(robin, self.coeffs.to(dtype), out)
-        return out
+        return robin_coefficients(self.kind, self.coeffs, self.values.dtype)
 
     # ------------------------------------------------------------------ tensor plumbing
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
@@ -351,6 +344,22 @@ class BoundarySpec:
         if (lo != hi).any():
             raise ValueError("BoundarySpec.kind: a periodic face must be paired with a periodic "
                              "opposite face (x-/x+, y-/y+, z-/z+)")
+
+
+def robin_coefficients(kind: Tensor, coeffs: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """The coefficients ``(a, b)`` of $a u + b\,\partial_n u = g$ for boundary type codes ``kind``
+    (any shape), shape ``(*kind.shape, 2)``: ``coeffs`` where the type is Robin (and ``coeffs``
+    is given, of that shape), else from the type: Dirichlet and WALL ``(1, 0)``, Neumann and
+    OPEN ``(0, 1)``, periodic ``(0, 0)``. One rule for the faces of a box (`BoundarySpec`) and the
+    boundary nodes of a mesh."""
+    # compared with the plain integer codes: torch.compile traces these without a graph break
+    out = torch.zeros(*kind.shape, 2, dtype=dtype, device=kind.device)
+    out[..., 0] = ((kind == BCType.DIRICHLET.value) | (kind == BCType.WALL.value)).to(dtype)
+    out[..., 1] = ((kind == BCType.NEUMANN.value) | (kind == BCType.OPEN.value)).to(dtype)
+    if coeffs is not None:
+        robin = (kind == BCType.ROBIN.value).unsqueeze(-1)
+        out = torch.where(robin, coeffs.to(dtype), out)
+    return out
 
 
 def face_view(values: Tensor, face: int, grid: Grid) -> Tensor:

@@ -36,7 +36,7 @@ from torch_geometric.utils import scatter, subgraph
 from gno_ext.checks import require_at_least
 from gno_ext.layers.gate import ParameterGate, Routing
 from gno_ext.layers.routing import one_hot
-from gno_ext.schema import BCType
+from gno_ext.schema import BCType, robin_coefficients
 
 __all__ = ["GraphAttentionKernel", "GraphBoundaryTransfer", "GraphKernelIntegral", "GraphKernelMixture"]
 
@@ -204,7 +204,7 @@ class GraphBoundaryTransfer(nn.Module):
         Hidden width of the MLP.
     """
 
-    N_TYPES = 6  # the BCType codes
+    N_TYPES = len(BCType)
 
     def __init__(self, dim: int, ndim: int = 2, hidden: int = 128) -> None:
         super().__init__()
@@ -222,10 +222,8 @@ class GraphBoundaryTransfer(nn.Module):
         kind = one_hot(boundary_kind, self.N_TYPES, x.dtype)
         values = boundary_values.to(x.dtype) / scale
         data = torch.stack([values[:, 0], values[:, -1]], 1)
-        if boundary_coeffs is None:  # (a, b) of a u + b du/dn = g: Dirichlet (1, 0), Neumann (0, 1), else 0
-            a = (boundary_kind == BCType.DIRICHLET).to(x.dtype)
-            boundary_coeffs = torch.stack([a, (boundary_kind == BCType.NEUMANN).to(x.dtype)], 1)
-        described = torch.cat([kind, data, boundary_normal.to(x.dtype), boundary_coeffs.to(x.dtype),
+        coeffs = robin_coefficients(boundary_kind, boundary_coeffs, x.dtype)  # the grid's rule, per node
+        described = torch.cat([kind, data, boundary_normal.to(x.dtype), coeffs,
                                pos[boundary_index].to(x.dtype), self.norm(x[boundary_index])], 1)
         per_node = self.mlp(described)
         graph = batch[boundary_index]

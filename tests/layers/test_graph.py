@@ -215,3 +215,24 @@ def test_the_boundary_transfer_gives_one_token_per_segment_of_each_graph():
     interior = torch.ones(latent.shape[0], dtype=torch.bool)
     interior[both["boundary_index"]] = False
     assert latent.grad[interior].abs().sum() == 0 and op.mlp[0].weight.grad is not None
+
+
+def test_the_boundary_transfer_reads_robin_coefficients_as_the_grid_does():
+    """Coefficients count only at Robin nodes; elsewhere the type sets them (Dirichlet (1, 0),
+    Neumann (0, 1)), the rule of `BoundarySpec.robin_coeffs`."""
+    from gno_ext.layers.graph import GraphBoundaryTransfer
+    from tests.test_mesh import disk_with_hole
+
+    torch.manual_seed(8)
+    op = GraphBoundaryTransfer(DIM, ndim=2, hidden=16)
+    s = disk_with_hole(seed=1, robin=True)  # Dirichlet outside, Robin on the hole's rim
+    s["latent"] = torch.randn(s["pos"].shape[0], DIM)
+    both = transfer_batch([s])
+    coeffs = s["boundary_coeffs"].clone()
+    tokens, _ = op(**both, boundary_coeffs=coeffs)
+    off_robin = coeffs.clone()
+    off_robin[s["boundary_kind"] == 1] = 7.0  # on the Dirichlet nodes: ignored
+    torch.testing.assert_close(op(**both, boundary_coeffs=off_robin)[0], tokens)
+    on_robin = coeffs.clone()
+    on_robin[s["boundary_kind"] == 3] = 7.0
+    assert not torch.allclose(op(**both, boundary_coeffs=on_robin)[0][1], tokens[1])
