@@ -58,7 +58,7 @@ from gno_ext.losses import nmse
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, collate
 from gno_ext.solvers import solve_advection, solve_heat
 
-__all__ = ["resample", "solve", "SOLVERS", "matched", "measure_run"]
+__all__ = ["SOLVERS", "matched", "measure_run", "resample", "solve"]
 
 SOLVERS = {"heat": ("exact", "ftcs"), "advection": ("weno5", "muscl")}
 RESOLUTIONS = (16, 24, 32, 48, 64, 96, 128)
@@ -157,13 +157,18 @@ def _timed(fn: Callable[[], Any], device: torch.device, repeats: int, warmup: in
     return statistics.median(times)
 
 
-def _tiled(batch: PDEBatch, size: int) -> PDEBatch:
-    """``size`` samples: the batch's samples repeated."""
-    index = torch.arange(size, device=batch.u_in.device) % len(batch)
-    pick = lambda t: None if t is None else t.index_select(0, index)  # noqa: E731
+def _select(batch: PDEBatch, index: Tensor) -> PDEBatch:
+    """The samples ``index`` of ``batch`` (in that order, repeats allowed), in tensors of their own."""
+    def pick(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.index_select(0, index)
     bc = BoundarySpec(pick(batch.bc.kind), pick(batch.bc.values), pick(batch.bc.coeffs))
     return PDEBatch(pick(batch.u_in), pick(batch.u_out), pick(batch.theta), bc, batch.grid, pick(batch.dt),
                     pick(batch.theta_field))
+
+
+def _tiled(batch: PDEBatch, size: int) -> PDEBatch:
+    """``size`` samples: the batch's samples repeated."""
+    return _select(batch, torch.arange(size, device=batch.u_in.device) % len(batch))
 
 
 class ModelRollout:
@@ -223,7 +228,12 @@ def matched(curve: list[dict[str, Any]], error: float, batch: int) -> dict[str, 
 
 
 def _load_batch(cfg: dict[str, Any], trajectories: int, steps: int, device: torch.device) -> PDEBatch:
-    from gno_ext.training.recipe_data import batch_to, open_split, rollout_indices, spread
+    from gno_ext.training.recipe_data import (
+        batch_to,
+        open_split,
+        rollout_indices,
+        spread,
+    )
     t_in = int(cfg["data"].get("n_steps_input", 1))
     ds = open_split(cfg["data"], "test", t_in, steps)
     indices = rollout_indices(ds)
@@ -232,13 +242,9 @@ def _load_batch(cfg: dict[str, Any], trajectories: int, steps: int, device: torc
 
 
 def _subset(batch: PDEBatch, mask: Tensor) -> PDEBatch | None:
+    """The samples where ``mask`` holds, or None where it holds nowhere."""
     index = mask.nonzero()[:, 0]
-    if index.numel() == 0:
-        return None
-    pick = lambda t: None if t is None else t.index_select(0, index)  # noqa: E731
-    bc = BoundarySpec(pick(batch.bc.kind), pick(batch.bc.values), pick(batch.bc.coeffs))
-    return PDEBatch(pick(batch.u_in), pick(batch.u_out), pick(batch.theta), bc, batch.grid, pick(batch.dt),
-                    pick(batch.theta_field))
+    return None if index.numel() == 0 else _select(batch, index)
 
 
 def measure_run(run_dir: Path, *, trajectories: int = 64, steps: int = 10, batches: tuple[int, ...] = (1, 256),

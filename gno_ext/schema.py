@@ -347,7 +347,7 @@ class BoundarySpec:
 
 
 def robin_coefficients(kind: Tensor, coeffs: Tensor | None, dtype: torch.dtype) -> Tensor:
-    """The coefficients ``(a, b)`` of $a u + b\,\partial_n u = g$ for boundary type codes ``kind``
+    r"""The coefficients ``(a, b)`` of $a u + b\,\partial_n u = g$ for boundary type codes ``kind``
     (any shape), shape ``(*kind.shape, 2)``: ``coeffs`` where the type is Robin (and ``coeffs``
     is given, of that shape), else from the type: Dirichlet and WALL ``(1, 0)``, Neumann and
     OPEN ``(0, 1)``, periodic ``(0, 0)``. One rule for the faces of a box (`BoundarySpec`) and the

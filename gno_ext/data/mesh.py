@@ -1,20 +1,33 @@
-r"""Heat datasets on an irregular domain (an annulus whose hole varies), written in a documented
-HDF5 layout, and their reader into `gno_ext.mesh.MeshSample` windows.
+r"""Heat datasets on irregular domains, written in a documented HDF5 layout, and their reader
+into `gno_ext.mesh.MeshSample` windows.
 
-Each trajectory draws:
+Three domains (``domain=``), each with two boundary segments:
 
-* the hole's radius $r_{in} \sim U[0.2, 0.5]$ (outer radius 1), triangulated by
-  `gno_ext.solvers.fem.annulus_mesh` with the dataset's ``rings`` and ``sectors`` (so every
-  trajectory has the same node count and connectivity, at other positions);
+* ``"annulus"``: the disk of radius 1 with a circular hole of radius $r_{in} \sim U[0.2, 0.5]$
+  (`gno_ext.solvers.fem.annulus_mesh`); segment 0 is the outer circle, segment 1 the hole's rim;
+* ``"star"``: a random smooth shape with a hole, both star-shaped: the outer boundary
+  $r(\varphi) = 1 + \sum_{k=2}^{4} a_k \cos(k \varphi + \phi_k)$ with $a_k \sim U[-0.08, 0.08]$,
+  the hole $r(\varphi) = r_0 (1 + b \cos(2 \varphi + \psi))$ with $r_0 \sim U[0.2, 0.4]$ and
+  $b \sim U[-0.2, 0.2]$ (`gno_ext.solvers.fem.ring_mesh`); segments as for the annulus;
+* ``"l-shape"``: the L-shaped domain $[0, 1]^2 \setminus (0.5, 1]^2$
+  (`gno_ext.solvers.fem.l_shape_mesh`, the same mesh for every trajectory); segment 0 is the
+  outer sides, segment 1 the two edges of the re-entrant corner.
+
+The ring domains have ``resolution`` rings of ``4 * resolution`` sectors, the L-shape
+``resolution`` cells per half side: every trajectory of a file has the same node count and
+connectivity. Each trajectory draws:
+
+* the domain's shape, as above;
 * the diffusivity $\alpha$, log-uniform in ``alpha_range`` (the parameter $\theta$);
-* a condition per boundary segment (the outer circle, segment 0; the hole's rim, segment 1):
-  Dirichlet or Neumann with equal probability, and its constant datum $g \sim U[-1, 1]$ (the
-  value, or the outward flux);
+* a condition per boundary segment: Dirichlet or Neumann with equal probability, and its
+  constant datum $g \sim U[-1, 1]$ (the value, or the outward flux);
 * a smooth random initial field, a sum of ``modes`` random plane waves of wave numbers up to 3,
-  set to the Dirichlet data on Dirichlet segments;
+  set to the Dirichlet data on Dirichlet nodes;
 
 and is solved by P1 finite elements with Crank-Nicolson (`gno_ext.solvers.fem.heat_fem`,
-second order, verified), ``substeps`` steps per frame.
+second order, verified), ``substeps`` steps per frame. A node where two segments meet (the
+L-shape's corners at (0.5, 1) and (1, 0.5)) belongs to the Dirichlet one where there is one
+(it is held at that datum), else to segment 0.
 
 The HDF5 file (one per split), with ``n`` trajectories of ``T`` frames, ``N`` nodes and ``M``
 boundary nodes:
@@ -29,12 +42,13 @@ boundary nodes:
 | ``boundary_index`` | (n, M) | boundary nodes |
 | ``boundary_kind`` | (n, M) | `BCType` codes |
 | ``boundary_values`` | (n, M, 1) | the data (constant in time) |
-| ``boundary_normal`` | (n, M, 2) | outward unit normals |
-| ``boundary_segment`` | (n, M) | 0: outer circle, 1: the hole's rim |
+| ``boundary_normal`` | (n, M, 2) | outward unit normals (at a corner, the bisector) |
+| ``boundary_segment`` | (n, M) | the node's segment, 0 or 1 |
 
-with the attributes ``dataset_name``, ``dt`` (time between frames), ``parameter_names``
-(``["alpha"]``), ``field_names`` (``["temperature"]``) and ``layout`` (``"gno_ext.mesh/1"``).
-The file is written to a temporary name and renamed when complete.
+with the attributes ``dataset_name`` (``heat_<domain>``), ``domain``, ``dt`` (time between
+frames), ``parameter_names`` (``["alpha"]``), ``field_names`` (``["temperature"]``) and
+``layout`` (``"gno_ext.mesh/1"``). The file is written to a temporary name and renamed when
+complete.
 """
 
 from __future__ import annotations
@@ -50,35 +64,46 @@ from torch import Tensor
 
 from gno_ext.mesh import MeshSample
 from gno_ext.schema import BCType
-from gno_ext.solvers.fem import annulus_mesh, heat_fem
+from gno_ext.solvers.fem import (
+    TriangleMesh,
+    annulus_mesh,
+    heat_fem,
+    l_shape_mesh,
+    ring_mesh,
+)
 
-__all__ = ["LAYOUT", "MeshDataset", "generate_heat_annulus"]
+__all__ = ["DOMAINS", "LAYOUT", "MeshDataset", "generate_heat_mesh"]
 
 LAYOUT = "gno_ext.mesh/1"
+DOMAINS = ("annulus", "star", "l-shape")
 FIELDS = ("pos", "u", "theta", "triangles", "edge_index", "boundary_index", "boundary_kind", "boundary_values",
           "boundary_normal", "boundary_segment")
 
 
-def generate_heat_annulus(path: str | Path, n_trajectories: int, frames: int = 11, dt: float = 0.02,
-                          rings: int = 6, sectors: int = 24, alpha_range: tuple[float, float] = (0.1, 1.0),
-                          modes: int = 4, substeps: int = 4, seed: int = 0) -> Path:
-    """Write ``n_trajectories`` heat trajectories on annuli to ``path`` (see the module's text)."""
-    if n_trajectories < 1 or frames < 2 or substeps < 1:
-        raise ValueError(f"n_trajectories >= 1, frames >= 2 and substeps >= 1 expected, got {n_trajectories}, "
-                         f"{frames}, {substeps}")
+def generate_heat_mesh(path: str | Path, n_trajectories: int, domain: str = "annulus", frames: int = 11,
+                       dt: float = 0.02, resolution: int = 6, alpha_range: tuple[float, float] = (0.1, 1.0),
+                       modes: int = 4, substeps: int = 4, seed: int = 0) -> Path:
+    """Write ``n_trajectories`` heat trajectories on ``domain`` to ``path`` (see the module's text)."""
+    if domain not in DOMAINS:
+        raise ValueError(f"domain: expected one of {', '.join(DOMAINS)}, got {domain!r}")
+    if n_trajectories < 1 or frames < 2 or substeps < 1 or resolution < 1:
+        raise ValueError(f"n_trajectories >= 1, frames >= 2, substeps >= 1 and resolution >= 1 expected, got "
+                         f"{n_trajectories}, {frames}, {substeps}, {resolution}")
     lo, hi = alpha_range
     if not 0 < lo <= hi:
         raise ValueError(f"alpha_range: expected 0 < low <= high, got {alpha_range}")
     g = torch.Generator().manual_seed(seed)
     rows: dict[str, list[np.ndarray]] = {name: [] for name in FIELDS}
     for _ in range(n_trajectories):
-        r_in = 0.2 + 0.3 * float(torch.rand((), generator=g))
-        mesh = annulus_mesh(r_in, 1.0, rings, sectors)
+        mesh = _domain(domain, resolution, g)
         alpha = math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * float(torch.rand((), generator=g)))
         dirichlet_segment = torch.rand(2, generator=g) < 0.5
         datum = 2 * torch.rand(2, generator=g, dtype=torch.float64) - 1
         on_dirichlet_edge = dirichlet_segment[mesh.edge_segment]
-        node_value = _node_data(mesh, datum)
+        boundary = mesh.boundary_nodes()
+        segment = _node_segment(mesh, boundary, dirichlet_segment)
+        node_value = torch.zeros(len(mesh.nodes), dtype=torch.float64)
+        node_value[boundary] = datum[segment]
         u0 = _initial_field(mesh.nodes, modes, g)
         fixed = mesh.boundary_edges[on_dirichlet_edge].flatten().unique()
         u0[fixed] = node_value[fixed]
@@ -86,25 +111,22 @@ def generate_heat_annulus(path: str | Path, n_trajectories: int, frames: int = 1
                                 g_dirichlet=lambda x, t: node_value, g_neumann=lambda x, t: node_value,
                                 record_every=substeps)
         u = torch.cat([u0[None], frames_after])
-        boundary = mesh.boundary_nodes()
-        segment = _node_segment(mesh, boundary)
         kind = torch.where(dirichlet_segment[segment], int(BCType.DIRICHLET), int(BCType.NEUMANN))
-        normal = mesh.nodes[boundary] / mesh.nodes[boundary].norm(dim=1, keepdim=True)
-        normal = torch.where((segment == 1)[:, None], -normal, normal)  # the hole's outward normal points inwards
         t = mesh.triangles
         edges = torch.cat([t[:, [0, 1]], t[:, [1, 2]], t[:, [2, 0]]])
         edges = torch.cat([edges, edges.flip(1)]).unique(dim=0).T
         for name, value in (("pos", mesh.nodes), ("u", u[..., None]), ("theta", torch.tensor([alpha])),
                             ("triangles", t), ("edge_index", edges), ("boundary_index", boundary),
                             ("boundary_kind", kind), ("boundary_values", datum[segment][:, None]),
-                            ("boundary_normal", normal), ("boundary_segment", segment)):
+                            ("boundary_normal", mesh.boundary_normals(boundary)), ("boundary_segment", segment)):
             rows[name].append(value.numpy())
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with h5py.File(tmp, "w") as f:
-        f.attrs.update({"dataset_name": "heat_annulus", "layout": LAYOUT, "dt": dt, "parameter_names": ["alpha"],
-                        "field_names": ["temperature"], "n_trajectories": n_trajectories})
+        f.attrs.update({"dataset_name": f"heat_{domain}", "domain": domain, "layout": LAYOUT, "dt": dt,
+                        "parameter_names": ["alpha"], "field_names": ["temperature"],
+                        "n_trajectories": n_trajectories})
         for name, values in rows.items():
             stacked = np.stack(values)
             f.create_dataset(name, data=stacked.astype(np.float32) if stacked.dtype == np.float64 else stacked)
@@ -112,20 +134,34 @@ def generate_heat_annulus(path: str | Path, n_trajectories: int, frames: int = 1
     return path
 
 
-def _node_segment(mesh, nodes: Tensor) -> Tensor:
-    """The segment of each boundary node (from the edges it belongs to)."""
-    segment = torch.full((len(mesh.nodes),), -1, dtype=torch.long)
-    segment[mesh.boundary_edges[:, 0]] = mesh.edge_segment
-    segment[mesh.boundary_edges[:, 1]] = mesh.edge_segment
-    return segment[nodes]
+def _domain(domain: str, resolution: int, g: torch.Generator) -> TriangleMesh:
+    """One trajectory's mesh of ``domain``, its shape drawn from ``g`` (see the module's text)."""
+    if domain == "annulus":
+        return annulus_mesh(0.2 + 0.3 * float(torch.rand((), generator=g)), 1.0, resolution, 4 * resolution)
+    if domain == "star":
+        a = 0.16 * torch.rand(3, generator=g, dtype=torch.float64) - 0.08
+        phase = 2 * math.pi * torch.rand(3, generator=g, dtype=torch.float64)
+        r0 = 0.2 + 0.2 * float(torch.rand((), generator=g))
+        b = 0.4 * float(torch.rand((), generator=g)) - 0.2
+        psi = 2 * math.pi * float(torch.rand((), generator=g))
+        k = torch.arange(2, 5, dtype=torch.float64)
+        outer = lambda angle: 1 + (a * torch.cos(k * angle[:, None] + phase)).sum(1)
+        inner = lambda angle: r0 * (1 + b * torch.cos(2 * angle + psi))
+        return ring_mesh(inner, outer, resolution, 4 * resolution)
+    return l_shape_mesh(resolution)
 
 
-def _node_data(mesh, datum: Tensor) -> Tensor:
-    """Each boundary node's segment datum, zero elsewhere (N,)."""
-    value = torch.zeros(len(mesh.nodes), dtype=torch.float64)
-    nodes = mesh.boundary_nodes()
-    value[nodes] = datum[_node_segment(mesh, nodes)]
-    return value
+def _node_segment(mesh: TriangleMesh, nodes: Tensor, dirichlet_segment: Tensor) -> Tensor:
+    """The segment of each boundary node: of its edges' segments, a Dirichlet one where there is
+    one, else the lowest."""
+    n_segments = len(dirichlet_segment)
+    # rank each segment: Dirichlet ones first, then by number
+    rank = torch.arange(n_segments) + n_segments * (~dirichlet_segment).long()
+    best = torch.full((len(mesh.nodes),), 2 * n_segments, dtype=torch.long)
+    edge_rank = rank[mesh.edge_segment]
+    for end in (0, 1):
+        best.scatter_reduce_(0, mesh.boundary_edges[:, end], edge_rank, reduce="amin")
+    return (best[nodes] % n_segments)
 
 
 def _initial_field(x: Tensor, modes: int, g: torch.Generator) -> Tensor:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["TriangleMesh", "annulus_mesh", "heat_fem", "l_shape_mesh"]
+__all__ = ["TriangleMesh", "annulus_mesh", "heat_fem", "l_shape_mesh", "ring_mesh"]
 
 
 @dataclass
@@ -79,6 +79,26 @@ class TriangleMesh:
         edges = self.boundary_edges if segment is None else self.boundary_edges[self.edge_segment == segment]
         return edges.flatten().unique()
 
+    def boundary_normals(self, nodes: Tensor | None = None) -> Tensor:
+        """Outward unit normals at boundary nodes (default: `boundary_nodes`), shape (M, 2): the
+        sum of the outward normals of the node's boundary edges, weighted by their lengths (at a
+        corner, the bisector of its two edges' normals)."""
+        nodes = self.boundary_nodes() if nodes is None else nodes
+        t = self.triangles
+        directed = torch.cat([t[:, [0, 1]], t[:, [1, 2]], t[:, [2, 0]]])  # counter-clockwise: the inside on the left
+        _, inverse, count = directed.sort(1).values.unique(dim=0, return_inverse=True, return_counts=True)
+        outer = directed[count[inverse] == 1]
+        d = self.nodes[outer[:, 1]] - self.nodes[outer[:, 0]]
+        normal = torch.stack([d[:, 1], -d[:, 0]], 1)  # the right of the edge, times its length
+        total = torch.zeros_like(self.nodes)
+        total.index_add_(0, outer[:, 0], normal)
+        total.index_add_(0, outer[:, 1], normal)
+        picked = total[nodes]
+        length = picked.norm(dim=1, keepdim=True)
+        if (length == 0).any():
+            raise ValueError("boundary_normals: a node given is not on the boundary")
+        return picked / length
+
     def size(self) -> float:
         """The mesh size: the longest edge."""
         t = self.triangles
@@ -119,20 +139,34 @@ def annulus_mesh(r_in: float = 0.3, r_out: float = 1.0, rings: int = 8, sectors:
     quadrilaterals, each cut in two; the outer circle is segment 0, the hole's rim segment 1."""
     if not 0 < r_in < r_out:
         raise ValueError(f"radii: expected 0 < r_in < r_out, got {r_in}, {r_out}")
+    return ring_mesh(lambda a: torch.full_like(a, r_in), lambda a: torch.full_like(a, r_out), rings, sectors)
+
+
+def ring_mesh(r_in: Callable[[Tensor], Tensor], r_out: Callable[[Tensor], Tensor], rings: int = 8,
+              sectors: int = 32) -> TriangleMesh:
+    """A triangulation of the star-shaped ring ``r_in(a) < r < r_out(a)`` (polar angle ``a``):
+    ``rings`` layers of ``sectors`` quadrilaterals between the two curves, each cut in two; the
+    outer curve is segment 0, the hole's rim segment 1. ``r_in`` and ``r_out`` map angles (a
+    float64 tensor) to radii with ``0 < r_in < r_out``."""
     if rings < 1 or sectors < 3:
         raise ValueError(f"rings >= 1 and sectors >= 3 expected, got {rings}, {sectors}")
-    radius = torch.linspace(r_in, r_out, rings + 1, dtype=torch.float64)
     angle = torch.arange(sectors, dtype=torch.float64) * (2 * math.pi / sectors)
-    nodes = torch.stack([radius[:, None] * angle.cos(), radius[:, None] * angle.sin()], -1).reshape(-1, 2)
+    inner, outer = r_in(angle).double(), r_out(angle).double()
+    if not ((0 < inner) & (inner < outer)).all():
+        raise ValueError(f"radii: expected 0 < r_in < r_out at every angle, got r_in in [{float(inner.min()):.3g}, "
+                         f"{float(inner.max()):.3g}] and r_out in [{float(outer.min()):.3g}, {float(outer.max()):.3g}]")
+    fraction = torch.linspace(0, 1, rings + 1, dtype=torch.float64)[:, None]
+    radius = inner + fraction * (outer - inner)  # (rings + 1, sectors)
+    nodes = torch.stack([radius * angle.cos(), radius * angle.sin()], -1).reshape(-1, 2)
     ring, sector = torch.meshgrid(torch.arange(rings), torch.arange(sectors), indexing="ij")
     a = ring * sectors + sector
     b = ring * sectors + (sector + 1) % sectors
     c, d = a + sectors, b + sectors  # the next ring out
     triangles = torch.cat([torch.stack([a, d, b], -1).reshape(-1, 3), torch.stack([a, c, d], -1).reshape(-1, 3)])
     j = torch.arange(sectors)
-    outer = torch.stack([rings * sectors + j, rings * sectors + (j + 1) % sectors], 1)
-    inner = torch.stack([j, (j + 1) % sectors], 1)
-    return TriangleMesh(nodes, triangles, torch.cat([outer, inner]),
+    outer_edges = torch.stack([rings * sectors + j, rings * sectors + (j + 1) % sectors], 1)
+    inner_edges = torch.stack([j, (j + 1) % sectors], 1)
+    return TriangleMesh(nodes, triangles, torch.cat([outer_edges, inner_edges]),
                         torch.cat([torch.zeros(sectors), torch.ones(sectors)]).long())
 
 

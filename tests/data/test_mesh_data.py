@@ -1,24 +1,31 @@
-"""Heat datasets on annuli (`gno_ext.data.mesh`): the file's layout, the reader's windows, and
-frames that re-solving from the stored mesh and conditions reproduces."""
+"""Heat datasets on irregular domains (`gno_ext.data.mesh`): the file's layout, the reader's
+windows, and frames that re-solving from the stored mesh and conditions reproduces."""
 
 import h5py
 import pytest
 import torch
 
-from gno_ext.data.mesh import FIELDS, LAYOUT, MeshDataset, generate_heat_annulus
+from gno_ext.data.mesh import DOMAINS, FIELDS, LAYOUT, MeshDataset, generate_heat_mesh
 from gno_ext.schema import BCType
 from gno_ext.solvers.fem import TriangleMesh, heat_fem
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return generate_heat_annulus(tmp_path_factory.mktemp("mesh") / "train.h5", 4, frames=5, dt=0.02, rings=3,
-                                 sectors=12, seed=3)
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mesh")
+    return {domain: generate_heat_mesh(folder / f"{domain}.h5", 4, domain, frames=5, dt=0.02, resolution=3, seed=3)
+            for domain in DOMAINS}
+
+
+@pytest.fixture(scope="module")
+def dataset(files):
+    return files["annulus"]
 
 
 def test_the_file_has_the_documented_layout(dataset):
     with h5py.File(dataset) as f:
         assert f.attrs["layout"] == LAYOUT and list(f.attrs["parameter_names"]) == ["alpha"]
+        assert f.attrs["domain"] == "annulus" and f.attrs["dataset_name"] == "heat_annulus"
         assert set(FIELDS) <= set(f)
         n, frames, nodes, channels = f["u"].shape
         assert (n, frames, nodes, channels) == (4, 5, 48, 1) and f["pos"].shape == (4, 48, 2)
@@ -42,9 +49,11 @@ def test_windows_are_valid_mesh_samples_of_every_start(dataset):
         ds[12]
 
 
-def test_the_frames_are_the_solvers_and_the_dirichlet_data_hold(dataset):
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_the_frames_are_the_solvers_and_the_dirichlet_data_hold(files, domain):
     """Re-solving the stored first frame on the stored mesh, with the stored conditions,
     reproduces the stored frames (to float32 storage)."""
+    dataset = files[domain]
     ds = MeshDataset(dataset, 1, 4)
     for traj in range(4):
         s = ds[traj]
@@ -54,6 +63,7 @@ def test_the_frames_are_the_solvers_and_the_dirichlet_data_hold(dataset):
         edges = torch.cat([triangles[:, [0, 1]], triangles[:, [1, 2]], triangles[:, [2, 0]]]).sort(1).values
         unique, count = edges.unique(dim=0, return_counts=True)
         boundary_edges = unique[count == 1]  # edges of one triangle only
+        assert torch.equal(boundary_edges.flatten().unique(), s.boundary_index.sort().values)
         node_segment = torch.full((s.n_nodes,), -1)
         node_segment[s.boundary_index] = s.boundary_segment
         mesh = TriangleMesh(s.pos.double(), triangles, boundary_edges, node_segment[boundary_edges[:, 0]])
@@ -61,7 +71,8 @@ def test_the_frames_are_the_solvers_and_the_dirichlet_data_hold(dataset):
         node_kind[s.boundary_index] = s.boundary_kind
         value = torch.zeros(s.n_nodes, dtype=torch.float64)
         value[s.boundary_index] = s.boundary_values[:, 0].double()
-        dirichlet = node_kind[boundary_edges[:, 0]] == int(BCType.DIRICHLET)
+        # a Dirichlet edge has two Dirichlet nodes (a Neumann edge between two held nodes changes nothing)
+        dirichlet = (node_kind[boundary_edges] == int(BCType.DIRICHLET)).all(1)
         u = s.u_in[:, 0, 0].double()
         for frame in range(4):
             u = heat_fem(mesh, u, alpha, 0.02, 4, dirichlet, g_dirichlet=lambda x, t: value,
@@ -69,6 +80,38 @@ def test_the_frames_are_the_solvers_and_the_dirichlet_data_hold(dataset):
             torch.testing.assert_close(u.float(), s.u_out[:, frame, 0], rtol=1e-4, atol=1e-4)
         held = s.boundary_index[s.boundary_kind == int(BCType.DIRICHLET)]
         assert torch.allclose(s.u_out[held, :, 0], value[held].float()[:, None].expand(-1, 4))
+        # outward unit normals: a step along the normal leaves the domain (the mesh's triangles)
+        normal = s.boundary_normal.double()
+        assert torch.allclose(normal.norm(dim=1), torch.ones(len(normal), dtype=torch.float64))
+        assert not _inside(mesh, s.pos[s.boundary_index].double() + 1e-3 * normal).any()
+        assert _inside(mesh, s.pos[s.boundary_index].double() - 1e-3 * normal).all()
+
+
+def _inside(mesh: TriangleMesh, points: torch.Tensor) -> torch.Tensor:
+    """Whether each point lies in a triangle of ``mesh``."""
+    a, b, c = (mesh.nodes[mesh.triangles[:, k]] for k in range(3))
+
+    def cross(p, q, r):  # (P, T): the orientation of r against the edge p -> q
+        return (q - p)[None, :, 0] * (r[:, None, 1] - p[None, :, 1]) - (q - p)[None, :, 1] * (r[:, None, 0] - p[None, :, 0])
+
+    return ((cross(a, b, points) >= 0) & (cross(b, c, points) >= 0) & (cross(c, a, points) >= 0)).any(1)
+
+
+def test_the_domains_differ_as_documented(files):
+    with h5py.File(files["star"]) as f:
+        radius = torch.from_numpy(f["pos"][()]).norm(dim=-1)  # (n, N)
+        outer = torch.from_numpy(f["boundary_segment"][()]) == 0
+        index = torch.from_numpy(f["boundary_index"][()]).long()
+        rim = torch.gather(radius, 1, index)
+        assert (rim[outer].std() > 0.01) and 0.84 < rim[outer].min() and rim[outer].max() < 1.16  # not a circle
+    with h5py.File(files["l-shape"]) as f:
+        pos = torch.from_numpy(f["pos"][()])
+        assert torch.equal(pos[0], pos[3])  # one mesh
+        assert not ((pos[..., 0] > 0.5 + 1e-6) & (pos[..., 1] > 0.5 + 1e-6)).any()
+        corner = torch.from_numpy(f["boundary_segment"][()]) == 1
+        assert corner.any(1).all()
+    with pytest.raises(ValueError, match="domain: expected one of annulus, star, l-shape, got 'disk'"):
+        generate_heat_mesh(files["star"].parent / "x.h5", 1, "disk")
 
 
 def test_a_file_of_another_layout_is_named(tmp_path):
@@ -80,7 +123,7 @@ def test_a_file_of_another_layout_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file"):
         MeshDataset(tmp_path / "missing.h5")
     with pytest.raises(ValueError, match="alpha_range: expected 0 < low <= high"):
-        generate_heat_annulus(tmp_path / "x.h5", 1, alpha_range=(1.0, 0.1))
+        generate_heat_mesh(tmp_path / "x.h5", 1, alpha_range=(1.0, 0.1))
 
 
 def test_the_mesh_gno_learns_from_the_windows(dataset):

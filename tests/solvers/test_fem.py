@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from gno_ext.solvers.fem import TriangleMesh, annulus_mesh, heat_fem
+from gno_ext.solvers.fem import TriangleMesh, annulus_mesh, heat_fem, l_shape_mesh, ring_mesh
 
 ALPHA, T_END = 0.5, 0.2
 
@@ -76,12 +76,41 @@ def test_bad_meshes_and_settings_are_refused():
         heat_fem(mesh, torch.zeros(8, dtype=torch.float64), 0.1, 1.0, 0, mesh.edge_segment == 0)
 
 
+def test_boundary_normals_point_out_of_the_domain():
+    mesh = annulus_mesh(0.4, 1.0, rings=2, sectors=16)
+    outer, inner = mesh.boundary_nodes(0), mesh.boundary_nodes(1)
+    radial = lambda nodes: mesh.nodes[nodes] / mesh.nodes[nodes].norm(dim=1, keepdim=True)  # noqa: E731
+    torch.testing.assert_close(mesh.boundary_normals(outer), radial(outer))  # the bisectors of a regular polygon
+    torch.testing.assert_close(mesh.boundary_normals(inner), -radial(inner))  # the hole's point to its centre
+    square = l_shape_mesh(2)
+    nodes = square.boundary_nodes()
+    normal = dict(zip(map(tuple, square.nodes[nodes].tolist()), square.boundary_normals(nodes).tolist()))
+    s = 2 ** -0.5
+    for point, expected in (((0.0, 0.25), (-1, 0)), ((0.75, 0.0), (0, -1)), ((0.75, 0.5), (0, 1)),
+                            ((0.0, 0.0), (-s, -s)), ((0.5, 0.5), (s, s)), ((0.5, 1.0), (s, s))):
+        assert normal[point] == pytest.approx(expected, abs=1e-12), point
+    with pytest.raises(ValueError, match="not on the boundary"):
+        mesh.boundary_normals(torch.tensor([len(mesh.nodes) // 2 + 1]))  # a node of the middle ring
+
+
+def test_ring_mesh_follows_its_curves_and_refuses_crossing_ones():
+    outer = lambda a: 1 + 0.1 * torch.cos(3 * a)  # noqa: E731
+    inner = lambda a: 0.3 + 0.05 * torch.sin(2 * a)  # noqa: E731
+    mesh = ring_mesh(inner, outer, rings=3, sectors=24)
+    for segment, curve in ((0, outer), (1, inner)):
+        p = mesh.nodes[mesh.boundary_nodes(segment)]
+        torch.testing.assert_close(p.norm(dim=1), curve(torch.atan2(p[:, 1], p[:, 0])))
+    # the area is the polygon's: the sum over sectors of the two triangles' fans
+    assert float(mesh.areas().sum()) == pytest.approx(math.pi * (1 + 0.005) - math.pi * (0.09 + 0.00125), rel=0.02)
+    with pytest.raises(ValueError, match="expected 0 < r_in < r_out at every angle"):
+        ring_mesh(lambda a: 0.5 + 0.6 * torch.cos(a), outer)
+
+
 def test_the_l_shape_mesh_and_second_order_there():
     """The L-shape's mesh covers area 3/4 with the re-entrant corner's edges as segment 1; the
     solution e^{-alpha (a^2 + b^2) t} cos(a (x - 1/2)) cos(b (y - 1/2)), with zero normal
     derivative on those edges (Neumann) and its values elsewhere (Dirichlet), is reached at
     second order."""
-    from gno_ext.solvers.fem import l_shape_mesh
 
     mesh = l_shape_mesh(2)
     assert float(mesh.areas().sum()) == pytest.approx(0.75) and mesh.edge_segment.bincount().tolist() == [12, 4]
