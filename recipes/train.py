@@ -127,13 +127,15 @@ if __name__ == "__main__":
     # names the root cause (rank, exception, traceback) instead of an exit code only.
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    from gno_ext.models.registry import MissingDependencyError
+
     try:
         record(main)()
     except KeyboardInterrupt:  # one line, not a traceback per process and worker
         print("\ninterrupted: the last checkpoint is kept; run the same command with resume=auto to continue",
               file=sys.stderr)
         sys.exit(130)
-    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as err:
+    except (FileNotFoundError, FileExistsError, ValueError, KeyError, MissingDependencyError) as err:
         # configuration and data errors: one clear line, no traceback (set GNO_EXT_DEBUG=1 for it)
         import os
 

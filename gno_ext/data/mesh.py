@@ -72,10 +72,19 @@ from gno_ext.solvers.fem import (
     ring_mesh,
 )
 
-__all__ = ["DOMAINS", "LAYOUT", "MeshDataset", "generate_heat_mesh"]
+__all__ = ["DOMAINS", "LAYOUT", "MESH_SIZES", "MeshDataset", "generate_heat_mesh", "prepare_heat_mesh"]
 
 LAYOUT = "gno_ext.mesh/1"
 DOMAINS = ("annulus", "star", "l-shape")
+SPLITS = ("train", "valid", "test")
+# The recipes' sizes: trajectories per domain and split, frames, mesh resolution (nodes: about
+# 4 r (r + 1) on the rings, 3 r^2 + 4 r + 1 on the L-shape).
+MESH_SIZES = {
+    "smoke": {"trajectories": {"train": 4, "valid": 2, "test": 2}, "frames": 5, "resolution": 3},
+    "small": {"trajectories": {"train": 64, "valid": 8, "test": 16}, "frames": 11, "resolution": 6},
+    "bench": {"trajectories": {"train": 400, "valid": 32, "test": 64}, "frames": 11, "resolution": 8},
+    "paper": {"trajectories": {"train": 1000, "valid": 100, "test": 200}, "frames": 21, "resolution": 12},
+}
 FIELDS = ("pos", "u", "theta", "triangles", "edge_index", "boundary_index", "boundary_kind", "boundary_values",
           "boundary_normal", "boundary_segment")
 
@@ -132,6 +141,22 @@ def generate_heat_mesh(path: str | Path, n_trajectories: int, domain: str = "ann
             f.create_dataset(name, data=stacked.astype(np.float32) if stacked.dtype == np.float64 else stacked)
     os.replace(tmp, path)
     return path
+
+
+def prepare_heat_mesh(folder: str | Path, domains: list[str] | tuple[str, ...], size: str, seed: int = 0) -> None:
+    """Write the files ``folder/heat-<domain>/<split>.h5`` of ``size`` (`MESH_SIZES`) that are
+    missing; each file's trajectories come from a seed of their own (domain, split, ``seed``)."""
+    if size not in MESH_SIZES:
+        raise ValueError(f"size: expected one of {', '.join(MESH_SIZES)}, got {size!r}")
+    plan = MESH_SIZES[size]
+    for d, domain in enumerate(domains):
+        if domain not in DOMAINS:
+            raise ValueError(f"data.domains: expected some of {', '.join(DOMAINS)}, got {domain!r}")
+        for k, split in enumerate(SPLITS):
+            path = Path(folder) / f"heat-{domain}" / f"{split}.h5"
+            if not path.is_file():
+                generate_heat_mesh(path, plan["trajectories"][split], domain, frames=plan["frames"],
+                                   resolution=plan["resolution"], seed=1000 * seed + 10 * d + k)
 
 
 def _domain(domain: str, resolution: int, g: torch.Generator) -> TriangleMesh:
@@ -197,6 +222,8 @@ class MeshDataset(torch.utils.data.Dataset):
                 raise ValueError(f"{self.path}: missing dataset(s) {missing}")
             self.data = {name: torch.from_numpy(f[name][()]) for name in FIELDS}
             self.dt = float(f.attrs["dt"])
+            self.parameter_names = [str(n) for n in f.attrs.get("parameter_names", [])]
+            self.domain = str(f.attrs.get("domain", ""))
         n, frames = self.data["u"].shape[:2]
         if n_steps_input < 1 or n_steps_output < 1 or n_steps_input + n_steps_output > frames:
             raise ValueError(f"n_steps_input={n_steps_input}, n_steps_output={n_steps_output}: the trajectories "
@@ -208,6 +235,18 @@ class MeshDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return self.n_trajectories * self.starts
 
+    def segment_kinds(self) -> Tensor:
+        """The boundary type of each segment of each trajectory, ``(n, S)``: every node of a
+        segment has its type (a node shared by two segments belongs to the one whose type it
+        takes)."""
+        segment, kind = self.data["boundary_segment"].long(), self.data["boundary_kind"].long()
+        out = torch.full((self.n_trajectories, int(segment.max()) + 1), -1, dtype=torch.long)
+        return out.scatter_(1, segment, kind)
+
+    def window_trajectories(self) -> Tensor:
+        """The trajectory of every window, ``(len(self),)``."""
+        return torch.arange(self.n_trajectories).repeat_interleave(self.starts)
+
     def __getitem__(self, i: int) -> MeshSample:
         if not 0 <= i < len(self):
             raise IndexError(f"window {i}: the dataset has {len(self)}")
@@ -218,4 +257,5 @@ class MeshDataset(torch.utils.data.Dataset):
                           boundary_index=d["boundary_index"], boundary_kind=d["boundary_kind"],
                           boundary_values=d["boundary_values"], boundary_normal=d["boundary_normal"],
                           boundary_segment=d["boundary_segment"], edge_index=d["edge_index"], dt=self.dt,
-                          meta={"file": str(self.path), "trajectory": traj, "start": start})
+                          meta={"file": str(self.path), "trajectory": traj, "start": start,
+                                "triangles": d["triangles"]})

@@ -7,6 +7,7 @@ on irregular domains) the optional ``torch-geometric``; they are imported on fir
 from gno_ext.models import baselines  # noqa: F401  (registers the baselines)
 from gno_ext.models.gno import GNO, GNOBlock
 from gno_ext.models.registry import (
+    MissingDependencyError,
     available_models,
     from_checkpoint,
     get_model,
@@ -26,6 +27,11 @@ def _load_gno_fno() -> None:
 
 
 def _load_gno_mesh() -> None:
+    try:
+        import torch_geometric  # noqa: F401
+    except ImportError:
+        raise MissingDependencyError("model gno_mesh needs torch-geometric: pip install torch-geometric "
+                          "(or the project's extra: pip install -e '.[mesh]')") from None
     import gno_ext.models.gno_mesh  # noqa: F401  (registers "gno_mesh")
 
 
@@ -33,7 +39,7 @@ register_lazy("gated_fno", _load_gated_fno)
 register_lazy("gno_fno", _load_gno_fno)
 register_lazy("gno_mesh", _load_gno_mesh)
 
-__all__ = ["GNO", "GNOBlock", "GNOFNO", "GatedFNO", "available_models", "from_checkpoint", "get_model", "model_class", "rollout",
+__all__ = ["GNO", "GNOBlock", "GNOFNO", "GatedFNO", "MissingDependencyError", "available_models", "from_checkpoint", "get_model", "model_class", "rollout",
            "save_checkpoint"]
 
 

@@ -102,6 +102,8 @@ class GNOMesh(nn.Module):
     mlp_ratio : float
     """
 
+    data_kind = "mesh"  # the recipes' data it takes: torch-geometric batches of mesh samples
+
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2,
                  t_in: int = 1, log_params: Sequence[bool] | None = None, latent: int = 64, depth: int = 4,
                  heads: int = 4, n_kernels: int = 4, gate_hidden: int = 32, kernel: str = "attention",

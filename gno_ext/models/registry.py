@@ -59,6 +59,10 @@ def register_model(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
     return decorate
 
 
+class MissingDependencyError(ImportError):
+    """A model needs an optional package that is not installed (the message says how to get it)."""
+
+
 def register_lazy(name: str, loader: Callable[[], None]) -> None:
     """Declare a model whose module is imported on first use (optional dependencies)."""
     _LAZY[name] = loader

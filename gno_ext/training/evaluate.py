@@ -232,7 +232,15 @@ def _figures(result: Mapping[str, Any], out: Path, log_theta: bool, parameter: s
             lo, hi = float(min(pred[k].min(), truth[k].min())), float(max(pred[k].max(), truth[k].max()))
             for c, (img, name) in enumerate(((pred[k], "prediction"), (truth[k], "truth"), (err, "error"))):
                 a = axes[r, c]
-                if img.ndim == 1:
+                if "triangles" in ex:  # a mesh: node values on its triangles
+                    lim = float(np.abs(err).max()) or 1.0
+                    kw = dict(vmin=-lim, vmax=lim, cmap="RdBu_r") if name == "error" else dict(vmin=lo, vmax=hi)
+                    im = a.tripcolor(ex["pos"][:, 0], ex["pos"][:, 1], ex["triangles"], img, shading="gouraud", **kw)
+                    fig.colorbar(im, ax=a, fraction=0.046)
+                    a.set_aspect("equal")
+                    a.set_xticks([])
+                    a.set_yticks([])
+                elif img.ndim == 1:
                     a.plot(img)
                 else:
                     lim = float(np.abs(err).max()) or 1.0
@@ -244,7 +252,8 @@ def _figures(result: Mapping[str, Any], out: Path, log_theta: bool, parameter: s
                 a.set_title(f"{name}, step {k + 1}", fontsize=9)
         theta = ", ".join(f"{v:.3g}" for v in np.atleast_1d(ex["theta"]))
         what = f"{ex['label']} trajectory (nMSE {ex['nmse']:.3g}), " if "label" in ex else f"rollout {n}, "
-        faces = f", faces {'/'.join(ex['boundary'])}" if ex.get("boundary") else ""
+        where = "segments" if "triangles" in ex else "faces"
+        faces = f", {where} {'/'.join(ex['boundary'])}" if ex.get("boundary") else ""
         fig.suptitle(f"{what}{parameter} = {theta}{faces}", fontsize=10)
         fig.tight_layout()
         name = f"rollout_{ex.get('label', n)}.png"
@@ -395,8 +404,13 @@ def evaluate_run(cfg: Mapping[str, Any], model: nn.Module, binner: GroupBinner, 
     if ev.get("max_trajectories"):
         indices = [indices[i] for i in spread(len(indices), int(ev["max_trajectories"]))]
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    result = evaluate_rollouts(model, ds, indices, steps, binner, device, int(ev.get("batch_size", 16)), dtype,
-                               keep_examples=int(ev.get("figures", 3)))
+    if data_cfg.get("kind") == "mesh":
+        from gno_ext.training.evaluate_mesh import evaluate_mesh_rollouts
+        rollouts = evaluate_mesh_rollouts
+    else:
+        rollouts = evaluate_rollouts
+    result = rollouts(model, ds, indices, steps, binner, device, int(ev.get("batch_size", 16)), dtype,
+                      keep_examples=int(ev.get("figures", 3)))
     info = {"recipe": cfg["recipe"]["name"], "model": cfg["model"]["name"], "size": cfg.get("size"), "split": split,
             "precision": precision, **({"checkpoint": checkpoint} if checkpoint else {})}
     log_theta = bool(binner.log and binner.log[0])

@@ -24,6 +24,10 @@ The parts, in the order a run meets them:
   validation, checkpoints;
 * the final model and its evaluation (`gno_ext.training.evaluate`).
 
+What depends on the form of the data (grids or meshes: how windows batch, how a model is run on
+a batch, how errors reduce per sample) is a `gno_ext.training.problem.Problem`, picked from
+``data.kind``.
+
 Only the main process writes.
 """
 
@@ -48,10 +52,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 
-from gno_ext.layers.embeddings import field_statistics
-from gno_ext.losses import Curriculum, nmse
+from gno_ext.losses import Curriculum
 from gno_ext.models.registry import get_model, model_class, save_checkpoint
-from gno_ext.schema import collate
 from gno_ext.training.captured import CapturedSteps, check_capture_settings
 from gno_ext.training.checkpoint import (
     latest_checkpoint,
@@ -60,10 +62,10 @@ from gno_ext.training.checkpoint import (
 )
 from gno_ext.training.evaluate import evaluate_run
 from gno_ext.training.objective import NonFiniteGuard, choose_precision
+from gno_ext.training.problem import Problem, problem_for
 from gno_ext.training.recipe_data import (
     CurriculumBatchSampler,
     GroupBinner,
-    batch_to,
     model_kwargs_from_data,
     open_split,
     prepare_data,
@@ -157,6 +159,16 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     data_cfg["root"] = resolved_root(data_cfg)
     settings = Settings.from_config(cfg)  # every setting checked before anything is generated or overwritten
     tr = settings.trainer
+    problem = problem_for(data_cfg)
+    takes = getattr(model_class(cfg["model"]["name"]), "data_kind", "grid")
+    if takes != problem.name:
+        hint = "model=gno_mesh" if problem.name == "mesh" else "a grid model (gno, gno_fno, fno, ...)"
+        raise ValueError(f"model={cfg['model']['name']} takes {takes} data, but data.kind={data_cfg['kind']} gives "
+                         f"{problem.name} batches: use {hint}")
+    if tr.capture and not problem.capturable:
+        raise ValueError(f"trainer.capture=true: data.kind={data_cfg['kind']} batches change shape from batch to "
+                         "batch (the node count of the meshes), which a CUDA graph cannot replay; set "
+                         "trainer.capture=false")
     # Accelerate sets up several CPU processes (gloo) only when told cpu=True
     use_cpu = tr.device == "cpu" or not torch.cuda.is_available()
     fresh_accelerate_state()
@@ -187,7 +199,7 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     spec, values, kinds, binner = training_groups(cfg, train_ds)
     configs = binner.configuration_ids(torch.as_tensor(np.ascontiguousarray(kinds))).numpy()
     sampler = CurriculumBatchSampler(configs, tr.batch_size, rank, world, seed, tr.curriculum.order)
-    loader = DataLoader(train_ds, batch_sampler=sampler, collate_fn=collate, num_workers=tr.num_workers,
+    loader = DataLoader(train_ds, batch_sampler=sampler, collate_fn=problem.collate, num_workers=tr.num_workers,
                         pin_memory=device.type == "cuda", persistent_workers=tr.num_workers > 0,  # no restart per epoch
                         generator=torch.Generator().manual_seed(seed))
 
@@ -195,14 +207,13 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     name = cfg["model"]["name"]
     raw = get_model(name, **model_kwargs_from_data(model_class(name), spec, cfg["model"].get("kwargs") or {}))
     fit_windows = spread(len(train_ds), 256)
-    fit_batch = _fetch(train_ds, fit_windows)
-    fields = torch.cat([fit_batch.u_in, fit_batch.u_out], 1)
-    _check_finite_windows(fields, fit_windows, data_cfg["root"])
+    fit_batch = _fetch(train_ds, fit_windows, problem)
+    fields = problem.fields(fit_batch)
+    _check_finite_windows(problem.finite(fit_batch), fit_windows, data_cfg["root"])
     if hasattr(raw, "fit_normalization"):
         raw.fit_normalization(fields, values)
-    scale = field_statistics(fields.float(), spec.channels, spec.ndim)[1] if tr.loss_normalization \
-        else torch.ones(spec.channels)
-    scale = scale.view(1, 1, -1, *([1] * spec.ndim)).to(device)
+    scale = problem.scale(fields, spec.channels, spec.ndim)  # per channel, shaped to divide a prediction
+    scale = (scale if tr.loss_normalization else torch.ones_like(scale)).to(device)
     if not any(p.requires_grad for p in raw.parameters()):  # a reference with nothing to learn (persistence)
         return _evaluate_only(cfg, raw, binner, run_dir, device, precision, use_cpu, main, replace, say)
 
@@ -244,11 +255,11 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     # ---- the epochs
     curriculum = Curriculum(settings.warmup_epochs, tr.dro.tau)
     objective = make_objective(training.model, raw, accelerator.autocast, scale, binner.n_groups, curriculum.tau,
-                               world, settings.balance_weight, settings.physics_weight)
+                               world, settings.balance_weight, settings.physics_weight, problem)
     steps = EagerSteps(training.model, objective, accelerator, training.optimizer, training.flat, training.average,
                        tr.clip_grad, tr.grad_accum)
-    loop = EpochLoop(cfg, settings, training, curriculum, steps, objective, sampler, loader, binner, valid_ds, scale,
-                     guard, precision, run_dir, main, rank, world, device, total_steps, say)
+    loop = EpochLoop(cfg, settings, training, curriculum, steps, objective, sampler, loader, binner, valid_ds,
+                     problem, guard, precision, run_dir, main, rank, world, device, total_steps, say)
     loop.run(progress)
 
     # ---- final model and evaluation
@@ -308,12 +319,12 @@ class EpochLoop:
     def __init__(self, cfg: dict[str, Any], settings: Settings, training: Training, curriculum: Curriculum,
                  steps: Steps, objective: Objective, sampler: CurriculumBatchSampler, loader: DataLoader,
                  binner: GroupBinner, valid_ds: Dataset | None,
-                 scale: torch.Tensor, guard: NonFiniteGuard, precision: str, run_dir: Path, main: bool, rank: int,
+                 problem: Problem, guard: NonFiniteGuard, precision: str, run_dir: Path, main: bool, rank: int,
                  world: int, device: torch.device, total_steps: int, say: Callable[[str], None]) -> None:
         self.cfg, self.settings, self.tr, self.training, self.steps = cfg, settings, settings.trainer, training, steps
         self.curriculum = curriculum
         self.objective, self.sampler, self.loader, self.binner, self.valid_ds = objective, sampler, loader, binner, valid_ds
-        self.scale, self.guard, self.precision, self.run_dir = scale, guard, precision, run_dir
+        self.problem, self.guard, self.precision, self.run_dir = problem, guard, precision, run_dir
         self.main, self.rank, self.world, self.device = main, rank, world, device
         self.total_steps, self.say = total_steps, say
         self.stream: torch.cuda.Stream | None = None
@@ -347,8 +358,8 @@ class EpochLoop:
         for micro, batch in enumerate(_timed(self.loader, self._data_wait)):
             # the groups from the batch still on the host: on the device their computation would
             # copy the boundary types back, and wait for all the work queued before
-            groups = self.binner(batch.theta, batch.bc.kind).to(self.device, non_blocking=True)
-            batch = batch_to(batch, self.device)
+            groups = self.problem.groups(self.binner, batch).to(self.device, non_blocking=True)
+            batch = self.problem.to(batch, self.device)
             last_micro = (micro + 1) % tr.grad_accum == 0 or micro == n_batches - 1
             loss = self.steps.forward_backward(batch, groups, dro, last_micro)
             # checked once the backward pass is queued (the check waits for the GPU): a non-finite
@@ -356,8 +367,8 @@ class EpochLoop:
             loss_value = float(loss)  # the one wait for the device per micro-batch (the gradient norm's aside)
             self.guard.check(loss_value, "loss")
             batch_index += 1
-            progress.seen += len(batch.theta) * self.world
-            self._window_seen += len(batch.theta) * self.world
+            progress.seen += self.problem.size(batch) * self.world
+            self._window_seen += self.problem.size(batch) * self.world
             bar.update(1)
             if not last_micro:
                 continue
@@ -371,8 +382,8 @@ class EpochLoop:
                 break
         bar.close()
         if self.valid_ds is not None and (epoch + 1) % tr.val_every == 0:
-            v = _validate(self.training.model, self.valid_ds, self.scale, self.device, tr.batch_size, tr.val_batches,
-                          self.rank, self.world, self.training.accelerator.autocast)
+            v = _validate(self.training.model, self.valid_ds, self.problem, self.device, tr.batch_size,
+                          tr.val_batches, self.rank, self.world, self.training.accelerator.autocast)
             self._log({"valid/nmse_one_step": v})
             self.say(f"epoch {epoch + 1}: loss {loss_value:.4e}, one-step validation nMSE {v:.4e}")
         finished = batch_index >= len(self.sampler.global_batches(epoch))
@@ -496,16 +507,16 @@ def _final_evaluation(cfg: dict[str, Any], model: nn.Module, binner: GroupBinner
     return report
 
 
-def _fetch(ds: Dataset, indices: list[int]):
+def _fetch(ds: Dataset, indices: list[int], problem: Problem):
     """A batch of windows, through the dataset's batched reader when it has one."""
-    return collate(ds.__getitems__(indices) if hasattr(ds, "__getitems__") else [ds[i] for i in indices])
+    return problem.collate(ds.__getitems__(indices) if hasattr(ds, "__getitems__") else [ds[i] for i in indices])
 
 
-def _check_finite_windows(fields: torch.Tensor, windows: list[int], root: Any) -> None:
+def _check_finite_windows(finite: torch.Tensor, windows: list[int], root: Any) -> None:
     """Raise a `ValueError` naming the first training window (of those read to set the
-    normalisation) whose fields are not all finite: with it the statistics, and so every
-    prediction, would be NaN."""
-    bad = ~torch.isfinite(fields).flatten(1).all(1)
+    normalisation, ``finite`` telling for each whether its fields are all finite) whose fields
+    are not all finite: with it the statistics, and so every prediction, would be NaN."""
+    bad = ~finite
     if bad.any():
         first = int(bad.nonzero()[0])
         raise ValueError(f"data under {root}: training window {windows[first]} holds non-finite field values "
@@ -513,19 +524,19 @@ def _check_finite_windows(fields: torch.Tensor, windows: list[int], root: Any) -
 
 
 @torch.no_grad()
-def _validate(model: nn.Module, ds: Dataset, scale: torch.Tensor, device: torch.device, batch_size: int,
+def _validate(model: nn.Module, ds: Dataset, problem: Problem, device: torch.device, batch_size: int,
               n_batches: int, rank: int, world: int, autocast: Any) -> float:
     """Mean one-step nMSE over up to ``n_batches`` batches of ``ds`` (spread over the split),
     sharded over processes."""
     idx = spread(len(ds), n_batches * batch_size)
-    loader = DataLoader(Subset(ds, idx[rank::world]), batch_size=batch_size, collate_fn=collate)
+    loader = DataLoader(Subset(ds, idx[rank::world]), batch_size=batch_size, collate_fn=problem.collate)
     total = torch.zeros(2, dtype=torch.float64, device=device)
     model.eval()
     for batch in loader:
-        batch = batch_to(batch, device)
+        batch = problem.to(batch, device)
         with autocast():
-            pred = model(batch.u_in, theta=batch.theta, theta_field=batch.theta_field, bc=batch.bc, grid=batch.grid)
-        e = nmse(pred.float(), batch.u_out[:, :1].float())
+            pred = problem.predict(model, batch)
+        e = problem.nmse(pred.float(), problem.target(batch).float(), batch)
         total += torch.stack([e.sum().double(), torch.tensor(float(len(e)), device=device, dtype=torch.float64)])
     model.train()
     if world > 1:

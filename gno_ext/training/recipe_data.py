@@ -57,6 +57,11 @@ def prepare_data(cfg: Mapping[str, Any], progress: bool = True) -> None:
 
     Only the main process calls this; the others wait and then open the files.
     """
+    if cfg["kind"] == "mesh":
+        from gno_ext.data.mesh import prepare_heat_mesh
+        prepare_heat_mesh(_generated_root(cfg) / "mesh", list(cfg["domains"]), str(cfg["size"]),
+                          int(cfg.get("seed", 0)))
+        return
     if cfg["kind"] != "generated":
         return
     import json
@@ -80,7 +85,7 @@ def prepare_data(cfg: Mapping[str, Any], progress: bool = True) -> None:
 def resolved_root(cfg: Mapping[str, Any]) -> str | None:
     """``data.root`` made explicit (the cache folder of a generated preset), so that a run's saved
     configuration finds its data again."""
-    return str(_generated_root(cfg)) if cfg["kind"] == "generated" else cfg.get("root")
+    return str(_generated_root(cfg)) if cfg["kind"] in ("generated", "mesh") else cfg.get("root")
 
 
 def open_split(cfg: Mapping[str, Any], split: str, n_steps_input: int, n_steps_output: int,
@@ -91,6 +96,14 @@ def open_split(cfg: Mapping[str, Any], split: str, n_steps_input: int, n_steps_o
     from gno_ext.adapters.windows import BatchedConcat
 
     kind = cfg["kind"]
+    if kind == "mesh":
+        from gno_ext.data.mesh import MeshDataset
+        domains = list(cfg["domains"])
+        if not domains:
+            raise ValueError("data.domains: name at least one domain")
+        parts = [MeshDataset(_generated_root(cfg) / "mesh" / f"heat-{d}" / f"{split}.h5", n_steps_input,
+                             n_steps_output) for d in domains]
+        return parts[0] if len(parts) == 1 else ConcatDataset(parts)
     if kind == "generated":
         folder = _generated_root(cfg) / "datasets" / str(cfg["preset"])
         in_memory = cfg.get("in_memory", "auto")
@@ -135,7 +148,7 @@ def open_split(cfg: Mapping[str, Any], split: str, n_steps_input: int, n_steps_o
             raise ValueError(f"data.root={root}: its {n} trajectories leave the {split} split empty with "
                              f"data.split_fractions={list(fractions)}")
         return open_dataset("custom", root, n_steps_input, n_steps_output, trajectories=chosen)
-    raise ValueError(f"data.kind: expected generated, the_well, pdebench or custom, got {kind!r}")
+    raise ValueError(f"data.kind: expected generated, mesh, the_well, pdebench or custom, got {kind!r}")
 
 
 @dataclass(frozen=True)
@@ -158,6 +171,8 @@ def parameter_values(ds: Dataset) -> Tensor:
         return torch.cat([parameter_values(d) for d in ds.datasets])
     if hasattr(ds, "meta_per_file"):  # GeneratedDataset
         return torch.stack([ds.meta_per_file[i]["theta"][j] for i, j in ds.index])
+    if hasattr(ds, "segment_kinds"):  # MeshDataset
+        return ds.data["theta"].float()
     if hasattr(ds, "_groups"):  # WellAdapter: one row per distinct parameter value
         return torch.tensor(sorted(ds._groups), dtype=torch.float32).reshape(len(ds._groups), -1)
     if hasattr(ds, "theta") and isinstance(ds.theta, Tensor):  # PDEBenchDataset: one value per file
@@ -186,10 +201,15 @@ def data_spec(ds: Dataset, log_params: Sequence[bool] | None = None, values: Ten
     ``values`` are `parameter_values` of ``ds`` when already at hand."""
     s = ds[0]
     values = parameter_values(ds) if values is None else values
+    mesh = hasattr(s, "n_segments")  # a MeshSample: node-major fields (N, T, C)
     if log_params is None:
         log_params = tuple(bool((v > 0).all() and v.max() > 10 * v.min()) for v in values.T)
     elif len(log_params) != values.shape[1]:
         raise ValueError(f"data.log_params: expected {values.shape[1]} flags, got {list(log_params)}")
+    if mesh:
+        return DataSpec(channels=s.u_in.shape[2], n_params=s.theta.numel(),
+                        field_channels=0 if s.theta_field is None else s.theta_field.shape[1], ndim=s.ndim,
+                        t_in=s.u_in.shape[1], shape=(), log_params=tuple(log_params))
     return DataSpec(channels=s.u_in.shape[1], n_params=s.theta.numel(),
                     field_channels=0 if s.theta_field is None else s.theta_field.shape[0], ndim=s.grid.ndim,
                     t_in=s.u_in.shape[0], shape=tuple(s.grid.shape), log_params=tuple(log_params))
@@ -226,6 +246,8 @@ def window_boundary_kinds(ds: Dataset) -> np.ndarray:
     if hasattr(ds, "meta_per_file"):  # GeneratedDataset
         rows = np.stack([ds.meta_per_file[i]["kind"][j].numpy() for i, j in ds.index])
         return np.repeat(rows, ds.windows._per, axis=0)
+    if hasattr(ds, "segment_kinds"):  # MeshDataset: the type of each boundary segment
+        return ds.segment_kinds()[ds.window_trajectories()].numpy()
     if hasattr(ds, "bc") and hasattr(ds, "windows"):
         bc = ds.bc
         if bc.batched:  # ArrayDataset with one spec per trajectory
@@ -416,6 +438,8 @@ def rollout_indices(ds: Dataset) -> list[int]:
             out += [offset + i for i in rollout_indices(d)]
             offset += len(d)
         return out
+    if hasattr(ds, "segment_kinds"):  # MeshDataset
+        return [t * ds.starts for t in range(ds.n_trajectories)]
     windows = getattr(ds, "windows", None)
     if windows is not None:
         return [int(o) for o, n in zip(windows._offsets[:-1], windows._per) if n > 0]
@@ -430,6 +454,8 @@ def trajectory_lengths(ds: Dataset) -> list[int]:
         return [n for d in ds.datasets for n in trajectory_lengths(d)]
     if hasattr(ds, "windows"):
         return [int(n) for n in ds.windows.lengths]
+    if hasattr(ds, "segment_kinds"):  # MeshDataset
+        return [int(ds.data["u"].shape[1])] * ds.n_trajectories
     if hasattr(ds, "well"):  # WellAdapter
         return [int(n) for n in ds.well.metadata.n_steps_per_trajectory]
     raise TypeError(f"{type(ds).__name__}: cannot tell its trajectory lengths")

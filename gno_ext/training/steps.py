@@ -19,14 +19,13 @@ import torch
 from torch import Tensor, nn
 
 from gno_ext.layers.gate import balance_losses
-from gno_ext.losses import mse_per_sample
-from gno_ext.schema import PDEBatch
 from gno_ext.training.flat import FlatParameters
 from gno_ext.training.objective import global_objective
+from gno_ext.training.problem import Batch, GridProblem, Problem
 
 __all__ = ["EagerSteps", "Objective", "Steps", "make_objective"]
 
-Objective = Callable[[PDEBatch, Tensor, bool], tuple[Tensor, Tensor]]
+Objective = Callable[[Batch, Tensor, bool], tuple[Tensor, Tensor]]
 """``objective(batch, groups, dro) -> (loss to log, loss to differentiate)``."""
 
 
@@ -35,7 +34,7 @@ class Steps(Protocol):
 
     replayed: bool  # whether the steps are CUDA graph replays
 
-    def forward_backward(self, batch: PDEBatch, groups: Tensor, dro: bool, last_micro: bool) -> Tensor:
+    def forward_backward(self, batch: Batch, groups: Tensor, dro: bool, last_micro: bool) -> Tensor:
         """The forward and backward passes of one micro-batch; returns the loss (a device tensor)."""
 
     def gradient_norm(self, clean: bool) -> float:
@@ -51,21 +50,24 @@ class Steps(Protocol):
 
 
 def make_objective(model: nn.Module, raw: nn.Module, autocast: Callable[[], Any], scale: Tensor, n_groups: int,
-                   tau: float, world: int, balance_weight: float = 0.0, physics_weight: float = 0.0) -> Objective:
+                   tau: float, world: int, balance_weight: float = 0.0, physics_weight: float = 0.0,
+                   problem: Problem | None = None) -> Objective:
     """The training objective: the per-sample MSE of the next frame on fields divided by
     ``scale``, reduced to the plain mean or the group-DRO loss over ``n_groups`` groups
     (`global_objective`), plus the load-balance terms of the gates and routers that ran
     (`gno_ext.layers.balance_losses`) and a physics-informed model's residual (``raw``'s
-    ``physics_loss``), where their weights are set."""
+    ``physics_loss``), where their weights are set. ``problem`` (default: grids) runs the model
+    on a batch and reduces the error per sample (`gno_ext.training.problem`)."""
     if physics_weight and not hasattr(raw, "physics_loss"):
         raise ValueError(f"model.physics_weight={physics_weight}: {type(raw).__name__} has no physics residual "
                          "(physics_loss); set it for a physics-informed model (model=pino) only")
     physics = raw.physics_loss if physics_weight else None
+    problem = problem or GridProblem()
 
-    def objective(batch: PDEBatch, groups: Tensor, dro: bool) -> tuple[Tensor, Tensor]:
+    def objective(batch: Batch, groups: Tensor, dro: bool) -> tuple[Tensor, Tensor]:
         with balance_losses() as balance, autocast():
-            pred = model(batch.u_in, theta=batch.theta, theta_field=batch.theta_field, bc=batch.bc, grid=batch.grid)
-        per_sample = mse_per_sample(pred.float() / scale, batch.u_out[:, :1].float() / scale)
+            pred = problem.predict(model, batch)
+        per_sample = problem.mse(pred.float() / scale, problem.target(batch).float() / scale, batch)
         loss, backward_loss = global_objective(per_sample, groups, n_groups, dro, tau, world)
         if balance_weight and balance:
             backward_loss = backward_loss + balance_weight * torch.stack(balance).sum()
@@ -104,7 +106,7 @@ class EagerSteps:
         self.model, self.objective, self.accelerator, self.optimizer = model, objective, accelerator, optimizer
         self.flat, self.average, self.clip, self.accum = flat, average, clip, accum
 
-    def forward_backward(self, batch: PDEBatch, groups: Tensor, dro: bool, last_micro: bool) -> Tensor:
+    def forward_backward(self, batch: Batch, groups: Tensor, dro: bool, last_micro: bool) -> Tensor:
         with self.accelerator.no_sync(self.model) if not last_micro else nullcontext():
             loss, backward_loss = self.objective(batch, groups, dro)
             self.accelerator.backward(backward_loss / self.accum)

@@ -104,3 +104,13 @@ def test_bad_configurations_and_inputs_are_named():
     two_frames.update(u_in=torch.randn(38, 2, 1), edge_index=radius_edges(two_frames["pos"], 0.45))
     with pytest.raises(ValueError, match=r"data.u_in: expected shape \(N, 1, 1\), got \(38, 2, 1\)"):
         model(collate_meshes([MeshSample(**two_frames)]))
+
+
+def test_without_torch_geometric_the_model_names_the_package(monkeypatch):
+    import sys
+
+    from gno_ext.models import MissingDependencyError, _load_gno_mesh
+
+    monkeypatch.setitem(sys.modules, "torch_geometric", None)  # an import of it now fails
+    with pytest.raises(MissingDependencyError, match="gno_mesh needs torch-geometric: pip install torch-geometric"):
+        _load_gno_mesh()

@@ -13,6 +13,7 @@ from gno_ext.training.recipe_data import (
     prepare_data,
 )
 from gno_ext.training.loop import _fetch
+from gno_ext.training.problem import problem_for
 
 from .conftest import load_train_module
 
@@ -39,10 +40,11 @@ def _instantiate(cfg: dict, autocast: bool = False) -> None:
     spec = data_spec(ds, cfg["data"]["log_params"])
     kwargs = model_kwargs_from_data(model_class(cfg["model"]["name"]), spec, cfg["model"]["kwargs"])
     model = get_model(cfg["model"]["name"], **kwargs)
-    batch = _fetch(ds, [0, len(ds) - 1])
+    problem = problem_for(cfg["data"])
+    batch = _fetch(ds, [0, len(ds) - 1], problem)
     with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
-        out = model(batch.u_in, theta=batch.theta, theta_field=batch.theta_field, bc=batch.bc, grid=batch.grid)
-    assert out.shape == batch.u_out[:, :1].shape
+        out = problem.predict(model, batch)
+    assert out.shape == problem.target(batch).shape
     assert torch.isfinite(out).all()
     if autocast and out.requires_grad:  # (persistence has nothing to differentiate)
         out.float().square().mean().backward()
@@ -66,10 +68,17 @@ def test_recipe_composes_and_instantiates(recipe, trl_root, pdebench_root, custo
     _instantiate(cfg)
 
 
+def _recipe_for(model: str) -> str:
+    """The recipe a model config is tried on: heat-bc, or heat-mesh for a model of meshes."""
+    name = train_py.compose("heat-bc", [f"model={model}"])["model"]["name"]
+    return "heat-mesh" if getattr(model_class(name), "data_kind", "grid") == "mesh" else "heat-bc"
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_model_configs_instantiate(model):
     # smoke trajectories have 6 frames: ViT-10 needs 11, so it is built on the small data
-    cfg = train_py.compose("heat-bc", ["size=small" if model == "vit-10" else "size=smoke", f"model={model}"])
+    size = "size=small" if model == "vit-10" else "size=smoke"
+    cfg = train_py.compose(_recipe_for(model), [size, f"model={model}"])
     if model.startswith("vit-"):
         assert cfg["data"]["n_steps_input"] == int(model.split("-")[1])
     _instantiate(cfg)
@@ -80,7 +89,7 @@ def test_model_configs_run_under_bf16_autocast(model):
     """Mixed types under autocast (float32 norms beside bf16 products) are every model's own
     business: forward and backward run. The MoE baseline failed here once (index_add of a
     float32 expert output into a bf16 sum)."""
-    _instantiate(train_py.compose("heat-bc", ["size=smoke", f"model={model}"]), autocast=True)
+    _instantiate(train_py.compose(_recipe_for(model), ["size=smoke", f"model={model}"]), autocast=True)
 
 
 @pytest.mark.parametrize("model", ["gno", "fno", "gated_fno"])

@@ -342,16 +342,16 @@ def test_non_finite_training_stops_with_a_clear_error(train_module, tmp_path):
 def test_a_non_finite_micro_batch_skips_the_whole_update(train_module, tmp_path, monkeypatch):
     """With gradient accumulation the NaN of the first micro-batch has reached the gradients:
     the update is skipped (counted once) even though the second micro-batch is finite."""
-    import gno_ext.training.steps as steps
+    import gno_ext.training.problem as problem  # the grid problem reduces the error per sample
 
-    calls, mse = {"n": 0}, steps.mse_per_sample
+    calls, mse = {"n": 0}, problem.mse_per_sample
 
     def mse_with_one_nan(pred, target):
         calls["n"] += 1
         value = mse(pred, target)
         return value * float("nan") if calls["n"] == 3 else value  # micro-batch 1 of update 2
 
-    monkeypatch.setattr(steps, "mse_per_sample", mse_with_one_nan)
+    monkeypatch.setattr(problem, "mse_per_sample", mse_with_one_nan)
     result = train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}",
                                 "trainer.grad_accum=2", "trainer.max_steps=3", "trainer.clip_grad=null",
                                 "eval.enabled=false", *QUIET])
@@ -364,9 +364,9 @@ def test_non_finite_gradients_with_a_finite_loss_stop_the_run(train_module, tmp_
     """(Before, the finite loss reset the count before the gradient was checked, and without
     clipping the gradient was not checked at all: every update was skipped, or applied with NaN,
     and the run saved its model and exited 0.)"""
-    import gno_ext.training.steps as steps
+    import gno_ext.training.problem as problem
 
-    mse = steps.mse_per_sample
+    mse = problem.mse_per_sample
 
     def mse_with_nan_gradients(pred, target):
         value = mse(pred, target)
@@ -374,7 +374,7 @@ def test_non_finite_gradients_with_a_finite_loss_stop_the_run(train_module, tmp_
             value.register_hook(lambda g: g * float("nan"))
         return value
 
-    monkeypatch.setattr(steps, "mse_per_sample", mse_with_nan_gradients)
+    monkeypatch.setattr(problem, "mse_per_sample", mse_with_nan_gradients)
     with pytest.raises(NonFiniteLossError, match=r"3 consecutive updates with a non-finite loss or gradient "
                                                  r"\(this one: gradient norm nan\)"):
         train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}", f"trainer.clip_grad={clip}",
@@ -389,8 +389,8 @@ def test_non_finite_training_data_is_named_before_training(train_module, tmp_pat
 
     fetch = loop._fetch
 
-    def fetch_with_a_nan(ds, indices):
-        batch = fetch(ds, indices)
+    def fetch_with_a_nan(ds, indices, problem):
+        batch = fetch(ds, indices, problem)
         if len(indices) > 3:
             batch.u_out[3, 0, 0, 1, 2] = float("nan")
         return batch

@@ -1,0 +1,95 @@
+"""The mesh recipe (heat-mesh) through the training loop, and the mesh problem's per-graph errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("torch_geometric")
+
+from gno_ext.data.mesh import DOMAINS, MESH_SIZES  # noqa: E402
+from gno_ext.losses import nmse  # noqa: E402
+from gno_ext.models import from_checkpoint  # noqa: E402
+from gno_ext.training.evaluate import evaluate_saved  # noqa: E402
+from gno_ext.training.problem import MeshProblem, problem_for  # noqa: E402
+from gno_ext.training.recipe_data import open_split, training_groups  # noqa: E402
+
+from .conftest import QUIET  # noqa: E402
+
+
+def test_heat_mesh_smoke_end_to_end(train_module, tmp_path, cache):
+    result = train_module.main(["--recipe", "heat-mesh", "size=smoke", f"output_root={tmp_path}", *QUIET])
+    run = Path(result["run_dir"])
+    assert run == tmp_path / "heat-mesh" / "gno_mesh-smoke-seed0"
+    # the data: one file per domain and split, at the smoke size
+    for domain in DOMAINS:
+        for split in ("train", "valid", "test"):
+            assert (cache / "data" / "smoke" / "mesh" / f"heat-{domain}" / f"{split}.h5").is_file()
+    # training: both phases of the curriculum, finite losses, one-step validation
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "train/loss" in r]
+    assert {r["train/dro"] for r in train_rows} == {0.0, 1.0}
+    assert all(0 < r["train/loss"] < 1e3 for r in train_rows)
+    assert any("valid/nmse_one_step" in r for r in rows)
+    # windows seen: every window of the three domains once per epoch (batches padded by wrapping)
+    windows = len(DOMAINS) * MESH_SIZES["smoke"]["trajectories"]["train"] * (MESH_SIZES["smoke"]["frames"] - 1)
+    assert result["step"] >= 2 * windows // 4
+    # the report: per-graph rollout errors of the test trajectories, groups by segment types
+    report = json.loads((run / "eval" / "report.json").read_text())
+    assert report["trajectories"] == 4 and report["steps"] == MESH_SIZES["smoke"]["frames"] - 1
+    assert 0 < report["nmse"]["mean"] < 10 and len(report["per_step_nmse"]) == report["steps"]
+    assert all(len(g["label"].split(",")[0].split("/")) == 2 for g in report["groups"])  # two segments
+    assert "rollout_worst.png" in report["figures"] and (run / "eval" / "rollout_worst.png").stat().st_size > 10_000
+    # the final model rebuilds from its folder, and evaluating the saved run gives the same errors
+    model = from_checkpoint(run / "model")
+    assert type(model).__name__ == "GNOMesh"
+    again = evaluate_saved(run, out_dir=tmp_path / "again")
+    assert again["nmse"]["mean"] == pytest.approx(report["nmse"]["mean"], rel=1e-5)
+
+
+def test_mesh_and_grid_models_are_not_mixed_and_mesh_runs_are_not_captured(train_module, tmp_path):
+    with pytest.raises(ValueError, match="model=fno takes grid data, but data.kind=mesh gives mesh batches"):
+        train_module.main(["--recipe", "heat-mesh", "size=smoke", "model=fno", f"output_root={tmp_path}", *QUIET])
+    with pytest.raises(ValueError, match="model=gno_mesh takes mesh data"):
+        train_module.main(["--recipe", "heat-param", "size=smoke", "model=gno_mesh", f"output_root={tmp_path}",
+                           *QUIET])
+    with pytest.raises(ValueError, match="trainer.capture=true: data.kind=mesh batches change shape"):
+        train_module.main(["--recipe", "heat-mesh", "size=smoke", "trainer.capture=true", f"output_root={tmp_path}",
+                           *QUIET])
+    assert not (tmp_path / "heat-mesh").exists()  # refused before anything was written
+
+
+def _mesh_data(cache: Path) -> dict:
+    return {"kind": "mesh", "domains": ["annulus", "l-shape"], "size": "smoke", "root": str(cache / "data" / "smoke")}
+
+
+def test_per_graph_errors_are_each_graphs_own(cache):
+    """The mesh problem's MSE and nMSE of a batch equal those of each graph alone (the grid
+    definitions on its nodes), whatever the other graphs are."""
+    from gno_ext.training.recipe_data import prepare_data
+    cfg = _mesh_data(cache)
+    prepare_data(cfg)
+    ds = open_split(cfg, "train", 1, 2)
+    problem = problem_for(cfg)
+    samples = [ds[0], ds[len(ds) - 1], ds[5]]  # an annulus, an L-shape, an annulus
+    batch = problem.collate(samples)
+    torch.manual_seed(0)
+    pred = batch.u_out + 0.1 * torch.randn_like(batch.u_out)
+    mse, err = problem.mse(pred, batch.u_out, batch), problem.nmse(pred, batch.u_out, batch)
+    start = 0
+    for g, s in enumerate(samples):
+        nodes = slice(start, start + s.n_nodes)
+        start += s.n_nodes
+        p, t = pred[nodes].transpose(0, 1)[None], s.u_out.transpose(0, 1)[None]  # as one grid sample (1, T, C, N)
+        assert mse[g] == pytest.approx(float((p - t).pow(2).mean()), rel=1e-5)
+        assert err[g] == pytest.approx(float(nmse(p, t)[0]), rel=1e-5)
+    assert problem.size(batch) == 3
+    kinds = MeshProblem.segment_kinds(batch)
+    assert kinds.shape == (3, 2) and (kinds >= 0).all()
+    # the DRO groups of a batch are those the training run counts for these windows
+    _, _, window_kinds, binner = training_groups({"data": cfg, "recipe": {"parameter": "alpha"}}, ds)
+    assert torch.equal(kinds, torch.as_tensor(window_kinds[[0, len(ds) - 1, 5]]))
+    assert torch.equal(problem.groups(binner, batch), binner(batch.theta, kinds))
