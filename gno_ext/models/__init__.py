@@ -35,9 +35,15 @@ def _load_gno_mesh() -> None:
     import gno_ext.models.gno_mesh  # noqa: F401  (registers "gno_mesh")
 
 
+def _load_mesh_gnn() -> None:
+    _load_gno_mesh()  # the same dependency, named the same way
+    import gno_ext.models.mesh_gnn  # noqa: F401  (registers "mesh_gnn")
+
+
 register_lazy("gated_fno", _load_gated_fno)
 register_lazy("gno_fno", _load_gno_fno)
 register_lazy("gno_mesh", _load_gno_mesh)
+register_lazy("mesh_gnn", _load_mesh_gnn)
 
 __all__ = ["GNO", "GNOBlock", "GNOFNO", "GatedFNO", "MissingDependencyError", "available_models", "from_checkpoint", "get_model", "model_class", "rollout",
            "save_checkpoint"]

@@ -36,9 +36,67 @@ from gno_ext.layers.gate import ParameterGate
 from gno_ext.layers.graph import GraphAttentionKernel, GraphBoundaryTransfer, GraphKernelIntegral, GraphKernelMixture
 from gno_ext.models.registry import register_model
 
-__all__ = ["GNOMesh"]
+__all__ = ["GNOMesh", "MeshModel"]
 
 KERNELS = ("attention", "integral")
+
+
+class MeshModel(nn.Module):
+    """What the models of meshes share: the data sizes, the parameters' and fields'
+    normalisation (`fit_normalization`) and the check of a batch's inputs.
+
+    Parameters
+    ----------
+    in_channels, n_params, field_channels, ndim, t_in, log_params
+        As for `GNOMesh`.
+    """
+
+    data_kind = "mesh"  # the recipes' data it takes: torch-geometric batches of mesh samples
+
+    def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2,
+                 t_in: int = 1, log_params: Sequence[bool] | None = None) -> None:
+        super().__init__()
+        require_at_least(1, in_channels=in_channels, t_in=t_in)
+        require_at_least(0, n_params=n_params, field_channels=field_channels)
+        if ndim not in (2, 3):
+            raise ValueError(f"ndim: expected 2 or 3, got {ndim}")
+        self.in_channels, self.n_params, self.field_channels, self.ndim, self.t_in = (
+            in_channels, n_params, field_channels, ndim, t_in)
+        self.param_norm = ParameterNormalizer(n_params, log_params) if n_params else None
+        self.register_buffer("u_mean", torch.zeros(in_channels))
+        self.register_buffer("u_std", torch.ones(in_channels))
+
+    @torch.no_grad()
+    def fit_normalization(self, u: Tensor, theta: Tensor | None = None) -> MeshModel:
+        """Field statistics from node values ``u`` (..., C) and the parameters' from ``theta`` (G, P)."""
+        if u.shape[-1] != self.in_channels:
+            raise ValueError(f"u: expected {self.in_channels} channels on the last axis, got shape {tuple(u.shape)}")
+        flat = u.reshape(-1, self.in_channels).float()
+        if theta is not None and self.param_norm is not None:
+            self.param_norm.fit(theta)
+        self.u_mean.copy_(flat.mean(0))
+        self.u_std.copy_(flat.std(0, unbiased=False).clamp_min(1e-6))
+        return self
+
+    def node_inputs(self, data: Any) -> Tensor:
+        """The batch checked, and each node's normalised input frames, positions and field
+        parameters, ``(N, T_in C + d + C_f)``."""
+        for name in ("edge_index", "batch"):
+            if getattr(data, name, None) is None:
+                raise ValueError(f"data.{name}: {type(self).__name__} needs it (collate_meshes with samples that "
+                                 "have edges)")
+        u = data.u_in
+        if u.ndim != 3 or u.shape[1:] != (self.t_in, self.in_channels):
+            raise ValueError(f"data.u_in: expected shape (N, {self.t_in}, {self.in_channels}), got {tuple(u.shape)}")
+        x = ((u - self.u_mean) / self.u_std).flatten(1)
+        parts = [x, data.pos.to(x.dtype)]
+        if self.field_channels:
+            parts.append(data.theta_field.to(x.dtype))
+        return torch.cat(parts, 1)
+
+    def next_frame(self, data: Any, delta: Tensor) -> Tensor:
+        """``u_in[:, -1] + std * delta``, shaped ``(N, 1, C)``."""
+        return (data.u_in[:, -1] + delta * self.u_std)[:, None]
 
 
 class GNOMeshBlock(nn.Module):
@@ -73,7 +131,7 @@ class GNOMeshBlock(nn.Module):
 
 
 @register_model("gno_mesh")
-class GNOMesh(nn.Module):
+class GNOMesh(MeshModel):
     """The GNO on graphs (see the module's text).
 
     Parameters
@@ -102,45 +160,22 @@ class GNOMesh(nn.Module):
     mlp_ratio : float
     """
 
-    data_kind = "mesh"  # the recipes' data it takes: torch-geometric batches of mesh samples
-
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2,
                  t_in: int = 1, log_params: Sequence[bool] | None = None, latent: int = 64, depth: int = 4,
                  heads: int = 4, n_kernels: int = 4, gate_hidden: int = 32, kernel: str = "attention",
                  boundary_transfer: bool = True, mlp_ratio: float = 2.0) -> None:
-        super().__init__()
-        require_at_least(1, in_channels=in_channels, t_in=t_in, latent=latent, depth=depth, heads=heads,
-                         n_kernels=n_kernels, gate_hidden=gate_hidden)
-        require_at_least(0, n_params=n_params, field_channels=field_channels)
+        super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
+        require_at_least(1, latent=latent, depth=depth, heads=heads, n_kernels=n_kernels, gate_hidden=gate_hidden)
         if kernel not in KERNELS:
             raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
-        if ndim not in (2, 3):
-            raise ValueError(f"ndim: expected 2 or 3, got {ndim}")
         gate_inputs = n_params + 2 * field_channels
         if n_kernels > 1 and gate_inputs == 0:
             raise ValueError(f"n_kernels={n_kernels}: the gate needs parameters or field parameters to read")
-        self.in_channels, self.n_params, self.field_channels, self.ndim, self.t_in = (
-            in_channels, n_params, field_channels, ndim, t_in)
-        self.param_norm = ParameterNormalizer(n_params, log_params) if n_params else None
-        self.register_buffer("u_mean", torch.zeros(in_channels))
-        self.register_buffer("u_std", torch.ones(in_channels))
         self.lift = nn.Linear(t_in * in_channels + ndim + field_channels, latent)
         self.blocks = nn.ModuleList(
             GNOMeshBlock(latent, ndim, heads, n_kernels, gate_inputs, gate_hidden, kernel, boundary_transfer, mlp_ratio)
             for _ in range(depth))
         self.head = nn.Sequential(nn.LayerNorm(latent), nn.Linear(latent, in_channels))
-
-    @torch.no_grad()
-    def fit_normalization(self, u: Tensor, theta: Tensor | None = None) -> GNOMesh:
-        """Field statistics from node values ``u`` (..., C) and the parameters' from ``theta`` (G, P)."""
-        if u.shape[-1] != self.in_channels:
-            raise ValueError(f"u: expected {self.in_channels} channels on the last axis, got shape {tuple(u.shape)}")
-        flat = u.reshape(-1, self.in_channels).float()
-        if theta is not None and self.param_norm is not None:
-            self.param_norm.fit(theta)
-        self.u_mean.copy_(flat.mean(0))
-        self.u_std.copy_(flat.std(0, unbiased=False).clamp_min(1e-6))
-        return self
 
     def gate_input(self, data: Any) -> Tensor:
         """Each graph's gate input (G, P + 2 C_f): normalised parameters, then the mean and RMS over
@@ -155,18 +190,8 @@ class GNOMesh(nn.Module):
 
     def forward(self, data: Any) -> Tensor:
         """The next frame at every node, ``(N, 1, C)``, of a torch-geometric batch of mesh samples."""
-        for name in ("edge_index", "batch"):
-            if getattr(data, name, None) is None:
-                raise ValueError(f"data.{name}: the mesh GNO needs it (collate_meshes with samples that have edges)")
-        u = data.u_in
-        if u.ndim != 3 or u.shape[1:] != (self.t_in, self.in_channels):
-            raise ValueError(f"data.u_in: expected shape (N, {self.t_in}, {self.in_channels}), got {tuple(u.shape)}")
-        x = ((u - self.u_mean) / self.u_std).flatten(1)
-        parts = [x, data.pos.to(x.dtype)]
-        if self.field_channels:
-            parts.append(data.theta_field.to(x.dtype))
-        h = self.lift(torch.cat(parts, 1))
+        h = self.lift(self.node_inputs(data))
         gate_in = self.gate_input(data).to(h.dtype)
         for block in self.blocks:
             h = block(h, gate_in, data, self.u_std.mean())
-        return (u[:, -1] + self.head(h) * self.u_std)[:, None]
+        return self.next_frame(data, self.head(h))
