@@ -57,8 +57,8 @@ def evaluate_mesh_rollouts(model: nn.Module, dataset: Dataset, indices: list[int
     for batch, pred, truth in roll(indices):
         still = batch.u_in[:, -1:].float().expand_as(truth)
         out["nmse"].append(problem.nmse(pred, truth, batch).cpu())
-        err = problem._per_graph((pred - truth).pow(2).flatten(1).sum(1), batch)
-        size = problem._per_graph(truth.pow(2).flatten(1).sum(1), batch)
+        err = problem.per_graph((pred - truth).pow(2).flatten(1).sum(1), batch)
+        size = problem.per_graph(truth.pow(2).flatten(1).sum(1), batch)
         out["rel_l2"].append((err / size.clamp_min(1e-12)).sqrt().cpu())
         out["per_step"].append(torch.stack([problem.nmse(pred[:, k:k + 1], truth[:, k:k + 1], batch)
                                             for k in range(steps)], 1).cpu())

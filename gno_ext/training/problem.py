@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from gno_ext.layers.embeddings import field_statistics
 from gno_ext.losses import mse_per_sample, nmse
 from gno_ext.schema import PDEBatch, collate
+from gno_ext.training.recipe_data import batch_to
 
 __all__ = ["Batch", "GridProblem", "MeshProblem", "Problem", "problem_for"]
 
@@ -37,9 +38,7 @@ class GridProblem:
     def collate(samples: Sequence[Any]) -> PDEBatch:
         return collate(samples)
 
-    @staticmethod
-    def to(batch: PDEBatch, device: torch.device) -> PDEBatch:
-        return batch if batch.u_in.device == device else batch.to(device)
+    to = staticmethod(batch_to)
 
     @staticmethod
     def size(batch: PDEBatch) -> int:
@@ -70,10 +69,10 @@ class GridProblem:
         """The batch's frames, ``(B, T_in + T_out, C, *S)``."""
         return torch.cat([batch.u_in, batch.u_out], 1)
 
-    @staticmethod
-    def finite(batch: PDEBatch) -> Tensor:
+    @classmethod
+    def finite(cls, batch: PDEBatch) -> Tensor:
         """Whether each sample's fields are all finite, ``(B,)``."""
-        return torch.isfinite(torch.cat([batch.u_in, batch.u_out], 1)).flatten(1).all(1)
+        return torch.isfinite(cls.fields(batch)).flatten(1).all(1)
 
     @staticmethod
     def scale(fields: Tensor, channels: int, ndim: int) -> Tensor:
@@ -124,7 +123,7 @@ class MeshProblem:
         return batch.u_out[:, :1]
 
     @staticmethod
-    def _per_graph(values: Tensor, batch: Any) -> Tensor:
+    def per_graph(values: Tensor, batch: Any) -> Tensor:
         """Sum of node values ``(N,)`` per graph, ``(G,)``."""
         return torch.zeros(batch.num_graphs, dtype=values.dtype, device=values.device).index_add_(0, batch.batch, values)
 
@@ -133,8 +132,8 @@ class MeshProblem:
         if pred.shape != target.shape:
             raise ValueError(f"pred and target shapes differ: {tuple(pred.shape)} vs {tuple(target.shape)}")
         sq = (pred - target).pow(2).flatten(1).mean(1)
-        nodes = cls._per_graph(torch.ones_like(sq), batch)
-        return cls._per_graph(sq, batch) / nodes
+        nodes = cls.per_graph(torch.ones_like(sq), batch)
+        return cls.per_graph(sq, batch) / nodes
 
     @classmethod
     def nmse(cls, pred: Tensor, target: Tensor, batch: Any, eps: float = 1e-12) -> Tensor:
@@ -142,11 +141,11 @@ class MeshProblem:
         squared deviation of the target from its graph's mean."""
         if pred.shape != target.shape:
             raise ValueError(f"pred and target shapes differ: {tuple(pred.shape)} vs {tuple(target.shape)}")
-        err = cls._per_graph((pred - target).pow(2).flatten(1).sum(1), batch)
+        err = cls.per_graph((pred - target).pow(2).flatten(1).sum(1), batch)
         values = target.flatten(1)
-        count = cls._per_graph(torch.full_like(values[:, 0], values.shape[1]), batch)
-        mean = cls._per_graph(values.sum(1), batch) / count
-        var = cls._per_graph((values - mean[batch.batch, None]).pow(2).sum(1), batch)
+        count = cls.per_graph(torch.full_like(values[:, 0], values.shape[1]), batch)
+        mean = cls.per_graph(values.sum(1), batch) / count
+        var = cls.per_graph((values - mean[batch.batch, None]).pow(2).sum(1), batch)
         return err / var.clamp_min(eps)
 
     @staticmethod
@@ -156,8 +155,8 @@ class MeshProblem:
 
     @classmethod
     def finite(cls, batch: Any) -> Tensor:
-        ok = torch.isfinite(torch.cat([batch.u_in, batch.u_out], 1)).flatten(1).all(1)
-        return cls._per_graph((~ok).double(), batch) == 0
+        ok = torch.isfinite(cls.fields(batch)).flatten(1).all(1)
+        return cls.per_graph((~ok).double(), batch) == 0
 
     @staticmethod
     def scale(fields: Tensor, channels: int, ndim: int) -> Tensor:
