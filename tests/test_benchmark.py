@@ -96,7 +96,10 @@ def test_a_run_writes_its_results_skips_them_next_time_and_renders(tmp_path):
     gno = json.loads(files[1].read_text())
     assert set(bench.REQUIRED) <= set(gno)
     assert (gno["table"], gno["recipe"], gno["model"], gno["seed"], gno["size"]) == ("bc", "heat-bc", "gno", 0, "smoke")
-    assert gno["epochs"] == 1 and gno["gpu"] == "cpu" and gno["paper_nmse"] == 7.80e-2 and gno["n_params"] > 1000
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"  # what the run trains on
+    assert gno["epochs"] == 1 and gno["gpu"] == gpu and gno["paper_nmse"] == 7.80e-2 and gno["n_params"] > 1000
     assert gno["nmse_mean"] > 0 and len(gno["per_step_nmse"]) == gno["rollout_steps"]
     assert gno["extra"] == ["trainer.epochs=1", "trainer.batch_size=4", "trainer.progress=false", "eval.figures=0",
                             "trainer.tensorboard=false"]  # the table's budget, replaced by the command's
@@ -110,7 +113,7 @@ def test_a_run_writes_its_results_skips_them_next_time_and_renders(tmp_path):
     page = bench.render(bench.load_tables(), results)
     line = next(l for l in page.splitlines() if l.startswith("| `gno` |") and "7.80e-02" in l)
     assert f"{gno['nmse_mean']:.2e}" in line
-    assert "size=smoke, 1 epochs, batch 4, lr 0.001, precision no (heat-bc)" in page and "GPU: cpu" in page
+    assert "size=smoke, 1 epochs, batch 4, lr 0.001, precision no (heat-bc)" in page and f"GPU: {gpu}" in page
     assert ("Reproduce: `python recipes/benchmark.py run --table bc --size smoke --seeds 0 -- trainer.batch_size=4 "
             "trainer.epochs=1 eval.figures=0 ") in page  # what differs from the table's budget
 

@@ -418,6 +418,7 @@ def test_dataloader_workers_give_the_losses_of_the_main_process(train_module, tm
 
 @pytest.mark.slow
 def test_trl_on_a_well_layout_dataset(train_module, tmp_path, trl_root):
+    pytest.importorskip("the_well")  # the recipe reads The Well's files through its package
     result = train_module.main(["--recipe", "trl", "size=smoke", f"data.root={trl_root}", f"output_root={tmp_path}",
                                 *QUIET])
     report = result["report"]
