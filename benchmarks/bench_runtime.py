@@ -31,8 +31,11 @@ For a trained run (a folder with ``config.yaml`` and ``model/``, as ``recipes/tr
 Everything is reported separately for periodic trajectories and for bounded ones (any face not
 periodic), since the solvers differ there.
 
-    python benchmarks/bench_runtime.py run RUN_DIR [RUN_DIR ...] --out benchmarks/history/runtime_h200.json
-    python benchmarks/bench_runtime.py render benchmarks/history/runtime_h200.json --figure docs/assets/runtime.png
+    python benchmarks/bench_runtime.py run RUN_DIR [RUN_DIR ...] --out benchmarks/results/runtime/heat-bc.json
+    python benchmarks/bench_runtime.py render benchmarks/results/runtime/*.json [--summary] [--figure runtime.png]
+
+The results page (``recipes/benchmark.py render``) shows the summary and the figure of every
+file in ``benchmarks/results/runtime/``.
 """
 
 from __future__ import annotations
@@ -365,32 +368,69 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict[str, Any], path: Path, batch: str = "256") -> None:
-    """Error against time per frame at ``batch``: each solver's curve over resolutions, the
-    model as a point; one panel per recipe and boundary class."""
+def _shared_batches(results: list[dict[str, Any]]) -> list[str]:
+    """The batch sizes every results file timed."""
+    return [str(b) for b in results[0]["batches"] if all(b in r["batches"] for r in results)]
+
+
+def summary(results: list[dict[str, Any]]) -> str:
+    """The results page's table: per recipe and boundary class, the model and every solver at
+    its matched resolution, with times per rollout at each batch size and the solver's time
+    divided by the model's (above 1: the network is faster)."""
+    sizes = _shared_batches(results)
+    per = " / ".join(f"b{b}" for b in sizes)
+    lines = [(f"| case | model, nMSE | model ms, eager ({per}) | model ms, captured ({per}) | solver | res | "
+              f"solver nMSE | solver ms ({per}) | solver ÷ model ({per}) |"),
+             "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+    for result in results:
+        for run in result["runs"]:
+            for name, entry in run["classes"].items():
+                times = entry["model_seconds"]
+                captured = " / ".join(f"{times[b]['captured'] * 1e3:.1f}" if "captured" in times[b] else "—"
+                                      for b in sizes)
+                for method, by_size in entry["matched"].items():
+                    m = [by_size[b] for b in sizes]  # the match depends on the error only: one per size alike
+                    lines.append(
+                        f"| {run['recipe']}, {name} | `{run['model']}`, {entry['model_nmse']:.3g} | "
+                        + " / ".join(f"{times[b]['eager'] * 1e3:.1f}" for b in sizes) + f" | {captured} | {method} | "
+                        + f"{m[0]['res']}{'' if m[0]['as_accurate'] else ' (finest)'} | "
+                        + f"{m[0]['nmse']:.2g} | " + " / ".join(f"{x['seconds'] * 1e3:.1f}" for x in m) + " | "
+                        + " / ".join(f"{x['speedup']:.2g}" for x in m) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict[str, Any]], path: Path, batches: list[str] | None = None) -> None:
+    """Error against time per frame: each solver's curve over resolutions and the model as a
+    point, one panel per recipe and boundary class of every results file (columns) and per
+    batch size (rows; default: every size the files share)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    panels = [(run, name, entry) for run in results["runs"] for name, entry in run["classes"].items()]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
-    for ax, (run, name, entry) in zip(axes[0], panels):
-        per_frame = 1e3 / run["steps"]
-        for method, curve in entry["solvers"].items():
-            ax.loglog([p["seconds"][batch] * per_frame for p in curve], [p["nmse"] for p in curve], "o-", label=method)
-            for p in curve:
-                ax.annotate(str(p["res"]), (p["seconds"][batch] * per_frame, p["nmse"]), fontsize=7,
-                            textcoords="offset points", xytext=(3, 3))
-        kind = "captured" if "captured" in entry["model_seconds"][batch] else "eager"
-        ax.loglog([entry["model_seconds"][batch][kind] * per_frame], [entry["model_nmse"]], "r*", markersize=12,
-                  label=f"{run['model']} ({kind})")
-        ax.set_title(f"{run['recipe']}, {name}")
-        ax.set_xlabel(f"ms per frame, batch {batch}")
-        ax.set_ylabel("rollout nMSE")
-        ax.legend(fontsize=7)
-    fig.suptitle(f"{results['gpu']}: error against time per frame")
+    batches = batches or _shared_batches(results)
+    panels = [(run, name, entry) for result in results for run in result["runs"]
+              for name, entry in run["classes"].items()]
+    fig, axes = plt.subplots(len(batches), len(panels), figsize=(4.2 * len(panels), 3.4 * len(batches)),
+                             squeeze=False)
+    for row, batch in zip(axes, batches):
+        for ax, (run, name, entry) in zip(row, panels):
+            per_frame = 1e3 / run["steps"]
+            for method, curve in entry["solvers"].items():
+                ax.loglog([p["seconds"][batch] * per_frame for p in curve], [p["nmse"] for p in curve], "o-",
+                          label=method)
+                for p in curve:
+                    ax.annotate(str(p["res"]), (p["seconds"][batch] * per_frame, p["nmse"]), fontsize=7,
+                                textcoords="offset points", xytext=(3, 3))
+            kind = "captured" if "captured" in entry["model_seconds"][batch] else "eager"
+            ax.loglog([entry["model_seconds"][batch][kind] * per_frame], [entry["model_nmse"]], "r*",
+                      markersize=12, label=f"{run['model']} ({kind})")
+            ax.set_title(f"{run['recipe']}, {name}, batch {batch}", fontsize=10)
+            ax.set_xlabel(f"ms per frame, batch {batch}")
+            ax.set_ylabel("rollout nMSE")
+            ax.legend(fontsize=7)
+    fig.suptitle(f"{', '.join(sorted({r['gpu'] for r in results}))}: error against time per frame")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -408,15 +448,17 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--repeats", type=int, default=10)
     run.add_argument("--device")
     run.add_argument("--no-capture", action="store_true", help="time the eager rollout only")
-    show = sub.add_parser("render", help="print the tables of a results file, and draw its figure")
-    show.add_argument("results", type=Path)
+    show = sub.add_parser("render", help="print the tables of results files, and draw their figure")
+    show.add_argument("results", type=Path, nargs="+")
     show.add_argument("--figure", type=Path)
+    show.add_argument("--summary", action="store_true", help="one table of the matched resolutions (the results "
+                                                              "page's) instead of every curve")
     args = parser.parse_args(argv)
     if args.command == "render":
-        results = json.loads(args.results.read_text())
-        print(render(results))
+        results = [json.loads(p.read_text()) for p in args.results]
+        print(summary(results) if args.summary else "\n\n".join(render(r) for r in results))
         if args.figure:
-            plot(results, args.figure, str(max(int(b) for b in results["batches"])))
+            plot(results, args.figure)
         return 0
     for run_dir in args.runs:
         if not (run_dir / "config.yaml").is_file() or not (run_dir / "model").is_dir():

@@ -366,6 +366,42 @@ def _budget_text(budget: tuple) -> str:
 
 
 FIGURES = "results"  # the figures' folder, beside the page (docs/results/)
+RUNTIME = "runtime"  # results/runtime/*.json: benchmarks/bench_runtime.py's files (trained runs against solvers)
+
+
+def _runtime_results(results: Path) -> tuple[Any, list[dict[str, Any]]] | None:
+    """benchmarks/bench_runtime.py, which renders them, and the runtime results in ``results``
+    (`RUNTIME`), or None where there are none."""
+    files = sorted((results / RUNTIME).glob("*.json"))
+    if not files:
+        return None
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_runtime", ROOT / "benchmarks" / "bench_runtime.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, [{**json.loads(p.read_text()), "file": p.name} for p in files]
+
+
+def _runtime_commands(found: list[dict[str, Any]]) -> list[str]:
+    """The commands that reproduce runtime results: train the table's run again (where the run
+    folder is a benchmark run, ``<table>/<recipe>/<row>-seed<N>``; its result goes beside the
+    run, since the committed one would skip it), then time it."""
+    commands = []
+    for r in found:
+        for run in r["runs"]:
+            table, recipe, name = Path(run["run"]).parts[-3:]
+            row, _, seed = name.rpartition("-seed")
+            trajectories = sum(c["trajectories"] for c in run["classes"].values())
+            resolutions = sorted({p["res"] for c in run["classes"].values() for curve in c["solvers"].values()
+                                  for p in curve})
+            if table in load_tables() and seed.isdigit():
+                commands.append(f"python recipes/benchmark.py run --table {table} --recipes {recipe} --rows {row} "
+                                f"--seeds {seed} --output-root runs --results runs/results")  # (the committed result would skip it)
+            commands.append(f"python benchmarks/bench_runtime.py run runs/{table}/{recipe}/{name} --out "
+                            f"runs/{RUNTIME}/{r['file']} --trajectories {trajectories} --resolutions "
+                            f"{' '.join(map(str, resolutions))} --repeats {r['repeats']}")
+    return commands
 
 
 def _ranked(found: list[dict[str, Any]], recipe: str) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -436,6 +472,12 @@ def write_figures(tables: dict[str, Any], results: Path, folder: Path) -> list[P
                 ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels, rotation=60, ha="right", fontsize=7)
                 ax.set_ylabel("rollout nMSE")
                 save(fig, ax, f"{name}: {recipe}, error per group", f"{name}-{recipe}-groups")
+    runtime = _runtime_results(results)
+    if runtime:
+        module, found = runtime
+        path = folder / f"{RUNTIME}.png"
+        module.plot(found, path)
+        written.append(path)
     return written
 
 
@@ -501,6 +543,26 @@ def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
                                          if any("groups.png" in f for f in figures) else "") + ":\n")
             out.append("\n".join(figures) + "\n")
         if notes.is_file():  # the discussion of the table, written by hand next to its results
+            out.append(notes.read_text())
+    runtime = _runtime_results(results)
+    if runtime:
+        module, found = runtime
+        runs = [run for r in found for run in r["runs"]]
+        out.append("## Runtime against the solvers at matched accuracy\n")
+        out.append("Each solver at the coarsest resolution whose rollout nMSE is at most the model's (its error "
+                   "against the 128² ground truth; `(finest)`: none coarser is, the data's own resolution), "
+                   "timed against the model on the same GPU in the same process: milliseconds per "
+                   f"{runs[0]['steps']}-frame rollout at each batch size, median of repeats.\n")
+        out.append(module.summary(found) + "\n")
+        out.append(f"GPU: {', '.join(sorted({r['gpu'] for r in found}))}, torch "
+                   f"{', '.join(sorted({r['torch'] for r in found}))}. Commits: "
+                   f"{', '.join(sorted({str(r['commit'])[:10] for r in found}))}. Trained runs: "
+                   + ", ".join(f"`{Path(run['run']).relative_to(Path(run['run']).parents[2])}`" for run in runs)
+                   + f". Files: `benchmarks/results/{RUNTIME}/`. Reproduce (on one GPU):\n")
+        out.append("```bash\n" + "\n".join(_runtime_commands(found)) + "\n```\n")
+        out.append(f"![error against time per frame]({FIGURES}/{RUNTIME}.png)\n")
+        notes = results.parent / "notes" / f"{RUNTIME}.md"
+        if notes.is_file():
             out.append(notes.read_text())
     return "\n".join(out)
 

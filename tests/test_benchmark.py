@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -210,3 +211,28 @@ def test_figures_show_the_gno_the_two_best_rows_and_persistence(tmp_path):
     # results without the groups (older files): no group figure is promised
     (folder / "fno-seed0.json").write_text(json.dumps(result("fno", 0.1, groups=False)))
     assert "groups.png" not in bench.render(bench.load_tables(), tmp_path)
+
+
+def test_runtime_results_get_their_table_figure_and_commands(tmp_path):
+    """The files of benchmarks/results/runtime/ (bench_runtime.py's output) appear on the page as
+    one row per case and solver, with a figure and the commands that reproduce them; without
+    them the page has no such section."""
+    assert "## Runtime" not in bench.render(bench.load_tables(), tmp_path)
+    committed = sorted((bench.RESULTS / bench.RUNTIME).glob("*.json"))
+    assert committed, "the committed runtime results"
+    (tmp_path / bench.RUNTIME).mkdir()
+    for p in committed:
+        (tmp_path / bench.RUNTIME / p.name).write_text(p.read_text())
+    page = bench.render(bench.load_tables(), tmp_path).split("## Runtime against the solvers")[1]
+    for p in committed:
+        result = json.loads(p.read_text())
+        for run in result["runs"]:
+            for name, entry in run["classes"].items():
+                rows = [l for l in page.splitlines() if l.startswith(f"| {run['recipe']}, {name} |")]
+                assert len(rows) == len(entry["solvers"])
+                assert all(f"`{run['model']}`, {entry['model_nmse']:.3g}" in l for l in rows)
+            table, recipe, folder = Path(run["run"]).parts[-3:]
+            assert f"bench_runtime.py run runs/{table}/{recipe}/{folder} --out runs/runtime/{p.name}" in page
+    assert "![error against time per frame](results/runtime.png)" in page
+    written = bench.write_figures(bench.load_tables(), tmp_path, tmp_path / "figures")
+    assert tmp_path / "figures" / "runtime.png" in written and (tmp_path / "figures" / "runtime.png").stat().st_size > 10_000

@@ -157,7 +157,7 @@ def test_gpu_training_objective_does_not_synchronise_and_can_be_captured():
     """On a GPU the training objective and its gradient, MSE and DRO phases, run with no
     host synchronisation (`torch.cuda.set_sync_debug_mode("error")` raises on any), and the
     DRO objective captured in a CUDA graph gives, on new data, what eager mode gives."""
-    from gno_ext.training.loop import capture_step
+    from gno_ext.training.captured import capture_step
     from gno_ext.training.objective import global_objective
 
     torch.manual_seed(3)

@@ -86,7 +86,11 @@ def test_runtime_on_a_trained_run(recipe, train_module, tmp_path):
     table = bench.render(results)
     assert f"**{recipe}, bounded**" in table
     assert all(f"| {method} |" in table for method in bench.SOLVERS[recipe.split("-")[0]])
-    bench.plot(results, tmp_path / "runtime.png", "3")
+    rows = [l for l in bench.summary([results]).splitlines() if l.startswith(f"| {recipe}, ")]
+    assert len(rows) == 2 * len(bench.SOLVERS[recipe.split("-")[0]])  # every solver of both classes
+    bounded = entry["classes"]["bounded"]
+    assert all(f"`gno_fno`, {bounded['model_nmse']:.3g} |" in l for l in rows if l.startswith(f"| {recipe}, bounded |"))
+    bench.plot([results], tmp_path / "runtime.png", ["3"])
     assert (tmp_path / "runtime.png").stat().st_size > 10_000
     with pytest.raises(SystemExit):  # an existing results file is never replaced
         bench.main(["run", str(run), "--out", str(out)])
