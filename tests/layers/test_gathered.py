@@ -10,6 +10,7 @@ import torch
 
 from gno_ext.layers import _gathered
 from gno_ext.kernels.precision import tf32_products
+from tests._kernels import kernel_module
 from tests.layers import _targets
 from tests.layers._interpreter import run_interpreted
 
@@ -148,7 +149,7 @@ def test_weight_gradient_splits_rows_only_where_whole_samples_leave_the_gpu_idle
     kernel keeps each sample's rows in one program; at the `trl` grid at batch 32 (192 and 257
     rows, 12 runs of 4 or, before `run_length`, 8 runs of 8) it cuts them into equal parts, at
     most one per chunk of rows."""
-    kernels = pytest.importorskip("gno_ext.kernels.gathered", exc_type=ImportError)
+    kernels = kernel_module("gathered")
     assert kernels.wgrad_splits(4, 36, 1, 256) == (1, 1) and kernels.wgrad_splits(8, 36, 2, 256) == (1, 2)
     assert kernels.wgrad_splits(4, 12, 3, 256) == (3, 1) and kernels.wgrad_splits(8, 12, 5, 256) == (3, 2)
     assert kernels.wgrad_splits(4, 8, 3, 256) == (3, 1) and kernels.wgrad_splits(8, 8, 5, 256) == (3, 2)
@@ -164,7 +165,7 @@ def test_tiles_fit_the_devices_shared_memory(monkeypatch):
     the configured tiles in bf16 on an H100 (227 KiB), smaller ones where they would not fit
     (float32; GPUs of about 99 KiB such as the L40S). Off CUDA (the interpreter) there is no
     limit; tiles never exceed the problem's size."""
-    kernels = pytest.importorskip("gno_ext.kernels.gathered", exc_type=ImportError)
+    kernels = kernel_module("gathered")
     fwd, wgrad = kernels.FORWARD, kernels.WGRAD
 
     def operands(itemsize):
@@ -206,7 +207,7 @@ def test_kernels_compiled_for_a100_ada_and_h100_fit_their_shared_memory(monkeypa
     rows, 256 -> 512), in bf16 and in float32, compiled by Triton for an A100 (sm80), an Ada
     GPU (sm89) and an H100 (sm90) with that device's shared-memory limit, need no more shared
     memory than the limit: no ``OutOfResources`` when the kernels load there."""
-    kernels = pytest.importorskip("gno_ext.kernels.gathered", exc_type=ImportError)
+    kernels = kernel_module("gathered")
     limit = _targets.LIMITS[arch]
     monkeypatch.setattr(kernels, "shared_memory_limit", lambda x: limit)
     plan = _gathered.run_plan(torch.tensor([0, 2, 2, 1]), 4)

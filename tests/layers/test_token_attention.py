@@ -11,6 +11,7 @@ import torch
 from gno_ext.layers import attention
 from gno_ext.kernels.precision import tf32_products
 from gno_ext.layers.attention import AttentionKernel, AttentionKernelBank, attend_tokens, tokens_fusable
+from tests._kernels import kernel_module
 from tests.layers import _targets
 from tests.layers._interpreter import run_interpreted
 
@@ -50,7 +51,7 @@ def test_kernels_take_any_number_of_keys_and_tile_them_beyond_one_tile():
     """One tile holds up to 128 keys at head width 32 (64 at 64: the paper size's 97 and 65
     keys); beyond, the passes loop over tiles of keys, so any number of keys runs. Head widths
     up to 128."""
-    kernels = pytest.importorskip("gno_ext.kernels.attention", exc_type=ImportError)
+    kernels = kernel_module("attention")
     assert kernels.one_tile(97, 32) and kernels.one_tile(65, 32) and kernels.one_tile(128, 32)
     assert kernels.one_tile(64, 64) and kernels.one_tile(256, 16)
     assert not kernels.one_tile(129, 32) and not kernels.one_tile(193, 32) and not kernels.one_tile(65, 64)
@@ -61,7 +62,7 @@ def test_kernels_take_any_number_of_keys_and_tile_them_beyond_one_tile():
 def test_backward_tiles_keys_up_to_one_tile_of_queries():
     """The backward pass loops over key tiles where one tile holds every query (the GNO's 64),
     and over query tiles beyond."""
-    kernels = pytest.importorskip("gno_ext.kernels.attention", exc_type=ImportError)
+    kernels = kernel_module("attention")
     assert kernels.key_tiled(5) and kernels.key_tiled(64)
     assert not kernels.key_tiled(65) and not kernels.key_tiled(150)
 
@@ -73,7 +74,7 @@ def test_float32_takes_the_kernels_only_where_they_fit(monkeypatch):
     227 KiB per program, not on an A100's 163 or an Ada GPU's 99 KiB. Under `torch.compile`
     the device's part is a constant and the head width a guard: no graph break
     (``fullgraph=True``), symbolic sizes (``dynamic=True``) included."""
-    kernels = pytest.importorskip("gno_ext.kernels.attention", exc_type=ImportError)
+    kernels = kernel_module("attention")
     for arch, limit in _targets.LIMITS.items():
         monkeypatch.setattr(kernels, "shared_memory", lambda index, limit=limit: limit)
         assert [kernels.float32_fits(d, 0) for d in (16, 32, 33, 64, 65, 128)] == (
@@ -96,7 +97,7 @@ def test_float32_takes_the_kernels_only_with_tf32_products(monkeypatch):
     """Float32 inputs on a GPU take the kernels only where TF32 products are allowed (exact
     float32 products in Triton run without tensor cores, far slower than SDPA); 16-bit inputs
     take them either way. Mixed types and CPU tensors never do."""
-    kernels = pytest.importorskip("gno_ext.kernels.attention", exc_type=ImportError)
+    kernels = kernel_module("attention")
     monkeypatch.setattr(attention, "_kernels", kernels)
     monkeypatch.setattr(kernels, "shared_memory", lambda index: _targets.LIMITS[90])
 
@@ -129,7 +130,7 @@ def test_kernels_compiled_for_a100_ada_and_h100_fit_their_shared_memory(monkeypa
     shared memory than the device allows: in bf16 at every head width, in float32 where
     `float32_fits` admits it on that device (no ``OutOfResources`` when the kernels load
     there)."""
-    kernels = pytest.importorskip("gno_ext.kernels.attention", exc_type=ImportError)
+    kernels = kernel_module("attention")
     limit = _targets.LIMITS[arch]
     monkeypatch.setattr(kernels, "shared_memory", lambda index: limit)
     seen = set()
@@ -148,7 +149,7 @@ def test_kernels_compiled_for_a100_ada_and_h100_fit_their_shared_memory(monkeypa
 def test_flop_formulas_are_those_of_scaled_dot_product_attention():
     """The kernels count what `torch.utils.flop_counter` counts for
     `scaled_dot_product_attention` on the same shapes, so TFLOP/s figures of both paths compare."""
-    kernels = pytest.importorskip("gno_ext.kernels.attention", exc_type=ImportError)
+    kernels = kernel_module("attention")
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
     b, n, m, h, d = 5, 64, 97, 8, 32
