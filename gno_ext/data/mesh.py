@@ -1,5 +1,5 @@
-r"""Heat datasets on irregular domains, written in a documented HDF5 layout, and their reader
-into `gno_ext.mesh.MeshSample` windows.
+r"""Heat and advection datasets on irregular domains, written in a documented HDF5 layout, and
+their reader into `gno_ext.mesh.MeshSample` windows.
 
 Three domains (``domain=``), each with two boundary segments:
 
@@ -29,6 +29,14 @@ second order, verified), ``substeps`` steps per frame. A node where two segments
 L-shape's corners at (0.5, 1) and (1, 0.5)) belongs to the Dirichlet one where there is one
 (it is held at that datum), else to segment 0.
 
+`generate_advection_mesh` writes the advection equation $\partial_t u + v\cdot\nabla u = 0$ on
+the same domains. Each trajectory draws a constant velocity $v$ of speed uniform in
+``speed_range`` and uniform direction (the parameters $\theta = (v_x, v_y)$), a condition per
+segment (Dirichlet with a datum $g \sim U[-1, 1]$, which enters where the flow comes in, or
+Neumann: zero normal gradient, datum 0) and the same kind of initial field (not changed at the
+boundary: the data matter only on inflow). It is solved by vertex-centred finite volumes
+(`gno_ext.solvers.fvm.advection_fvm`, second order, verified) at CFL 0.4.
+
 The HDF5 file (one per split), with ``n`` trajectories of ``T`` frames, ``N`` nodes and ``M``
 boundary nodes:
 
@@ -36,7 +44,7 @@ boundary nodes:
 | --- | --- | --- |
 | ``pos`` | (n, N, 2) | node positions |
 | ``u`` | (n, T, N, 1) | the field at the frames |
-| ``theta`` | (n, 1) | $\alpha$ |
+| ``theta`` | (n, P) | $\alpha$ (heat), $(v_x, v_y)$ (advection) |
 | ``triangles`` | (n, K, 3) | the triangulation (counter-clockwise) |
 | ``edge_index`` | (n, 2, E) | the mesh's edges, both directions |
 | ``boundary_index`` | (n, M) | boundary nodes |
@@ -45,8 +53,9 @@ boundary nodes:
 | ``boundary_normal`` | (n, M, 2) | outward unit normals (at a corner, the bisector) |
 | ``boundary_segment`` | (n, M) | the node's segment, 0 or 1 |
 
-with the attributes ``dataset_name`` (``heat_<domain>``), ``domain``, ``dt`` (time between
-frames), ``parameter_names`` (``["alpha"]``), ``field_names`` (``["temperature"]``) and
+with the attributes ``dataset_name`` (``heat_<domain>`` or ``advection_<domain>``), ``domain``,
+``dt`` (time between frames), ``parameter_names`` (``["alpha"]`` or ``["vx", "vy"]``),
+``field_names`` (``["temperature"]`` or ``["concentration"]``) and
 ``layout`` (``"gno_ext.mesh/1"``). The file is written to a temporary name and renamed when
 complete.
 """
@@ -55,6 +64,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import h5py
@@ -71,8 +81,10 @@ from gno_ext.solvers.fem import (
     l_shape_mesh,
     ring_mesh,
 )
+from gno_ext.solvers.fvm import advection_fvm
 
-__all__ = ["DOMAINS", "LAYOUT", "MESH_SIZES", "MeshDataset", "generate_heat_mesh", "prepare_heat_mesh"]
+__all__ = ["DOMAINS", "LAYOUT", "MESH_SIZES", "MeshDataset", "generate_advection_mesh", "generate_heat_mesh",
+           "prepare_mesh"]
 
 LAYOUT = "gno_ext.mesh/1"
 DOMAINS = ("annulus", "star", "l-shape")
@@ -93,59 +105,69 @@ def generate_heat_mesh(path: str | Path, n_trajectories: int, domain: str = "ann
                        dt: float = 0.02, resolution: int = 6, alpha_range: tuple[float, float] = (0.1, 1.0),
                        modes: int = 4, substeps: int = 4, seed: int = 0) -> Path:
     """Write ``n_trajectories`` heat trajectories on ``domain`` to ``path`` (see the module's text)."""
-    if domain not in DOMAINS:
-        raise ValueError(f"domain: expected one of {', '.join(DOMAINS)}, got {domain!r}")
-    if n_trajectories < 1 or frames < 2 or substeps < 1 or resolution < 1:
-        raise ValueError(f"n_trajectories >= 1, frames >= 2, substeps >= 1 and resolution >= 1 expected, got "
-                         f"{n_trajectories}, {frames}, {substeps}, {resolution}")
+    _check(domain, n_trajectories, frames, resolution)
+    if substeps < 1:
+        raise ValueError(f"substeps: expected >= 1, got {substeps}")
     lo, hi = alpha_range
     if not 0 < lo <= hi:
         raise ValueError(f"alpha_range: expected 0 < low <= high, got {alpha_range}")
-    g = torch.Generator().manual_seed(seed)
-    rows: dict[str, list[np.ndarray]] = {name: [] for name in FIELDS}
-    for _ in range(n_trajectories):
-        mesh = _domain(domain, resolution, g)
+
+    def trajectory(mesh: TriangleMesh, g: torch.Generator) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         alpha = math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * float(torch.rand((), generator=g)))
         dirichlet_segment = torch.rand(2, generator=g) < 0.5
         datum = 2 * torch.rand(2, generator=g, dtype=torch.float64) - 1
-        on_dirichlet_edge = dirichlet_segment[mesh.edge_segment]
-        boundary = mesh.boundary_nodes()
-        segment = _node_segment(mesh, boundary, dirichlet_segment)
-        node_value = torch.zeros(len(mesh.nodes), dtype=torch.float64)
-        node_value[boundary] = datum[segment]
+        node_value = _node_values(mesh, dirichlet_segment, datum)
         u0 = _initial_field(mesh.nodes, modes, g)
+        on_dirichlet_edge = dirichlet_segment[mesh.edge_segment]
         fixed = mesh.boundary_edges[on_dirichlet_edge].flatten().unique()
         u0[fixed] = node_value[fixed]
-        frames_after = heat_fem(mesh, u0, alpha, dt * (frames - 1), substeps * (frames - 1), on_dirichlet_edge,
-                                g_dirichlet=lambda x, t: node_value, g_neumann=lambda x, t: node_value,
-                                record_every=substeps)
-        u = torch.cat([u0[None], frames_after])
-        kind = torch.where(dirichlet_segment[segment], int(BCType.DIRICHLET), int(BCType.NEUMANN))
-        t = mesh.triangles
-        edges = torch.cat([t[:, [0, 1]], t[:, [1, 2]], t[:, [2, 0]]])
-        edges = torch.cat([edges, edges.flip(1)]).unique(dim=0).T
-        for name, value in (("pos", mesh.nodes), ("u", u[..., None]), ("theta", torch.tensor([alpha])),
-                            ("triangles", t), ("edge_index", edges), ("boundary_index", boundary),
-                            ("boundary_kind", kind), ("boundary_values", datum[segment][:, None]),
-                            ("boundary_normal", mesh.boundary_normals(boundary)), ("boundary_segment", segment)):
-            rows[name].append(value.numpy())
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with h5py.File(tmp, "w") as f:
-        f.attrs.update({"dataset_name": f"heat_{domain}", "domain": domain, "layout": LAYOUT, "dt": dt,
-                        "parameter_names": ["alpha"], "field_names": ["temperature"],
-                        "n_trajectories": n_trajectories})
-        for name, values in rows.items():
-            stacked = np.stack(values)
-            f.create_dataset(name, data=stacked.astype(np.float32) if stacked.dtype == np.float64 else stacked)
-    os.replace(tmp, path)
-    return path
+        after = heat_fem(mesh, u0, alpha, dt * (frames - 1), substeps * (frames - 1), on_dirichlet_edge,
+                         g_dirichlet=lambda x, t: node_value, g_neumann=lambda x, t: node_value,
+                         record_every=substeps)
+        return torch.tensor([alpha]), dirichlet_segment, datum, torch.cat([u0[None], after])
+
+    return _write(path, n_trajectories, domain, resolution, seed, trajectory,
+                  {"dataset_name": f"heat_{domain}", "dt": dt, "parameter_names": ["alpha"],
+                   "field_names": ["temperature"]})
 
 
-def prepare_heat_mesh(folder: str | Path, domains: list[str] | tuple[str, ...], size: str, seed: int = 0) -> None:
-    """Write the files ``folder/heat-<domain>/<split>.h5`` of ``size`` (`MESH_SIZES`) that are
+def generate_advection_mesh(path: str | Path, n_trajectories: int, domain: str = "annulus", frames: int = 11,
+                            dt: float = 0.05, resolution: int = 6, speed_range: tuple[float, float] = (0.5, 1.5),
+                            modes: int = 4, seed: int = 0) -> Path:
+    """Write ``n_trajectories`` advection trajectories on ``domain`` to ``path`` (see the
+    module's text)."""
+    _check(domain, n_trajectories, frames, resolution)
+    lo, hi = speed_range
+    if not 0 < lo <= hi:
+        raise ValueError(f"speed_range: expected 0 < low <= high, got {speed_range}")
+
+    def trajectory(mesh: TriangleMesh, g: torch.Generator) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        speed = lo + (hi - lo) * float(torch.rand((), generator=g))
+        angle = 2 * math.pi * float(torch.rand((), generator=g))
+        velocity = torch.tensor([speed * math.cos(angle), speed * math.sin(angle)], dtype=torch.float64)
+        dirichlet_segment = torch.rand(2, generator=g) < 0.5
+        datum = torch.where(dirichlet_segment, 2 * torch.rand(2, generator=g, dtype=torch.float64) - 1, 0.0)
+        node_value = _node_values(mesh, dirichlet_segment, datum)
+        u0 = _initial_field(mesh.nodes, modes, g)
+        times = dt * torch.arange(frames, dtype=torch.float64)
+        u = advection_fvm(mesh, u0, velocity, times, dirichlet_segment[mesh.edge_segment],
+                          g_dirichlet=lambda x, t: node_value)
+        return velocity, dirichlet_segment, datum, u
+
+    return _write(path, n_trajectories, domain, resolution, seed, trajectory,
+                  {"dataset_name": f"advection_{domain}", "dt": dt, "parameter_names": ["vx", "vy"],
+                   "field_names": ["concentration"]})
+
+
+GENERATORS = {"heat": generate_heat_mesh, "advection": generate_advection_mesh}
+
+
+def prepare_mesh(folder: str | Path, pde: str, domains: list[str] | tuple[str, ...], size: str,
+                 seed: int = 0) -> None:
+    """Write the files ``folder/<pde>-<domain>/<split>.h5`` of ``size`` (`MESH_SIZES`) that are
     missing; each file's trajectories come from a seed of their own (domain, split, ``seed``)."""
+    if pde not in GENERATORS:
+        raise ValueError(f"data.pde: expected one of {', '.join(GENERATORS)}, got {pde!r}")
     if size not in MESH_SIZES:
         raise ValueError(f"size: expected one of {', '.join(MESH_SIZES)}, got {size!r}")
     plan = MESH_SIZES[size]
@@ -153,10 +175,62 @@ def prepare_heat_mesh(folder: str | Path, domains: list[str] | tuple[str, ...], 
         if domain not in DOMAINS:
             raise ValueError(f"data.domains: expected some of {', '.join(DOMAINS)}, got {domain!r}")
         for k, split in enumerate(SPLITS):
-            path = Path(folder) / f"heat-{domain}" / f"{split}.h5"
+            path = Path(folder) / f"{pde}-{domain}" / f"{split}.h5"
             if not path.is_file():
-                generate_heat_mesh(path, plan["trajectories"][split], domain, frames=plan["frames"],
-                                   resolution=plan["resolution"], seed=1000 * seed + 10 * d + k)
+                GENERATORS[pde](path, plan["trajectories"][split], domain, frames=plan["frames"],
+                                resolution=plan["resolution"], seed=1000 * seed + 10 * d + k)
+
+
+def _check(domain: str, n_trajectories: int, frames: int, resolution: int) -> None:
+    if domain not in DOMAINS:
+        raise ValueError(f"domain: expected one of {', '.join(DOMAINS)}, got {domain!r}")
+    if n_trajectories < 1 or frames < 2 or resolution < 1:
+        raise ValueError(f"n_trajectories >= 1, frames >= 2 and resolution >= 1 expected, got "
+                         f"{n_trajectories}, {frames}, {resolution}")
+
+
+def _node_values(mesh: TriangleMesh, dirichlet_segment: Tensor, datum: Tensor) -> Tensor:
+    """Each boundary node's datum (that of its segment, `_node_segment`), zero inside, (N,)."""
+    boundary = mesh.boundary_nodes()
+    value = torch.zeros(len(mesh.nodes), dtype=torch.float64)
+    value[boundary] = datum[_node_segment(mesh, boundary, dirichlet_segment)]
+    return value
+
+
+def _write(path: str | Path, n_trajectories: int, domain: str, resolution: int, seed: int,
+           trajectory: Callable[[TriangleMesh, torch.Generator], tuple[Tensor, Tensor, Tensor, Tensor]],
+           attrs: dict) -> Path:
+    """Draw and solve every trajectory (``trajectory(mesh, g) -> (theta, Dirichlet segments,
+    data per segment, frames (T, N))``) and write the file, under a temporary name until complete."""
+    g = torch.Generator().manual_seed(seed)
+    rows: dict[str, list[np.ndarray]] = {name: [] for name in FIELDS}
+    for _ in range(n_trajectories):
+        mesh = _domain(domain, resolution, g)
+        theta, dirichlet_segment, datum, u = trajectory(mesh, g)
+        boundary = mesh.boundary_nodes()
+        segment = _node_segment(mesh, boundary, dirichlet_segment)
+        kind = torch.where(dirichlet_segment[segment], int(BCType.DIRICHLET), int(BCType.NEUMANN))
+        t = mesh.triangles
+        edges = torch.cat([t[:, [0, 1]], t[:, [1, 2]], t[:, [2, 0]]])
+        edges = torch.cat([edges, edges.flip(1)]).unique(dim=0).T
+        for name, value in (("pos", mesh.nodes), ("u", u[..., None]), ("theta", theta),
+                            ("triangles", t), ("edge_index", edges), ("boundary_index", boundary),
+                            ("boundary_kind", kind), ("boundary_values", datum[segment][:, None]),
+                            ("boundary_normal", mesh.boundary_normals(boundary)), ("boundary_segment", segment)):
+            rows[name].append(value.numpy())
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs.update({**attrs, "domain": domain, "layout": LAYOUT, "n_trajectories": n_trajectories})
+            for name, values in rows.items():
+                stacked = np.stack(values)
+                f.create_dataset(name, data=stacked.astype(np.float32) if stacked.dtype == np.float64 else stacked)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # (gone after the rename; a write that failed leaves nothing)
+    return path
 
 
 def _domain(domain: str, resolution: int, g: torch.Generator) -> TriangleMesh:

@@ -58,9 +58,9 @@ def prepare_data(cfg: Mapping[str, Any], progress: bool = True) -> None:
     Only the main process calls this; the others wait and then open the files.
     """
     if cfg["kind"] == "mesh":
-        from gno_ext.data.mesh import prepare_heat_mesh
-        prepare_heat_mesh(_generated_root(cfg) / "mesh", list(cfg["domains"]), str(cfg["size"]),
-                          int(cfg.get("seed", 0)))
+        from gno_ext.data.mesh import prepare_mesh
+        prepare_mesh(_generated_root(cfg) / "mesh", str(cfg.get("pde", "heat")), list(cfg["domains"]),
+                     str(cfg["size"]), int(cfg.get("seed", 0)))
         return
     if cfg["kind"] != "generated":
         return
@@ -101,7 +101,8 @@ def open_split(cfg: Mapping[str, Any], split: str, n_steps_input: int, n_steps_o
         domains = list(cfg["domains"])
         if not domains:
             raise ValueError("data.domains: name at least one domain")
-        parts = [MeshDataset(_generated_root(cfg) / "mesh" / f"heat-{d}" / f"{split}.h5", n_steps_input,
+        pde = str(cfg.get("pde", "heat"))
+        parts = [MeshDataset(_generated_root(cfg) / "mesh" / f"{pde}-{d}" / f"{split}.h5", n_steps_input,
                              n_steps_output) for d in domains]
         return parts[0] if len(parts) == 1 else ConcatDataset(parts)
     if kind == "generated":

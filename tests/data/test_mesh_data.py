@@ -1,13 +1,14 @@
-"""Heat datasets on irregular domains (`gno_ext.data.mesh`): the file's layout, the reader's
-windows, and frames that re-solving from the stored mesh and conditions reproduces."""
+"""Heat and advection datasets on irregular domains (`gno_ext.data.mesh`): the file's layout,
+the reader's windows, and frames that re-solving from the stored mesh and conditions reproduces."""
 
 import h5py
 import pytest
 import torch
 
-from gno_ext.data.mesh import DOMAINS, FIELDS, LAYOUT, MeshDataset, generate_heat_mesh
+from gno_ext.data.mesh import DOMAINS, FIELDS, LAYOUT, MeshDataset, generate_advection_mesh, generate_heat_mesh
 from gno_ext.schema import BCType
 from gno_ext.solvers.fem import TriangleMesh, heat_fem
+from gno_ext.solvers.fvm import advection_fvm
 
 
 @pytest.fixture(scope="module")
@@ -58,21 +59,8 @@ def test_the_frames_are_the_solvers_and_the_dirichlet_data_hold(files, domain):
     for traj in range(4):
         s = ds[traj]
         with h5py.File(dataset) as f:
-            triangles = torch.from_numpy(f["triangles"][traj])
             alpha = float(f["theta"][traj, 0])
-        edges = torch.cat([triangles[:, [0, 1]], triangles[:, [1, 2]], triangles[:, [2, 0]]]).sort(1).values
-        unique, count = edges.unique(dim=0, return_counts=True)
-        boundary_edges = unique[count == 1]  # edges of one triangle only
-        assert torch.equal(boundary_edges.flatten().unique(), s.boundary_index.sort().values)
-        node_segment = torch.full((s.n_nodes,), -1)
-        node_segment[s.boundary_index] = s.boundary_segment
-        mesh = TriangleMesh(s.pos.double(), triangles, boundary_edges, node_segment[boundary_edges[:, 0]])
-        node_kind = torch.zeros(s.n_nodes, dtype=torch.long)
-        node_kind[s.boundary_index] = s.boundary_kind
-        value = torch.zeros(s.n_nodes, dtype=torch.float64)
-        value[s.boundary_index] = s.boundary_values[:, 0].double()
-        # a Dirichlet edge has two Dirichlet nodes (a Neumann edge between two held nodes changes nothing)
-        dirichlet = (node_kind[boundary_edges] == int(BCType.DIRICHLET)).all(1)
+        mesh, dirichlet, value = _stored_problem(dataset, s, traj)
         u = s.u_in[:, 0, 0].double()
         for frame in range(4):
             u = heat_fem(mesh, u, alpha, 0.02, 4, dirichlet, g_dirichlet=lambda x, t: value,
@@ -85,6 +73,60 @@ def test_the_frames_are_the_solvers_and_the_dirichlet_data_hold(files, domain):
         assert torch.allclose(normal.norm(dim=1), torch.ones(len(normal), dtype=torch.float64))
         assert not _inside(mesh, s.pos[s.boundary_index].double() + 1e-3 * normal).any()
         assert _inside(mesh, s.pos[s.boundary_index].double() - 1e-3 * normal).all()
+
+
+def _stored_problem(path, s, traj: int) -> tuple[TriangleMesh, torch.Tensor, torch.Tensor]:
+    """The mesh of trajectory ``traj`` (window ``s``) from the file: boundary edges (those of one
+    triangle), each edge's segment and whether it is Dirichlet (both its nodes are: a node shared
+    with a Dirichlet segment is one), and the boundary data at the nodes."""
+    with h5py.File(path) as f:
+        triangles = torch.from_numpy(f["triangles"][traj])
+    edges = torch.cat([triangles[:, [0, 1]], triangles[:, [1, 2]], triangles[:, [2, 0]]]).sort(1).values
+    unique, count = edges.unique(dim=0, return_counts=True)
+    boundary_edges = unique[count == 1]
+    assert torch.equal(boundary_edges.flatten().unique(), s.boundary_index.sort().values)
+    node_segment = torch.full((s.n_nodes,), -1)
+    node_segment[s.boundary_index] = s.boundary_segment
+    mesh = TriangleMesh(s.pos.double(), triangles, boundary_edges, node_segment[boundary_edges[:, 0]])
+    node_kind = torch.zeros(s.n_nodes, dtype=torch.long)
+    node_kind[s.boundary_index] = s.boundary_kind
+    value = torch.zeros(s.n_nodes, dtype=torch.float64)
+    value[s.boundary_index] = s.boundary_values[:, 0].double()
+    return mesh, (node_kind[boundary_edges] == int(BCType.DIRICHLET)).all(1), value
+
+
+@pytest.fixture(scope="module")
+def advection_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mesh_advection")
+    return {domain: generate_advection_mesh(folder / f"{domain}.h5", 4, domain, frames=4, dt=0.05, resolution=3,
+                                            seed=5) for domain in DOMAINS}
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_advection_frames_are_the_solvers(advection_files, domain):
+    """The advection file's layout, and its frames re-solved from the stored first frame, mesh,
+    velocity and conditions; the flow goes in every direction at the documented speeds."""
+    path = advection_files[domain]
+    with h5py.File(path) as f:
+        assert list(f.attrs["parameter_names"]) == ["vx", "vy"] and f.attrs["dataset_name"] == f"advection_{domain}"
+        velocity = torch.from_numpy(f["theta"][()]).double()
+        kind, values = f["boundary_kind"][()], f["boundary_values"][()][..., 0]
+    speed = velocity.norm(dim=1)
+    assert velocity.shape == (4, 2) and (0.5 <= speed).all() and (speed <= 1.5).all()
+    assert (values[kind == int(BCType.NEUMANN)] == 0).all()  # zero normal gradient
+    ds = MeshDataset(path, 1, 3)
+    assert ds.parameter_names == ["vx", "vy"]
+    for traj in range(4):
+        s = ds[traj]
+        mesh, dirichlet, value = _stored_problem(path, s, traj)
+        u = s.u_in[:, 0, 0].double()
+        for frame in range(3):
+            u = advection_fvm(mesh, u, velocity[traj], [0.0, 0.05], dirichlet, g_dirichlet=lambda x, t: value)[-1]
+            torch.testing.assert_close(u.float(), s.u_out[:, frame, 0], rtol=1e-4, atol=1e-4)
+        assert (s.u_out[:, -1] != s.u_in[:, 0]).any()  # it moved
+    with pytest.raises(ValueError, match="speed_range: expected 0 < low <= high"):
+        generate_advection_mesh(path.parent / "x.h5", 1, speed_range=(0.0, 1.0))
+    assert not (path.parent / "x.h5").exists() and not list(path.parent.glob(".*tmp*"))
 
 
 def _inside(mesh: TriangleMesh, points: torch.Tensor) -> torch.Tensor:

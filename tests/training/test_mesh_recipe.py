@@ -1,4 +1,5 @@
-"""The mesh recipe (heat-mesh) through the training loop, and the mesh problem's per-graph errors."""
+"""The mesh recipes (heat-mesh, advection-mesh) through the training loop, and the mesh problem's
+per-graph errors."""
 
 from __future__ import annotations
 
@@ -48,6 +49,21 @@ def test_heat_mesh_smoke_end_to_end(train_module, tmp_path, cache):
     assert type(model).__name__ == "GNOMesh"
     again = evaluate_saved(run, out_dir=tmp_path / "again")
     assert again["nmse"]["mean"] == pytest.approx(report["nmse"]["mean"], rel=1e-5)
+
+
+def test_advection_mesh_smoke_end_to_end(train_module, tmp_path, cache):
+    """The advection recipe: its own files, the velocity (two parameters) reaching the model and
+    the DRO groups, and the rollout's report."""
+    result = train_module.main(["--recipe", "advection-mesh", "size=smoke", f"output_root={tmp_path}", *QUIET])
+    run = Path(result["run_dir"])
+    for domain in DOMAINS:
+        assert (cache / "data" / "smoke" / "mesh" / f"advection-{domain}" / "train.h5").is_file()
+    assert not (cache / "data" / "smoke" / "mesh" / "heat-annulus").exists()
+    model = from_checkpoint(run / "model")
+    assert model.n_params == 2
+    report = json.loads((run / "eval" / "report.json").read_text())
+    assert report["trajectories"] == 4 and 0 < report["nmse"]["mean"] < 10
+    assert all("vx in" in g["label"] and "vy in" in g["label"] for g in report["groups"])
 
 
 def test_mesh_and_grid_models_are_not_mixed_and_mesh_runs_are_not_captured(train_module, tmp_path):
