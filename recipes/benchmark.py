@@ -383,7 +383,7 @@ def _runtime_results(results: Path) -> tuple[Any, list[dict[str, Any]]] | None:
     return module, [{**json.loads(p.read_text()), "file": p.name} for p in files]
 
 
-def _runtime_commands(found: list[dict[str, Any]]) -> list[str]:
+def _runtime_commands(found: list[dict[str, Any]], tables: dict[str, Any]) -> list[str]:
     """The commands that reproduce runtime results: train the table's run again (where the run
     folder is a benchmark run, ``<table>/<recipe>/<row>-seed<N>``; its result goes beside the
     run, since the committed one would skip it), then time it."""
@@ -395,9 +395,9 @@ def _runtime_commands(found: list[dict[str, Any]]) -> list[str]:
             trajectories = sum(c["trajectories"] for c in run["classes"].values())
             resolutions = sorted({p["res"] for c in run["classes"].values() for curve in c["solvers"].values()
                                   for p in curve})
-            if table in load_tables() and seed.isdigit():
+            if table in tables and seed.isdigit():
                 commands.append(f"python recipes/benchmark.py run --table {table} --recipes {recipe} --rows {row} "
-                                f"--seeds {seed} --output-root runs --results runs/results")  # (the committed result would skip it)
+                                f"--seeds {seed} --output-root runs --results runs/results")
             commands.append(f"python benchmarks/bench_runtime.py run runs/{table}/{recipe}/{name} --out "
                             f"runs/{RUNTIME}/{r['file']} --trajectories {trajectories} --resolutions "
                             f"{' '.join(map(str, resolutions))} --repeats {r['repeats']}")
@@ -549,17 +549,18 @@ def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
         module, found = runtime
         runs = [run for r in found for run in r["runs"]]
         out.append("## Runtime against the solvers at matched accuracy\n")
+        sizes = " and ".join(sorted({f"{run['resolution']}²" for run in runs}))
         out.append("Each solver at the coarsest resolution whose rollout nMSE is at most the model's (its error "
-                   "against the 128² ground truth; `(finest)`: none coarser is, the data's own resolution), "
+                   f"against the {sizes} ground truth; `(finest)`: none coarser is, the data's own resolution), "
                    "timed against the model on the same GPU in the same process: milliseconds per "
                    f"{runs[0]['steps']}-frame rollout at each batch size, median of repeats.\n")
         out.append(module.summary(found) + "\n")
         out.append(f"GPU: {', '.join(sorted({r['gpu'] for r in found}))}, torch "
                    f"{', '.join(sorted({r['torch'] for r in found}))}. Commits: "
                    f"{', '.join(sorted({str(r['commit'])[:10] for r in found}))}. Trained runs: "
-                   + ", ".join(f"`{Path(run['run']).relative_to(Path(run['run']).parents[2])}`" for run in runs)
+                   + ", ".join(f"`{'/'.join(Path(run['run']).parts[-3:])}`" for run in runs)
                    + f". Files: `benchmarks/results/{RUNTIME}/`. Reproduce (on one GPU):\n")
-        out.append("```bash\n" + "\n".join(_runtime_commands(found)) + "\n```\n")
+        out.append("```bash\n" + "\n".join(_runtime_commands(found, tables)) + "\n```\n")
         out.append(f"![error against time per frame]({FIGURES}/{RUNTIME}.png)\n")
         notes = results.parent / "notes" / f"{RUNTIME}.md"
         if notes.is_file():

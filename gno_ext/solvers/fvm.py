@@ -159,11 +159,8 @@ def advection_fvm(mesh: TriangleMesh, u0: Tensor, velocity: Tensor, times: Tenso
         flux = vn.abs() * (u[up] + 0.5 * limited)  # moves from up to down
         du = torch.zeros_like(u)
         du.index_add_(0, up, -flux).index_add_(0, down, flux)
-        inflow = u[bi]
-        if g_dirichlet is not None and b_dirichlet.any():
-            inflow = torch.where(b_dirichlet, g_dirichlet(x, t).double()[bi], inflow)
-        elif b_dirichlet.any():
-            inflow = torch.where(b_dirichlet, 0.0, inflow)
+        data = g_dirichlet(x, t).double()[bi] if g_dirichlet is not None else torch.zeros_like(bvn)
+        inflow = torch.where(b_dirichlet, data, u[bi])  # Neumann: the inside value (zero gradient)
         du.index_add_(0, bi, -(bvn.clamp(min=0) * u[bi] + bvn.clamp(max=0) * inflow))
         return du / dual.area
 
