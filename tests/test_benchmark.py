@@ -236,3 +236,25 @@ def test_runtime_results_get_their_table_figure_and_commands(tmp_path):
     assert "![error against time per frame](results/runtime.png)" in page
     written = bench.write_figures(bench.load_tables(), tmp_path, tmp_path / "figures")
     assert tmp_path / "figures" / "runtime.png" in written and (tmp_path / "figures" / "runtime.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_the_mesh_table_runs_its_recipes_and_renders(tmp_path):
+    """The mesh table's runs go through the same command (data generated once, the rows' capture
+    setting last) and leave result files that the page renders."""
+    pytest.importorskip("torch_geometric")
+    results = tmp_path / "results"
+    command = [sys.executable, str(RECIPES / "benchmark.py"), "run", "--table", "mesh", "--size", "smoke",
+               "--results", str(results), "--output-root", str(tmp_path / "runs"), "--",
+               "trainer.epochs=1", "trainer.batch_size=4", "trainer.progress=false", "eval.figures=0",
+               "trainer.tensorboard=false", "trainer.capture=true"]  # the rows turn the capture off again
+    env = {"GNO_EXT_CACHE": str(tmp_path / "cache"), "GNO_EXT_SWEEP_DIR": str(tmp_path / "hydra")}
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for recipe in ("heat-mesh", "advection-mesh"):
+        files = sorted(p.name for p in (results / "mesh" / recipe).glob("*.json"))
+        assert files == ["gno_mesh-seed0.json", "mesh_gnn-seed0.json"]
+        result = json.loads((results / "mesh" / recipe / "gno_mesh-seed0.json").read_text())
+        assert set(bench.REQUIRED) <= set(result) and result["paper_nmse"] is None and result["nmse_mean"] > 0
+    page = bench.render(bench.load_tables(), results).split("## `mesh`")[1]
+    assert page.count("| `gno_mesh` |") == 1 and "size=smoke, 1 epochs, batch 4" in page

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import h5py
 import pytest
 import torch
 
@@ -57,8 +58,8 @@ def test_advection_mesh_smoke_end_to_end(train_module, tmp_path, cache):
     result = train_module.main(["--recipe", "advection-mesh", "size=smoke", f"output_root={tmp_path}", *QUIET])
     run = Path(result["run_dir"])
     for domain in DOMAINS:
-        assert (cache / "data" / "smoke" / "mesh" / f"advection-{domain}" / "train.h5").is_file()
-    assert not (cache / "data" / "smoke" / "mesh" / "heat-annulus").exists()
+        with h5py.File(cache / "data" / "smoke" / "mesh" / f"advection-{domain}" / "train.h5") as f:
+            assert f.attrs["dataset_name"] == f"advection_{domain}"
     model = from_checkpoint(run / "model")
     assert model.n_params == 2
     report = json.loads((run / "eval" / "report.json").read_text())
