@@ -1,7 +1,7 @@
 r"""Heat and advection datasets on irregular domains, written in a documented HDF5 layout, and
 their reader into `gno_ext.mesh.MeshSample` windows.
 
-Three domains (``domain=``), each with two boundary segments:
+Four domains (``domain=``):
 
 * ``"annulus"``: the disk of radius 1 with a circular hole of radius $r_{in} \sim U[0.2, 0.5]$
   (`gno_ext.solvers.fem.annulus_mesh`); segment 0 is the outer circle, segment 1 the hole's rim;
@@ -11,23 +11,27 @@ Three domains (``domain=``), each with two boundary segments:
   $b \sim U[-0.2, 0.2]$ (`gno_ext.solvers.fem.ring_mesh`); segments as for the annulus;
 * ``"l-shape"``: the L-shaped domain $[0, 1]^2 \setminus (0.5, 1]^2$
   (`gno_ext.solvers.fem.l_shape_mesh`, the same mesh for every trajectory); segment 0 is the
-  outer sides, segment 1 the two edges of the re-entrant corner.
+  outer sides, segment 1 the two edges of the re-entrant corner;
+* ``"square"``: the unit square (`gno_ext.solvers.fem.square_mesh`), the domain a grid also
+  represents; its four sides are segments 0 to 3 (``x = 0``, ``x = 1``, ``y = 0``, ``y = 1``).
 
 The ring domains have ``resolution`` rings of ``4 * resolution`` sectors, the L-shape
-``resolution`` cells per half side: every trajectory of a file has the same node count and
-connectivity. Each trajectory draws:
+``resolution`` cells per half side and the square ``2 * resolution`` cells per side: every
+trajectory of a file has the same node count and connectivity. Each trajectory draws:
 
 * the domain's shape, as above;
 * the diffusivity $\alpha$, log-uniform in ``alpha_range`` (the parameter $\theta$);
-* a condition per boundary segment: Dirichlet or Neumann with equal probability, and its
-  constant datum $g \sim U[-1, 1]$ (the value, or the outward flux);
+* a condition per boundary segment: Dirichlet or Neumann with equal probability (on the square,
+  whose 16 configurations would leave some out of a small file, trajectory $k$ takes
+  configuration $k \bmod 16$ in turn), and its constant datum $g \sim U[-1, 1]$ (the value, or
+  the outward flux);
 * a smooth random initial field, a sum of ``modes`` random plane waves of wave numbers up to 3,
   set to the Dirichlet data on Dirichlet nodes;
 
 and is solved by P1 finite elements with Crank-Nicolson (`gno_ext.solvers.fem.heat_fem`,
 second order, verified), ``substeps`` steps per frame. A node where two segments meet (the
-L-shape's corners at (0.5, 1) and (1, 0.5)) belongs to the Dirichlet one where there is one
-(it is held at that datum), else to segment 0.
+L-shape's corners at (0.5, 1) and (1, 0.5), the square's corners) belongs to the Dirichlet one
+where there is one (it is held at that datum), else to the lower-numbered one.
 
 `generate_advection_mesh` writes the advection equation $\partial_t u + v\cdot\nabla u = 0$ on
 the same domains. Each trajectory draws a constant velocity $v$ of speed uniform in
@@ -51,7 +55,7 @@ boundary nodes:
 | ``boundary_kind`` | (n, M) | `BCType` codes |
 | ``boundary_values`` | (n, M, 1) | the data (constant in time) |
 | ``boundary_normal`` | (n, M, 2) | outward unit normals (at a corner, the bisector) |
-| ``boundary_segment`` | (n, M) | the node's segment, 0 or 1 |
+| ``boundary_segment`` | (n, M) | the node's segment (0 or 1; 0 to 3 on the square) |
 
 with the attributes ``dataset_name`` (``heat_<domain>`` or ``advection_<domain>``), ``domain``,
 ``dt`` (time between frames), ``parameter_names`` (``["alpha"]`` or ``["vx", "vy"]``),
@@ -80,6 +84,7 @@ from gno_ext.solvers.fem import (
     heat_fem,
     l_shape_mesh,
     ring_mesh,
+    square_mesh,
 )
 from gno_ext.solvers.fvm import advection_fvm
 
@@ -87,7 +92,7 @@ __all__ = ["DOMAINS", "LAYOUT", "MESH_SIZES", "MeshDataset", "generate_advection
            "prepare_mesh"]
 
 LAYOUT = "gno_ext.mesh/1"
-DOMAINS = ("annulus", "star", "l-shape")
+DOMAINS = ("annulus", "star", "l-shape", "square")
 SPLITS = ("train", "valid", "test")
 # The recipes' sizes: trajectories per domain and split, frames, mesh resolution (nodes: about
 # 4 r (r + 1) on the rings, 3 r^2 + 4 r + 1 on the L-shape).
@@ -112,10 +117,10 @@ def generate_heat_mesh(path: str | Path, n_trajectories: int, domain: str = "ann
     if not 0 < lo <= hi:
         raise ValueError(f"alpha_range: expected 0 < low <= high, got {alpha_range}")
 
-    def trajectory(mesh: TriangleMesh, g: torch.Generator) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def trajectory(mesh: TriangleMesh, g: torch.Generator, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         alpha = math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * float(torch.rand((), generator=g)))
-        dirichlet_segment = torch.rand(2, generator=g) < 0.5
-        datum = 2 * torch.rand(2, generator=g, dtype=torch.float64) - 1
+        dirichlet_segment = _dirichlet_segments(mesh, g, k)
+        datum = 2 * torch.rand(_segments(mesh), generator=g, dtype=torch.float64) - 1
         node_value = _node_values(mesh, dirichlet_segment, datum)
         u0 = _initial_field(mesh.nodes, modes, g)
         on_dirichlet_edge = dirichlet_segment[mesh.edge_segment]
@@ -141,12 +146,12 @@ def generate_advection_mesh(path: str | Path, n_trajectories: int, domain: str =
     if not 0 < lo <= hi:
         raise ValueError(f"speed_range: expected 0 < low <= high, got {speed_range}")
 
-    def trajectory(mesh: TriangleMesh, g: torch.Generator) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def trajectory(mesh: TriangleMesh, g: torch.Generator, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         speed = lo + (hi - lo) * float(torch.rand((), generator=g))
         angle = 2 * math.pi * float(torch.rand((), generator=g))
         velocity = torch.tensor([speed * math.cos(angle), speed * math.sin(angle)], dtype=torch.float64)
-        dirichlet_segment = torch.rand(2, generator=g) < 0.5
-        datum = torch.where(dirichlet_segment, 2 * torch.rand(2, generator=g, dtype=torch.float64) - 1, 0.0)
+        dirichlet_segment = _dirichlet_segments(mesh, g, k)
+        datum = torch.where(dirichlet_segment, 2 * torch.rand(_segments(mesh), generator=g, dtype=torch.float64) - 1, 0.0)
         node_value = _node_values(mesh, dirichlet_segment, datum)
         u0 = _initial_field(mesh.nodes, modes, g)
         times = dt * torch.arange(frames, dtype=torch.float64)
@@ -189,6 +194,21 @@ def _check(domain: str, n_trajectories: int, frames: int, resolution: int) -> No
                          f"{n_trajectories}, {frames}, {resolution}")
 
 
+def _segments(mesh: TriangleMesh) -> int:
+    return int(mesh.edge_segment.max()) + 1
+
+
+def _dirichlet_segments(mesh: TriangleMesh, g: torch.Generator, k: int) -> Tensor:
+    """Which segments of trajectory ``k`` are Dirichlet: each with probability 1/2 on the
+    two-segment domains; on the square (four sides, 16 configurations) configuration ``k mod 16``
+    (side ``s`` Dirichlet where bit ``s`` of it is 0), so that a file of 16 or more trajectories
+    has every one, and a shorter file's are among a longer one's."""
+    n = _segments(mesh)
+    if n == 2:
+        return torch.rand(2, generator=g) < 0.5
+    return ((k % 2**n) >> torch.arange(n)) & 1 == 0
+
+
 def _node_values(mesh: TriangleMesh, dirichlet_segment: Tensor, datum: Tensor) -> Tensor:
     """Each boundary node's datum (that of its segment, `_node_segment`), zero inside, (N,)."""
     boundary = mesh.boundary_nodes()
@@ -198,15 +218,15 @@ def _node_values(mesh: TriangleMesh, dirichlet_segment: Tensor, datum: Tensor) -
 
 
 def _write(path: str | Path, n_trajectories: int, domain: str, resolution: int, seed: int,
-           trajectory: Callable[[TriangleMesh, torch.Generator], tuple[Tensor, Tensor, Tensor, Tensor]],
+           trajectory: Callable[[TriangleMesh, torch.Generator, int], tuple[Tensor, Tensor, Tensor, Tensor]],
            attrs: dict) -> Path:
-    """Draw and solve every trajectory (``trajectory(mesh, g) -> (theta, Dirichlet segments,
+    """Draw and solve every trajectory (``trajectory(mesh, g, k) -> (theta, Dirichlet segments,
     data per segment, frames (T, N))``) and write the file, under a temporary name until complete."""
     g = torch.Generator().manual_seed(seed)
     rows: dict[str, list[np.ndarray]] = {name: [] for name in FIELDS}
-    for _ in range(n_trajectories):
+    for k in range(n_trajectories):
         mesh = _domain(domain, resolution, g)
-        theta, dirichlet_segment, datum, u = trajectory(mesh, g)
+        theta, dirichlet_segment, datum, u = trajectory(mesh, g, k)
         boundary = mesh.boundary_nodes()
         segment = _node_segment(mesh, boundary, dirichlet_segment)
         kind = torch.where(dirichlet_segment[segment], int(BCType.DIRICHLET), int(BCType.NEUMANN))
@@ -247,6 +267,8 @@ def _domain(domain: str, resolution: int, g: torch.Generator) -> TriangleMesh:
         outer = lambda angle: 1 + (a * torch.cos(k * angle[:, None] + phase)).sum(1)
         inner = lambda angle: r0 * (1 + b * torch.cos(2 * angle + psi))
         return ring_mesh(inner, outer, resolution, 4 * resolution)
+    if domain == "square":
+        return square_mesh(2 * resolution)
     return l_shape_mesh(resolution)
 
 
@@ -305,6 +327,7 @@ class MeshDataset(torch.utils.data.Dataset):
         self.t_in, self.t_out = n_steps_input, n_steps_output
         self.starts = frames - n_steps_input - n_steps_output + 1
         self.n_trajectories = n
+        self.n_segments = int(self.data["boundary_segment"].max()) + 1
 
     def __len__(self) -> int:
         return self.n_trajectories * self.starts

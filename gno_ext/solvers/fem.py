@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["TriangleMesh", "annulus_mesh", "heat_fem", "l_shape_mesh", "ring_mesh"]
+__all__ = ["TriangleMesh", "annulus_mesh", "heat_fem", "l_shape_mesh", "ring_mesh", "square_mesh"]
 
 
 @dataclass
@@ -199,6 +199,26 @@ def l_shape_mesh(n: int = 8) -> TriangleMesh:
     mid = nodes[boundary].mean(1)
     corner = ((mid[:, 0] - 0.5).abs() < 1e-12) & (mid[:, 1] > 0.5) | ((mid[:, 1] - 0.5).abs() < 1e-12) & (mid[:, 0] > 0.5)
     return TriangleMesh(nodes, triangles, boundary, corner.long())
+
+
+def square_mesh(n: int = 8) -> TriangleMesh:
+    """A triangulation of the unit square: ``n`` cells per side, each cut in two along its
+    diagonal. Its four sides are segments 0 to 3: ``x = 0``, ``x = 1``, ``y = 0``, ``y = 1`` (the
+    faces of a grid in the same order); a corner node lies on two."""
+    if n < 1:
+        raise ValueError(f"n: expected >= 1 cells per side, got {n}")
+    ij = torch.cartesian_prod(torch.arange(n + 1), torch.arange(n + 1))  # node id i * (n + 1) + j, i along x
+    nodes = ij.double() / n
+    i, j = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+    a = (i * (n + 1) + j).flatten()
+    b, c, d = a + n + 1, a + n + 2, a + 1  # (i + 1, j), (i + 1, j + 1), (i, j + 1)
+    triangles = torch.cat([torch.stack([a, b, c], 1), torch.stack([a, c, d], 1)])
+    k = torch.arange(n)
+    sides = [torch.stack([k, k + 1], 1),  # x = 0: i = 0
+             torch.stack([n * (n + 1) + k, n * (n + 1) + k + 1], 1),  # x = 1
+             torch.stack([k * (n + 1), (k + 1) * (n + 1)], 1),  # y = 0: j = 0
+             torch.stack([k * (n + 1) + n, (k + 1) * (n + 1) + n], 1)]  # y = 1
+    return TriangleMesh(nodes, triangles, torch.cat(sides), torch.arange(4).repeat_interleave(n))
 
 
 def heat_fem(mesh: TriangleMesh, u0: Tensor, alpha: float, t_end: float, steps: int, dirichlet: Tensor,

@@ -104,6 +104,10 @@ def open_split(cfg: Mapping[str, Any], split: str, n_steps_input: int, n_steps_o
         pde = str(cfg.get("pde", "heat"))
         parts = [MeshDataset(_generated_root(cfg) / "mesh" / f"{pde}-{d}" / f"{split}.h5", n_steps_input,
                              n_steps_output) for d in domains]
+        segments = {d: p.n_segments for d, p in zip(domains, parts)}
+        if len(set(segments.values())) > 1:  # a DRO configuration is the type of every segment
+            raise ValueError(f"data.domains: {segments} boundary segments per domain; a run takes domains with "
+                             f"the same number (train the square, with its four sides, on its own)")
         return parts[0] if len(parts) == 1 else ConcatDataset(parts)
     if kind == "generated":
         folder = _generated_root(cfg) / "datasets" / str(cfg["preset"])

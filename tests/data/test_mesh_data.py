@@ -152,7 +152,26 @@ def test_the_domains_differ_as_documented(files):
         assert not ((pos[..., 0] > 0.5 + 1e-6) & (pos[..., 1] > 0.5 + 1e-6)).any()
         corner = torch.from_numpy(f["boundary_segment"][()]) == 1
         assert corner.any(1).all()
-    with pytest.raises(ValueError, match="domain: expected one of annulus, star, l-shape, got 'disk'"):
+    with h5py.File(files["square"]) as f:  # four sides, each its own segment; a corner on one of its two
+        pos = torch.from_numpy(f["pos"][()]).double()
+        index = torch.from_numpy(f["boundary_index"][()]).long()
+        segment = torch.from_numpy(f["boundary_segment"][()]).long()
+        kind = torch.from_numpy(f["boundary_kind"][()]).long()
+        dirichlet = kind == int(BCType.DIRICHLET)
+        assert segment.unique().tolist() == [0, 1, 2, 3] and pos.shape[1] == 49  # 6 cells per side at resolution 3
+        at = torch.gather(pos, 1, index[..., None].expand(-1, -1, 2))
+        side = torch.stack([at[..., 0] == 0, at[..., 0] == 1, at[..., 1] == 0, at[..., 1] == 1], -1)
+        assert torch.gather(side, 2, segment[..., None]).all()  # each node on its segment's side
+        corner = side.sum(-1) == 2
+        for t in range(len(pos)):  # trajectory t has configuration t: side q Dirichlet where bit q is 0
+            got = [bool(dirichlet[t][(segment[t] == q) & ~corner[t]].all()) for q in range(4)]
+            assert got == [(t >> q) & 1 == 0 for q in range(4)]
+        for t in range(len(pos)):  # a corner takes a Dirichlet side where it has one
+            for k in corner[t].nonzero()[:, 0]:
+                sides = side[t, k].nonzero()[:, 0]
+                side_dirichlet = [bool(dirichlet[t][(segment[t] == q) & ~corner[t]].all()) for q in sides.tolist()]
+                assert bool(dirichlet[t, k]) == any(side_dirichlet)
+    with pytest.raises(ValueError, match="domain: expected one of annulus, star, l-shape, square, got 'disk'"):
         generate_heat_mesh(files["star"].parent / "x.h5", 1, "disk")
 
 

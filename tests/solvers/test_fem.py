@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from gno_ext.solvers.fem import TriangleMesh, annulus_mesh, heat_fem, l_shape_mesh, ring_mesh
+from gno_ext.solvers.fem import TriangleMesh, annulus_mesh, heat_fem, l_shape_mesh, ring_mesh, square_mesh
 
 ALPHA, T_END = 0.5, 0.2
 
@@ -152,3 +152,21 @@ def test_recorded_frames_are_the_states_of_separate_runs():
     torch.testing.assert_close(frames[-1], heat_fem(mesh, u0, ALPHA, 0.06, 6, dirichlet, g_dirichlet=g, g_neumann=g))
     with pytest.raises(ValueError, match="record_every: expected >= 0"):
         heat_fem(mesh, u0, ALPHA, 0.06, 6, dirichlet, record_every=-1)
+
+
+def test_the_square_mesh_has_one_segment_per_side():
+    mesh = square_mesh(4)
+    assert len(mesh.nodes) == 25 and float(mesh.areas().sum()) == pytest.approx(1.0, rel=1e-12)
+    t = mesh.triangles
+    edges = torch.cat([t[:, [0, 1]], t[:, [1, 2]], t[:, [2, 0]]]).sort(1).values
+    unique, count = edges.unique(dim=0, return_counts=True)
+    assert torch.equal(unique[count == 1], mesh.boundary_edges.sort(1).values.unique(dim=0))
+    for segment, (axis, value) in enumerate([(0, 0.0), (0, 1.0), (1, 0.0), (1, 1.0)]):
+        nodes = mesh.boundary_nodes(segment)
+        assert len(nodes) == 5 and (mesh.nodes[nodes, axis] == value).all()
+        inside = nodes[(mesh.nodes[nodes, 1 - axis] > 0) & (mesh.nodes[nodes, 1 - axis] < 1)]  # not the corners
+        normal = torch.zeros(2, dtype=torch.float64)
+        normal[axis] = 1.0 if value == 1.0 else -1.0
+        assert torch.allclose(mesh.boundary_normals(inside), normal.expand(len(inside), 2))
+    with pytest.raises(ValueError, match="n: expected >= 1 cells per side"):
+        square_mesh(0)

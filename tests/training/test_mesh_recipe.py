@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("torch_geometric")
 
-from gno_ext.data.mesh import DOMAINS, MESH_SIZES  # noqa: E402
+from gno_ext.data.mesh import MESH_SIZES  # noqa: E402
 from gno_ext.losses import nmse  # noqa: E402
 from gno_ext.models import from_checkpoint  # noqa: E402
 from gno_ext.training.evaluate import evaluate_saved  # noqa: E402
@@ -20,6 +20,8 @@ from gno_ext.training.problem import MeshProblem, problem_for  # noqa: E402
 from gno_ext.training.recipe_data import open_split, training_groups  # noqa: E402
 
 from .conftest import QUIET  # noqa: E402
+
+DOMAINS = ("annulus", "star", "l-shape")  # the recipes' default data.domains
 
 
 def test_heat_mesh_smoke_end_to_end(train_module, tmp_path, cache):
@@ -110,3 +112,16 @@ def test_per_graph_errors_are_each_graphs_own(cache):
     _, _, window_kinds, binner = training_groups({"data": cfg, "recipe": {"parameter": "alpha"}}, ds)
     assert torch.equal(kinds, torch.as_tensor(window_kinds[[0, len(ds) - 1, 5]]))
     assert torch.equal(problem.groups(binner, batch), binner(batch.theta, kinds))
+
+
+def test_the_square_trains_on_its_own_and_is_not_mixed_with_two_segment_domains(train_module, tmp_path, cache):
+    """The square's four sides are four segments: its runs group windows by the four types
+    (16 configurations at most); a run that mixes it with a domain of two segments is refused
+    by name."""
+    result = train_module.main(["--recipe", "heat-mesh", "size=smoke", "data.domains=[square]",
+                                f"output_root={tmp_path}", *QUIET])
+    report = json.loads((Path(result["run_dir"]) / "eval" / "report.json").read_text())
+    assert all(len(g["label"].split(",")[0].split("/")) == 4 for g in report["groups"])
+    with pytest.raises(ValueError, match=r"data.domains: \{'annulus': 2, 'square': 4\} boundary segments"):
+        train_module.main(["--recipe", "heat-mesh", "size=smoke", "data.domains=[annulus,square]",
+                           f"output_root={tmp_path / 'mixed'}", *QUIET])
