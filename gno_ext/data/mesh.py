@@ -206,7 +206,7 @@ def _dirichlet_segments(mesh: TriangleMesh, g: torch.Generator, k: int) -> Tenso
     n = _segments(mesh)
     if n == 2:
         return torch.rand(2, generator=g) < 0.5
-    return ((k % 2**n) >> torch.arange(n)) & 1 == 0
+    return (((k % 2**n) >> torch.arange(n)) & 1) == 0
 
 
 def _node_values(mesh: TriangleMesh, dirichlet_segment: Tensor, datum: Tensor) -> Tensor:
