@@ -120,7 +120,7 @@ def generate_heat_mesh(path: str | Path, n_trajectories: int, domain: str = "ann
     def trajectory(mesh: TriangleMesh, g: torch.Generator, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         alpha = math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * float(torch.rand((), generator=g)))
         dirichlet_segment = _dirichlet_segments(mesh, g, k)
-        datum = 2 * torch.rand(_segments(mesh), generator=g, dtype=torch.float64) - 1
+        datum = 2 * torch.rand(mesh.n_segments, generator=g, dtype=torch.float64) - 1
         node_value = _node_values(mesh, dirichlet_segment, datum)
         u0 = _initial_field(mesh.nodes, modes, g)
         on_dirichlet_edge = dirichlet_segment[mesh.edge_segment]
@@ -151,7 +151,7 @@ def generate_advection_mesh(path: str | Path, n_trajectories: int, domain: str =
         angle = 2 * math.pi * float(torch.rand((), generator=g))
         velocity = torch.tensor([speed * math.cos(angle), speed * math.sin(angle)], dtype=torch.float64)
         dirichlet_segment = _dirichlet_segments(mesh, g, k)
-        datum = torch.where(dirichlet_segment, 2 * torch.rand(_segments(mesh), generator=g, dtype=torch.float64) - 1, 0.0)
+        datum = torch.where(dirichlet_segment, 2 * torch.rand(mesh.n_segments, generator=g, dtype=torch.float64) - 1, 0.0)
         node_value = _node_values(mesh, dirichlet_segment, datum)
         u0 = _initial_field(mesh.nodes, modes, g)
         times = dt * torch.arange(frames, dtype=torch.float64)
@@ -194,16 +194,12 @@ def _check(domain: str, n_trajectories: int, frames: int, resolution: int) -> No
                          f"{n_trajectories}, {frames}, {resolution}")
 
 
-def _segments(mesh: TriangleMesh) -> int:
-    return int(mesh.edge_segment.max()) + 1
-
-
 def _dirichlet_segments(mesh: TriangleMesh, g: torch.Generator, k: int) -> Tensor:
     """Which segments of trajectory ``k`` are Dirichlet: each with probability 1/2 on the
     two-segment domains; on the square (four sides, 16 configurations) configuration ``k mod 16``
     (side ``s`` Dirichlet where bit ``s`` of it is 0), so that a file of 16 or more trajectories
     has every one, and a shorter file's are among a longer one's."""
-    n = _segments(mesh)
+    n = mesh.n_segments
     if n == 2:
         return torch.rand(2, generator=g) < 0.5
     return (((k % 2**n) >> torch.arange(n)) & 1) == 0
@@ -230,11 +226,10 @@ def _write(path: str | Path, n_trajectories: int, domain: str, resolution: int, 
         boundary = mesh.boundary_nodes()
         segment = _node_segment(mesh, boundary, dirichlet_segment)
         kind = torch.where(dirichlet_segment[segment], int(BCType.DIRICHLET), int(BCType.NEUMANN))
-        t = mesh.triangles
-        edges = torch.cat([t[:, [0, 1]], t[:, [1, 2]], t[:, [2, 0]]])
+        edges = mesh.directed_edges()
         edges = torch.cat([edges, edges.flip(1)]).unique(dim=0).T
         for name, value in (("pos", mesh.nodes), ("u", u[..., None]), ("theta", theta),
-                            ("triangles", t), ("edge_index", edges), ("boundary_index", boundary),
+                            ("triangles", mesh.triangles), ("edge_index", edges), ("boundary_index", boundary),
                             ("boundary_kind", kind), ("boundary_values", datum[segment][:, None]),
                             ("boundary_normal", mesh.boundary_normals(boundary)), ("boundary_segment", segment)):
             rows[name].append(value.numpy())
@@ -337,7 +332,7 @@ class MeshDataset(torch.utils.data.Dataset):
         segment has its type (a node shared by two segments belongs to the one whose type it
         takes)."""
         segment, kind = self.data["boundary_segment"].long(), self.data["boundary_kind"].long()
-        out = torch.full((self.n_trajectories, int(segment.max()) + 1), -1, dtype=torch.long)
+        out = torch.full((self.n_trajectories, self.n_segments), -1, dtype=torch.long)
         return out.scatter_(1, segment, kind)
 
     def window_trajectories(self) -> Tensor:

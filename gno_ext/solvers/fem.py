@@ -79,15 +79,30 @@ class TriangleMesh:
         edges = self.boundary_edges if segment is None else self.boundary_edges[self.edge_segment == segment]
         return edges.flatten().unique()
 
+    @property
+    def n_segments(self) -> int:
+        """The number of boundary segments (``edge_segment`` runs from 0 to this minus one)."""
+        return int(self.edge_segment.max()) + 1
+
+    def directed_edges(self) -> Tensor:
+        """Every triangle's three edges in its counter-clockwise order (the inside on the left),
+        shape (3 T, 2): an interior edge appears twice, once each way."""
+        t = self.triangles
+        return torch.cat([t[:, [0, 1]], t[:, [1, 2]], t[:, [2, 0]]])
+
+    def outer_edges(self) -> Tensor:
+        """The triangulation's boundary edges (those of one triangle only), each directed with
+        the inside on its left, shape (E, 2)."""
+        directed = self.directed_edges()
+        _, inverse, count = directed.sort(1).values.unique(dim=0, return_inverse=True, return_counts=True)
+        return directed[count[inverse] == 1]
+
     def boundary_normals(self, nodes: Tensor | None = None) -> Tensor:
         """Outward unit normals at boundary nodes (default: `boundary_nodes`), shape (M, 2): the
         sum of the outward normals of the node's boundary edges, weighted by their lengths (at a
         corner, the bisector of its two edges' normals)."""
         nodes = self.boundary_nodes() if nodes is None else nodes
-        t = self.triangles
-        directed = torch.cat([t[:, [0, 1]], t[:, [1, 2]], t[:, [2, 0]]])  # counter-clockwise: the inside on the left
-        _, inverse, count = directed.sort(1).values.unique(dim=0, return_inverse=True, return_counts=True)
-        outer = directed[count[inverse] == 1]
+        outer = self.outer_edges()
         d = self.nodes[outer[:, 1]] - self.nodes[outer[:, 0]]
         normal = torch.stack([d[:, 1], -d[:, 0]], 1)  # the right of the edge, times its length
         total = torch.zeros_like(self.nodes)
@@ -101,8 +116,7 @@ class TriangleMesh:
 
     def size(self) -> float:
         """The mesh size: the longest edge."""
-        t = self.triangles
-        edges = torch.cat([t[:, [0, 1]], t[:, [1, 2]], t[:, [2, 0]]])
+        edges = self.directed_edges()
         return float((self.nodes[edges[:, 0]] - self.nodes[edges[:, 1]]).norm(dim=1).max())
 
     def matrices(self) -> tuple[Tensor, Tensor]:

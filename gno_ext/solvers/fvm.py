@@ -84,10 +84,7 @@ class DualMesh:
         s = centroid.repeat_interleave(3, 0) - mid  # the dual face, from the edge's midpoint to the centroid
         normal = torch.stack([s[:, 1], -s[:, 0]], 1)
         normal = normal * torch.sign(((x[right] - x[left]) * normal).sum(1, keepdim=True))  # from left to right
-        # boundary: the triangulation's edges used once, directed counter-clockwise (inside on the left)
-        directed = torch.cat([t[:, [0, 1]], t[:, [1, 2]], t[:, [2, 0]]])
-        _, inverse, count = directed.sort(1).values.unique(dim=0, return_inverse=True, return_counts=True)
-        outer = directed[count[inverse] == 1]
+        outer = mesh.outer_edges()  # the inside on the left
         d = x[outer[:, 1]] - x[outer[:, 0]]
         half = 0.5 * torch.stack([d[:, 1], -d[:, 0]], 1)  # outward, half the edge's length
         key = lambda e: e.min(1).values * n + e.max(1).values
