@@ -257,6 +257,37 @@ def execute(run: Run, extra: list[str], results: Path = RESULTS, output_root: Pa
     return target
 
 
+def same_run(run: Run, extra: list[str], results: Path = RESULTS) -> Path | None:
+    """A result of another table that is this run: the same recipe, model config, row overrides,
+    seed, size and computing overrides (the ablation's full GNO is the joint table's GNO), itself
+    trained rather than taken from a third table. None if there is none."""
+    want = _computes(merge_overrides(run.budget, extra))
+    for path in sorted(results.glob(f"*/{run.recipe}/*-seed{run.seed}.json")):
+        if path.parent.parent.name == run.table:
+            continue
+        other = json.loads(path.read_text())
+        if other.get("same_run_as"):  # itself taken from another table: name the original
+            continue
+        if (other.get("model_config"), tuple(other.get("overrides", ())), other.get("seed"), other.get("size")) \
+                == (run.model, run.overrides, run.seed, run.size) and _computes(other.get("extra", [])) == want:
+            return path
+    return None
+
+
+def adopt(run: Run, source: Path, results: Path = RESULTS) -> Path:
+    """Write ``source`` (`same_run`) as ``run``'s result: the same figures, this table's name, row
+    and paper value, and ``same_run_as`` naming the file it came from."""
+    result = json.loads(source.read_text())
+    result.update(table=run.table, model=run.row, paper_nmse=run.paper_nmse,
+                  same_run_as=str(source.relative_to(results)))
+    target = run.path(results)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(tmp, target)
+    return target
+
+
 def prepare(runs: list[Run], extra: list[str]) -> None:
     """Generate every dataset the runs need, once, before parallel jobs open them."""
     from train import compose  # recipes/ is the script folder
@@ -299,14 +330,19 @@ NOT_BUDGET = ("trainer.compile", "trainer.capture", "trainer.progress", "trainer
               "eval.batch_size")
 
 
+def _computes(overrides: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """The overrides that change what a run computes (those not in `NOT_BUDGET`)."""
+    return tuple(o for o in overrides if not o.lstrip("+~").startswith(NOT_BUDGET))
+
+
 def budget_of(result: dict[str, Any]) -> tuple | None:
     """What every run of a table must share: size, epochs, batch size, learning rate, the
     overrides that change the computation, and the precision (None for an untrained
     reference, which has no budget)."""
     if result.get("steps", 1) == 0:
         return None
-    extra = tuple(o for o in result.get("extra", []) if not o.lstrip("+~").startswith(NOT_BUDGET))
-    return result["size"], result["epochs"], result["batch_size"], result.get("lr"), extra, result.get("precision")
+    return (result["size"], result["epochs"], result["batch_size"], result.get("lr"), _computes(result.get("extra", [])),
+            result.get("precision"))
 
 
 def _cell(values: list[float]) -> str:
@@ -529,6 +565,10 @@ def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
                    f"Reproduce: `python recipes/benchmark.py run --table {name}{flags}"
                    f"{' -- ' + ' '.join(after) if after else ''}`"
                    f"{' (the overrides after `--` change the speed only)' if speed and not other else ''}.\n")
+        shared = sorted({(r["model"], r["same_run_as"].split("/")[0]) for r in found if r.get("same_run_as")})
+        if shared:  # `same_run`: a cell of another table that is the same training
+            out.append("Taken from another table (the same runs): " + ", ".join(
+                f"`{row}` from `{other}`" for row, other in shared) + ".\n")
         figures = []
         for recipe in table["recipes"]:
             shown = _shown(found, recipe)
@@ -603,12 +643,19 @@ def main(argv: list[str] | None = None) -> None:
         return
     runs = plan(tables, args.table, args.seeds, args.recipes, args.rows, args.size)
     todo = [r for r in runs if not r.path(args.results).exists()]
+    same = {r: same_run(r, args.extra, args.results) for r in todo}
     if args.command == "plan":
         for r in runs:
-            state = "done" if r.path(args.results).exists() else "to run"
+            state = ("done" if r.path(args.results).exists() else
+                     f"the same run as {same[r].relative_to(args.results)}" if same[r] else "to run")
             print(f"{r.table}/{r.recipe}/{r.row}-seed{r.seed} (size={r.size} {' '.join(r.budget)}): {state}")
-        print(f"{len(todo)} of {len(runs)} runs to do")
+        print(f"{sum(same[r] is None for r in todo)} of {len(runs)} runs to do")
         return
+    for r in todo:
+        if same[r]:
+            print(f"{adopt(r, same[r], args.results).relative_to(args.results)}: the same run as "
+                  f"{same[r].relative_to(args.results)}, its result taken", flush=True)
+    todo = [r for r in todo if not same[r]]
     if not todo:
         print(f"table {args.table}: all {len(runs)} runs have results")
         return

@@ -190,6 +190,37 @@ def test_an_untrained_reference_has_no_budget_and_a_mixed_budget_is_flagged(tmp_
     assert "MIXED" not in page and "precision bf16 (advection-bc)" in page and "precision bf16 (heat-bc)" in page
 
 
+def test_a_cell_that_is_another_tables_run_takes_its_result(tmp_path):
+    tables = bench.load_tables()
+    budget = ["trainer.epochs=10", "trainer.batch_size=64"]
+    joint = {"table": "joint", "recipe": "advection-joint", "model": "gno", "model_config": "gno", "overrides": [],
+             "seed": 0, "size": "bench", "epochs": 10, "batch_size": 64, "lr": 3e-4, "precision": "bf16",
+             "extra": [*budget, "trainer.capture=true"], "steps": 3150, "gpu": "NVIDIA H200", "commit": "0" * 40,
+             "nmse_mean": 0.36, "paper_nmse": 7.97e-2}
+    folder = tmp_path / "joint" / "advection-joint"
+    folder.mkdir(parents=True)
+    (folder / "gno-seed0.json").write_text(json.dumps(joint))
+    runs = {r.row: r for r in bench.plan(tables, "ablation", [0])}
+    # the same model, overrides, seed, size and budget; a speed-only override differs: the same run
+    assert bench.same_run(runs["gno"], ["trainer.capture=false"], tmp_path) == folder / "gno-seed0.json"
+    assert bench.same_run(runs["gno_no_dro"], [], tmp_path) is None  # the same model with a row override
+    assert bench.same_run(runs["gno"], ["trainer.epochs=5"], tmp_path) is None  # another budget
+    assert bench.same_run(bench.plan(tables, "ablation", [1], rows=["gno"])[0], [], tmp_path) is None
+    assert bench.same_run(runs["gno_fno"], [], tmp_path) is None
+    target = bench.adopt(runs["gno"], folder / "gno-seed0.json", tmp_path)
+    adopted = json.loads(target.read_text())
+    assert target == tmp_path / "ablation" / "advection-joint" / "gno-seed0.json"
+    assert adopted == {**joint, "table": "ablation", "paper_nmse": 7.97e-2,
+                       "same_run_as": "joint/advection-joint/gno-seed0.json"}
+    assert bench.same_run(runs["gno"], [], tmp_path) == folder / "gno-seed0.json"  # its own table is not searched twice
+    page = bench.render(tables, tmp_path).split("## `ablation`")[1].split("## `pino`")[0]
+    assert "| `gno` | 3.60e-01 | 7.97e-02 |" in page and "Taken from another table (the same runs): `gno` from `joint`" in page
+    planned = subprocess.run([sys.executable, str(RECIPES / "benchmark.py"), "plan", "--table", "pino", "--results",
+                              str(tmp_path)], capture_output=True, text=True)
+    assert "pino/advection-joint/gno-seed0 (size=bench trainer.epochs=10 trainer.batch_size=64): the same run as " \
+           "joint/advection-joint/gno-seed0.json" in planned.stdout and "3 of 4 runs to do" in planned.stdout
+
+
 def test_figures_show_the_gno_the_two_best_rows_and_persistence(tmp_path):
     def result(model, nmse, groups=True):
         return {"table": "bc", "recipe": "heat-bc", "model": model, "seed": 0, "size": "bench", "epochs": 10,

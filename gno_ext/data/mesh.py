@@ -170,20 +170,22 @@ GENERATORS = {"heat": generate_heat_mesh, "advection": generate_advection_mesh}
 def prepare_mesh(folder: str | Path, pde: str, domains: list[str] | tuple[str, ...], size: str,
                  seed: int = 0) -> None:
     """Write the files ``folder/<pde>-<domain>/<split>.h5`` of ``size`` (`MESH_SIZES`) that are
-    missing; each file's trajectories come from a seed of their own (domain, split, ``seed``)."""
+    missing; each file's trajectories come from a seed of their own (domain, split, ``seed``), so a
+    domain's files are the same whichever other domains are listed with it."""
     if pde not in GENERATORS:
         raise ValueError(f"data.pde: expected one of {', '.join(GENERATORS)}, got {pde!r}")
     if size not in MESH_SIZES:
         raise ValueError(f"size: expected one of {', '.join(MESH_SIZES)}, got {size!r}")
     plan = MESH_SIZES[size]
-    for d, domain in enumerate(domains):
+    for domain in domains:
         if domain not in DOMAINS:
             raise ValueError(f"data.domains: expected some of {', '.join(DOMAINS)}, got {domain!r}")
+    for domain in domains:
         for k, split in enumerate(SPLITS):
             path = Path(folder) / f"{pde}-{domain}" / f"{split}.h5"
-            if not path.is_file():
+            if not path.is_file():  # the stream is the domain's own: its file is the same in any list
                 GENERATORS[pde](path, plan["trajectories"][split], domain, frames=plan["frames"],
-                                resolution=plan["resolution"], seed=1000 * seed + 10 * d + k)
+                                resolution=plan["resolution"], seed=1000 * seed + 10 * DOMAINS.index(domain) + k)
 
 
 def _check(domain: str, n_trajectories: int, frames: int, resolution: int) -> None:

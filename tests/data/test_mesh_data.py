@@ -200,3 +200,21 @@ def test_the_mesh_gno_learns_from_the_windows(dataset):
     torch.manual_seed(0)
     model = get_model("gno_mesh", n_params=1, log_params=[True], latent=16, depth=2, heads=2, n_kernels=2)
     assert mesh_loss_ratio(model, batch, steps=40, lr=3e-3) < 0.3
+
+
+def test_a_domains_files_do_not_depend_on_the_other_domains_listed(tmp_path):
+    from gno_ext.data.mesh import prepare_mesh
+
+    prepare_mesh(tmp_path / "two", "heat", ["annulus", "l-shape"], "smoke")
+    prepare_mesh(tmp_path / "one", "heat", ["l-shape"], "smoke")
+    for split in ("train", "valid", "test"):
+        with h5py.File(tmp_path / "two" / "heat-l-shape" / f"{split}.h5") as a, \
+                h5py.File(tmp_path / "one" / "heat-l-shape" / f"{split}.h5") as b:
+            assert torch.equal(torch.from_numpy(a["u"][...]), torch.from_numpy(b["u"][...]))
+            assert torch.equal(torch.from_numpy(a["theta"][...]), torch.from_numpy(b["theta"][...]))
+    with h5py.File(tmp_path / "two" / "heat-annulus" / "train.h5") as a, \
+            h5py.File(tmp_path / "two" / "heat-l-shape" / "train.h5") as b:
+        assert not torch.equal(torch.from_numpy(a["theta"][...]), torch.from_numpy(b["theta"][...]))
+    with pytest.raises(ValueError, match="data.domains: expected some of .*got 'disk'"):
+        prepare_mesh(tmp_path / "bad", "heat", ["annulus", "disk"], "smoke")
+    assert not (tmp_path / "bad").exists()  # a bad list writes nothing
