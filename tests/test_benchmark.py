@@ -114,7 +114,10 @@ def test_a_run_writes_its_results_skips_them_next_time_and_renders(tmp_path):
     page = bench.render(bench.load_tables(), results)
     line = next(l for l in page.splitlines() if l.startswith("| `gno` |") and "7.80e-02" in l)
     assert f"{gno['nmse_mean']:.2e}" in line
-    assert "size=smoke, 1 epochs, batch 4, lr 0.001, precision no (heat-bc)" in page and f"GPU: {gpu}" in page
+    # trainer.precision=auto: bf16 on a GPU that has it, fp16 on one that does not, none on a CPU
+    precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if torch.cuda.is_available() else "no"
+    assert gno["precision"] == precision
+    assert f"size=smoke, 1 epochs, batch 4, lr 0.001, precision {precision} (heat-bc)" in page and f"GPU: {gpu}" in page
     assert ("Reproduce: `python recipes/benchmark.py run --table bc --size smoke --seeds 0 -- trainer.batch_size=4 "
             "trainer.epochs=1 eval.figures=0 ") in page  # what differs from the table's budget
 
