@@ -3,6 +3,7 @@
     gno-data list
     gno-data generate heat-param --size small --out data [--device cuda]
     gno-data info data/datasets/heat-param
+    gno-data grid-form ~/.cache/gno_ext/data/small/mesh/heat-square square.h5
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def _main(argv: list[str] | None = None) -> int:
     gen.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="storage type of the fields")
     info = sub.add_parser("info", help="summarise a generated dataset")
     info.add_argument("path")
+    grid = sub.add_parser("grid-form", help="write a square-domain mesh dataset as one grid file (custom recipe)")
+    grid.add_argument("folder", help="the mesh dataset's folder (train.h5, valid.h5, test.h5 of the square)")
+    grid.add_argument("out", help="the grid file to write (.h5)")
     args = parser.parse_args(argv)
     if args.command == "list":
         for name, p in sorted(PRESETS.items()):
@@ -50,6 +54,13 @@ def _main(argv: list[str] | None = None) -> int:
         root = generate(args.preset, args.size, args.out, args.device, args.batch_size, args.shard_size,
                         dtype=args.dtype)
         print(dataset_info(root))
+    elif args.command == "grid-form":
+        from gno_ext.data.mesh import grid_form
+
+        counts = grid_form(args.folder, args.out)
+        print(f"{args.out}: {sum(counts)} trajectories (train, valid, test: {', '.join(map(str, counts))}); train a "
+              f"grid model on them with: python recipes/train.py --recipe custom data.root={args.out} "
+              f"data.split_fractions=[{','.join(map(str, counts))}]")
     else:
         print(dataset_info(args.path))
     return 0

@@ -89,7 +89,7 @@ from gno_ext.solvers.fem import (
 from gno_ext.solvers.fvm import advection_fvm
 
 __all__ = ["DOMAINS", "LAYOUT", "MESH_SIZES", "MeshDataset", "generate_advection_mesh", "generate_heat_mesh",
-           "prepare_mesh"]
+           "grid_form", "prepare_mesh"]
 
 LAYOUT = "gno_ext.mesh/1"
 DOMAINS = ("annulus", "star", "l-shape", "square")
@@ -186,6 +186,69 @@ def prepare_mesh(folder: str | Path, pde: str, domains: list[str] | tuple[str, .
             if not path.is_file():  # the stream is the domain's own: its file is the same in any list
                 GENERATORS[pde](path, plan["trajectories"][split], domain, frames=plan["frames"],
                                 resolution=plan["resolution"], seed=1000 * seed + 10 * DOMAINS.index(domain) + k)
+
+
+def grid_form(folder: str | Path, out: str | Path) -> list[int]:
+    """Write the square-domain files ``folder/{train,valid,test}.h5`` as one grid file ``out``
+    (the layout of `gno_ext.adapters.custom`), for a grid model to train on the same
+    trajectories as a mesh model. Returns the splits' trajectory counts, for
+    ``data.split_fractions`` (the custom recipe reads the file's trajectories in consecutive
+    blocks: train, then valid, then test).
+
+    The square's ``(n + 1)^2`` nodes become the cells of an ``(n + 1) x (n + 1)`` grid of the
+    same spacing ``1 / n`` (axis 0 along x; its cell centres lie half a spacing from the nodes),
+    its sides the grid's faces ``x-, x+, y-, y+`` with the side's type and datum (constant along
+    the face and in time); ``theta``, ``dt`` and the parameter names are kept. The file is written
+    to a temporary name and renamed when complete."""
+    folder, out = Path(folder), Path(out)
+    parts: dict[str, list[np.ndarray]] = {"u": [], "theta": [], "bc_kind": [], "bc_values": []}
+    counts, attrs = [], {}
+    for split in SPLITS:
+        path = folder / f"{split}.h5"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file (grid_form reads a square domain's train, valid and "
+                                    f"test files)")
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("layout") != LAYOUT or f.attrs.get("domain") != "square":
+                raise ValueError(f"{path}: expected a {LAYOUT} file of the square domain, got layout "
+                                 f"{f.attrs.get('layout')!r}, domain {f.attrs.get('domain')!r}")
+            pos, u = f["pos"][...], f["u"][...]
+            segment, kind, values = f["boundary_segment"][...], f["boundary_kind"][...], f["boundary_values"][..., 0]
+            attrs = {"dt": float(f.attrs["dt"]), "parameter_names": list(f.attrs["parameter_names"])}
+            parts["theta"].append(f["theta"][...])
+        n_traj, n_frames, n_nodes, _ = u.shape
+        side = math.isqrt(n_nodes)
+        cells = side - 1
+        ij = np.rint(pos * cells).astype(np.int64)
+        if side * side != n_nodes or np.abs(pos * cells - ij).max() > 1e-4:
+            raise ValueError(f"{path}: the nodes are not the {side} x {side} points of square_mesh")
+        grid = np.zeros((n_traj, n_frames, 1, side, side), dtype=np.float32)
+        rows = np.arange(n_traj)[:, None]
+        grid[rows, :, 0, ij[..., 0], ij[..., 1]] = u[..., 0].transpose(0, 2, 1)
+        parts["u"].append(grid)
+        face_kind = np.zeros((n_traj, 4), dtype=np.int64)
+        face_value = np.zeros((n_traj, 4, 1, 1), dtype=np.float32)
+        for s in range(4):  # a side's nodes share its type and datum (a corner may belong to the other side)
+            first = np.argmax(segment == s, axis=1)
+            if not (segment == s).any(1).all():
+                raise ValueError(f"{path}: a trajectory has no node on side {s}")
+            face_kind[:, s] = kind[rows[:, 0], first]
+            face_value[:, s, 0, 0] = values[rows[:, 0], first]
+        parts["bc_kind"].append(face_kind)
+        parts["bc_values"].append(face_value)
+        counts.append(n_traj)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        with h5py.File(tmp, "w") as f:
+            for name, arrays in parts.items():
+                f.create_dataset(name, data=np.concatenate(arrays))
+            f.attrs.update({**attrs, "extent": [(side) / cells] * 2, "split_counts": counts,
+                            "source": str(folder)})
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return counts
 
 
 def _check(domain: str, n_trajectories: int, frames: int, resolution: int) -> None:

@@ -1,0 +1,202 @@
+r"""The mesh models against the grid models on the unit square, the domain both represent.
+
+The square's trajectories (`gno_ext.data.mesh`, domain ``square``: the sides are Dirichlet or
+Neumann in all 16 combinations, each with a constant datum) are generated once as a mesh
+dataset; `gno_ext.data.mesh.grid_form` writes the same trajectories as a grid file (the
+square's ``(n + 1)^2`` nodes as grid cells, its sides as the grid's faces). The mesh models
+(``gno_mesh``, ``mesh_gnn``) train on the mesh files through ``heat-mesh`` / ``advection-mesh``
+with ``data.domains=[square]``, the grid models (``gno_fno``, ``fno``) on the grid file through the
+``custom`` recipe, with the same splits, epochs, batch size, optimizer, seed and DRO groups, and
+each is evaluated on the same test trajectories (10-step rollout nMSE).
+
+    python benchmarks/compare_square.py run [--pde heat advection] [--size small] [--jobs 2] [-- trainer.epochs=30]
+    python benchmarks/compare_square.py render [--results benchmarks/results/square]
+
+``run`` writes one JSON file per PDE and model, ``benchmarks/results/square/<pde>-<model>.json``
+(skipped where it exists); ``render`` prints the Markdown table the irregular-domains page shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "square"
+MESH_MODELS = ("gno_mesh", "mesh_gnn")
+GRID_MODELS = ("gno_fno", "fno")
+MODELS = MESH_MODELS + GRID_MODELS
+# The grid models' settings on the square's small grids: one boundary segment per face (the
+# data is constant along a side, as the mesh GNO's one token per side), the FNO's modes.
+GRID_OVERRIDES = {"gno_fno": ["model.kwargs.boundary_patch={side}"], "fno": []}
+# advection's two parameters get 4 bins each, as in the advection-mesh recipe
+PDE_OVERRIDES = {"heat": [], "advection": ["trainer.dro.bins=4"]}
+
+
+def _commit() -> str:
+    if os.environ.get("GNO_EXT_COMMIT"):
+        return os.environ["GNO_EXT_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _device() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({os.cpu_count()} cores, {platform.machine()})"
+
+
+def prepare(pde: str, size: str, data_root: Path) -> tuple[Path, list[int], int]:
+    """The square's mesh files of ``pde`` at ``size`` under ``data_root/mesh`` and their grid
+    form; returns the grid file, the split counts and the grid's side."""
+    import h5py
+
+    from gno_ext.data.mesh import grid_form, prepare_mesh
+
+    prepare_mesh(data_root / "mesh", pde, ["square"], size)
+    grid = data_root / f"{pde}-square-grid.h5"
+    counts = grid_form(data_root / "mesh" / f"{pde}-square", grid)
+    with h5py.File(grid, "r") as f:
+        side = int(f["u"].shape[-1])
+    return grid, counts, side
+
+
+def command(pde: str, model: str, size: str, data_root: Path, grid: Path, counts: list[int], side: int,
+            run_dir: Path, extra: list[str]) -> list[str]:
+    """The ``recipes/train.py`` command of one run."""
+    common = [f"size={size}", f"run_dir={run_dir}", "overwrite=true", "trainer.progress=false", "eval.figures=0",
+              *PDE_OVERRIDES[pde], *extra]
+    if model in MESH_MODELS:
+        return [sys.executable, str(ROOT / "recipes" / "train.py"), "--recipe", f"{pde}-mesh", f"model={model}",
+                "data.domains=[square]", f"data.root={data_root}", *common]
+    return [sys.executable, str(ROOT / "recipes" / "train.py"), "--recipe", "custom", f"model={model}",
+            f"data.root={grid}", f"data.split_fractions=[{','.join(map(str, counts))}]",
+            *[o.format(side=side) for o in GRID_OVERRIDES[model]], *common]
+
+
+def run_one(pde: str, model: str, size: str, data_root: Path, grid: Path, counts: list[int], side: int,
+            runs: Path, results: Path, extra: list[str]) -> Path | None:
+    target = results / f"{pde}-{model}.json"
+    if target.exists():
+        print(f"{target}: exists, skipped", flush=True)
+        return None
+    run_dir = runs / f"{pde}-{model}"
+    cmd = command(pde, model, size, data_root, grid, counts, side, run_dir, extra)
+    start = time.perf_counter()
+    with open(runs / f"{pde}-{model}.log", "w") as log:
+        failed = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+    wall = time.perf_counter() - start
+    if failed:
+        print(f"{pde}/{model}: FAILED (exit {failed}), see {runs / f'{pde}-{model}.log'}", file=sys.stderr, flush=True)
+        return None
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    config = (run_dir / "config.yaml").read_text()
+    import yaml
+
+    cfg = yaml.safe_load(config)
+    result = {"pde": pde, "model": model, "form": "mesh" if model in MESH_MODELS else "grid", "size": size,
+              "epochs": cfg["trainer"]["epochs"], "batch_size": cfg["trainer"]["batch_size"],
+              "lr": cfg["optimizer"]["lr"], "seed": cfg["seed"], "extra": extra, "grid_side": side,
+              "splits": counts, "device": _device(), "commit": _commit(), "wall_s": round(wall, 1),
+              "test_trajectories": report["trajectories"], "rollout_steps": report["steps"],
+              "nmse_mean": report["nmse"]["mean"], "nmse_std": report["nmse"]["std"],
+              "rel_l2_mean": report["rel_l2"]["mean"], "per_step_nmse": report["per_step_nmse"],
+              "persistence_per_step_nmse": report.get("per_step_nmse_persistence")}
+    results.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(tmp, target)
+    print(f"{target}: nMSE {result['nmse_mean']:.3e}", flush=True)
+    return target
+
+
+def render(results: Path = RESULTS) -> str:
+    """The Markdown table of every result file: one row per model, one column per PDE."""
+    found = [json.loads(p.read_text()) for p in sorted(results.glob("*.json"))]
+    if not found:
+        raise SystemExit(f"{results}: no results; run `python benchmarks/compare_square.py run` first")
+    pdes = [p for p in ("heat", "advection") if any(r["pde"] == p for r in found)]
+    last = found[0]["rollout_steps"]
+    lines = ["| model | input | " + " | ".join(f"{p}: rollout nMSE | {p}: step 1 | {p}: step {last}" for p in pdes) + " |",
+             "| --- | --- |" + " --- | --- | --- |" * len(pdes)]
+    for model in MODELS:
+        rows = {r["pde"]: r for r in found if r["model"] == model}
+        if not rows:
+            continue
+        form = next(iter(rows.values()))["form"]
+        cells = []
+        for p in pdes:
+            r = rows.get(p)
+            cells += ["—"] * 3 if r is None else [f"{r['nmse_mean']:.3f}", f"{r['per_step_nmse'][0]:.3f}",
+                                                    f"{r['per_step_nmse'][-1]:.3f}"]
+        lines.append(f"| `{model}` | {form} | " + " | ".join(cells) + " |")
+    persistence = {r["pde"]: r["persistence_per_step_nmse"] for r in found if r.get("persistence_per_step_nmse")}
+    for r in found:  # the same test trajectories and metric on both forms: the same persistence error
+        if r.get("persistence_per_step_nmse") and max(abs(a - b) for a, b in zip(
+                r["persistence_per_step_nmse"], persistence[r["pde"]])) > 1e-4 * max(persistence[r["pde"]]):
+            raise ValueError(f"{results}: {r['pde']}-{r['model']}.json's persistence error differs from the other "
+                             f"runs': they were not evaluated on the same test trajectories")
+    if persistence:
+        cells = []
+        for p in pdes:
+            steps = persistence.get(p)
+            cells += ["—"] * 3 if not steps else [f"{sum(steps) / len(steps):.3f}", f"{steps[0]:.3f}", f"{steps[-1]:.3f}"]
+        lines.append("| persistence | — | " + " | ".join(cells) + " |")
+    first = found[0]
+    budget = {(r["size"], r["epochs"], r["batch_size"], r["lr"], r["seed"], tuple(r["extra"])) for r in found}
+    lines.append("")
+    lines.append(f"Budget: size={first['size']} ({first['splits'][0]} training, {first['splits'][2]} test trajectories, "
+                 f"a {first['grid_side']} x {first['grid_side']} grid), {first['epochs']} epochs, batch "
+                 f"{first['batch_size']}, lr {first['lr']}, seed {first['seed']}"
+                 + ("" if len(budget) == 1 else " (MIXED: the files differ in their budget)")
+                 + f". Device: {', '.join(sorted({r['device'] for r in found}))}. Commits: "
+                 f"{', '.join(sorted({r['commit'][:10] for r in found}))}.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run")
+    run.add_argument("--pde", nargs="+", default=["heat", "advection"], choices=["heat", "advection"])
+    run.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    run.add_argument("--size", default="small", choices=["smoke", "small", "bench", "paper"])
+    run.add_argument("--jobs", type=int, default=1, help="runs at once")
+    run.add_argument("--data-root", type=Path, default=None, help="default: $GNO_EXT_CACHE/data/SIZE")
+    run.add_argument("--runs", type=Path, default=ROOT / "runs" / "square")
+    run.add_argument("--results", type=Path, default=RESULTS)
+    run.add_argument("extra", nargs="*", help="Hydra overrides for every run (after --), e.g. trainer.epochs=30")
+    out = sub.add_parser("render")
+    out.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.command == "render":
+        print(render(args.results))
+        return
+    cache = Path(os.environ.get("GNO_EXT_CACHE", Path.home() / ".cache" / "gno_ext"))
+    data_root = args.data_root or cache / "data" / args.size
+    args.runs.mkdir(parents=True, exist_ok=True)
+    jobs = []
+    for pde in args.pde:
+        grid, counts, side = prepare(pde, args.size, data_root)
+        jobs += [(pde, model, args.size, data_root, grid, counts, side, args.runs, args.results, args.extra)
+                 for model in args.models]
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        done = list(pool.map(lambda job: run_one(*job), jobs))
+    failed = [f"{j[0]}/{j[1]}" for j, d in zip(jobs, done) if d is None and not (args.results / f"{j[0]}-{j[1]}.json").exists()]
+    if failed:
+        raise SystemExit(f"{len(failed)} of {len(jobs)} runs failed: {', '.join(failed)}")
+    print(render(args.results))
+
+
+if __name__ == "__main__":
+    main()
