@@ -151,7 +151,7 @@ def render(results: Path = RESULTS) -> str:
         for p in pdes:
             steps = persistence.get(p)
             cells += ["—"] * 3 if not steps else [f"{sum(steps) / len(steps):.3f}", f"{steps[0]:.3f}", f"{steps[-1]:.3f}"]
-        lines.append("| persistence | — | " + " | ".join(cells) + " |")
+        lines.append("| persistence (first cell: the mean of its per-step nMSE) | — | " + " | ".join(cells) + " |")
     first = found[0]
     budget = {(r["size"], r["epochs"], r["batch_size"], r["lr"], r["seed"], tuple(r["extra"])) for r in found}
     lines.append("")

@@ -249,10 +249,7 @@ def execute(run: Run, extra: list[str], results: Path = RESULTS, output_root: Pa
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     result = result_from_run(run, cfg, report, run_dir, gpu, wall_s, extra)
     result["resumed"] = resumed
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, target)
+    _write_result(target, result)
     print(f"{target}: nMSE {result['nmse_mean']:.3e}", flush=True)
     return target
 
@@ -280,7 +277,11 @@ def adopt(run: Run, source: Path, results: Path = RESULTS) -> Path:
     result = json.loads(source.read_text())
     result.update(table=run.table, model=run.row, paper_nmse=run.paper_nmse,
                   same_run_as=str(source.relative_to(results)))
-    target = run.path(results)
+    return _write_result(run.path(results), result)
+
+
+def _write_result(target: Path, result: dict[str, Any]) -> Path:
+    """Write a result file whole or not at all (a temporary name, then renamed)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(result, indent=1) + "\n")

@@ -218,3 +218,55 @@ def test_a_domains_files_do_not_depend_on_the_other_domains_listed(tmp_path):
     with pytest.raises(ValueError, match="data.domains: expected some of .*got 'disk'"):
         prepare_mesh(tmp_path / "bad", "heat", ["annulus", "disk"], "smoke")
     assert not (tmp_path / "bad").exists()  # a bad list writes nothing
+
+
+def test_the_squares_grid_form_holds_the_same_trajectories(tmp_path):
+    from gno_ext.adapters import open_dataset
+    from gno_ext.data.mesh import grid_form, prepare_mesh
+
+    prepare_mesh(tmp_path / "mesh", "heat", ["square"], "smoke")
+    counts = grid_form(tmp_path / "mesh" / "heat-square", tmp_path / "grid.h5")
+    assert counts == [4, 2, 2]
+    n = 6  # square_mesh(2 * resolution) at smoke: 6 cells, 7 x 7 nodes
+    with h5py.File(tmp_path / "grid.h5") as g:
+        u, kind, values, theta = (torch.from_numpy(g[k][...]) for k in ("u", "bc_kind", "bc_values", "theta"))
+        assert tuple(u.shape) == (8, 5, 1, n + 1, n + 1) and g.attrs["dt"] == 0.02
+        assert list(g.attrs["extent"]) == pytest.approx([(n + 1) / n] * 2)
+    start = 0
+    for split, count in zip(("train", "valid", "test"), counts):
+        with h5py.File(tmp_path / "mesh" / "heat-square" / f"{split}.h5") as f:
+            pos, nodal = torch.from_numpy(f["pos"][...]), torch.from_numpy(f["u"][...])
+            seg, k, v = (torch.from_numpy(f[name][...]) for name in ("boundary_segment", "boundary_kind",
+                                                                      "boundary_values"))
+            assert torch.equal(theta[start:start + count], torch.from_numpy(f["theta"][...]))
+        for t in range(count):
+            i, j = (pos[t] * n).round().long().unbind(-1)
+            assert torch.equal(u[start + t, :, 0, i, j], nodal[t, ..., 0])  # node (i/n, j/n) is cell (i, j)
+            for side in range(4):  # each face has its side's type and datum
+                on = seg[t] == side
+                assert (k[t][on] == kind[start + t, side]).all() and (v[t][on, 0] == values[start + t, side, 0, 0]).all()
+            # configuration k mod 16 of the file: side s Dirichlet where its bit is 0
+            config = t % 16
+            assert kind[start + t].tolist() == [int(BCType.NEUMANN if config >> s & 1 else BCType.DIRICHLET)
+                                                for s in range(4)]
+            dirichlet = kind[start + t] == int(BCType.DIRICHLET)
+            faces = [u[start + t, :, 0, 0, 1:-1], u[start + t, :, 0, -1, 1:-1], u[start + t, :, 0, 1:-1, 0],
+                     u[start + t, :, 0, 1:-1, -1]]
+            for side in range(4):
+                if dirichlet[side]:  # the field holds the datum on a Dirichlet face
+                    assert torch.allclose(faces[side], values[start + t, side, 0, 0].expand_as(faces[side]))
+        start += count
+    ds = open_dataset("custom", tmp_path / "grid.h5", 1, 1)  # the custom adapter reads it
+    sample = ds[0]
+    assert tuple(sample.u_in.shape[-2:]) == (n + 1, n + 1) and sample.bc.kind.tolist() == kind[0].tolist()
+
+
+def test_grid_form_names_what_it_cannot_convert(tmp_path):
+    from gno_ext.data.mesh import grid_form, prepare_mesh
+
+    with pytest.raises(FileNotFoundError, match="train.h5: no such file"):
+        grid_form(tmp_path / "nothing", tmp_path / "grid.h5")
+    prepare_mesh(tmp_path / "mesh", "heat", ["annulus"], "smoke")
+    with pytest.raises(ValueError, match="square domain, got layout 'gno_ext.mesh/1', domain 'annulus'"):
+        grid_form(tmp_path / "mesh" / "heat-annulus", tmp_path / "grid.h5")
+    assert not (tmp_path / "grid.h5").exists()
