@@ -28,6 +28,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "square"
 MESH_MODELS = ("gno_mesh", "mesh_gnn")
@@ -100,10 +102,7 @@ def run_one(pde: str, model: str, size: str, data_root: Path, grid: Path, counts
         print(f"{pde}/{model}: FAILED (exit {failed}), see {runs / f'{pde}-{model}.log'}", file=sys.stderr, flush=True)
         return None
     report = json.loads((run_dir / "eval" / "report.json").read_text())
-    config = (run_dir / "config.yaml").read_text()
-    import yaml
-
-    cfg = yaml.safe_load(config)
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     result = {"pde": pde, "model": model, "form": "mesh" if model in MESH_MODELS else "grid", "size": size,
               "epochs": cfg["trainer"]["epochs"], "batch_size": cfg["trainer"]["batch_size"],
               "lr": cfg["optimizer"]["lr"], "seed": cfg["seed"], "extra": extra, "grid_side": side,
