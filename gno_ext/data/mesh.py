@@ -66,9 +66,10 @@ complete.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import h5py
@@ -229,25 +230,18 @@ def grid_form(folder: str | Path, out: str | Path) -> list[int]:
         face_kind = np.zeros((n_traj, 4), dtype=np.int64)
         face_value = np.zeros((n_traj, 4, 1, 1), dtype=np.float32)
         for s in range(4):  # a side's nodes share its type and datum (a corner may belong to the other side)
-            first = np.argmax(segment == s, axis=1)
             if not (segment == s).any(1).all():
                 raise ValueError(f"{path}: a trajectory has no node on side {s}")
+            first = np.argmax(segment == s, axis=1)
             face_kind[:, s] = kind[rows[:, 0], first]
             face_value[:, s, 0, 0] = values[rows[:, 0], first]
         parts["bc_kind"].append(face_kind)
         parts["bc_values"].append(face_value)
         counts.append(n_traj)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        with h5py.File(tmp, "w") as f:
-            for name, arrays in parts.items():
-                f.create_dataset(name, data=np.concatenate(arrays))
-            f.attrs.update({**attrs, "extent": [(side) / cells] * 2, "split_counts": counts,
-                            "source": str(folder)})
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with _h5_written(out) as f:
+        for name, arrays in parts.items():
+            f.create_dataset(name, data=np.concatenate(arrays))
+        f.attrs.update({**attrs, "extent": [side / cells] * 2, "split_counts": counts, "source": str(folder)})
     return counts
 
 
@@ -299,18 +293,26 @@ def _write(path: str | Path, n_trajectories: int, domain: str, resolution: int, 
                             ("boundary_normal", mesh.boundary_normals(boundary)), ("boundary_segment", segment)):
             rows[name].append(value.numpy())
     path = Path(path)
+    with _h5_written(path) as f:
+        f.attrs.update({**attrs, "domain": domain, "layout": LAYOUT, "n_trajectories": n_trajectories})
+        for name, values in rows.items():
+            stacked = np.stack(values)
+            f.create_dataset(name, data=stacked.astype(np.float32) if stacked.dtype == np.float64 else stacked)
+    return path
+
+
+@contextlib.contextmanager
+def _h5_written(path: Path) -> Iterator[h5py.File]:
+    """An HDF5 file to fill, written under a temporary name and renamed to ``path`` when the
+    block ends without an error; a write that fails leaves nothing."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with h5py.File(tmp, "w") as f:
-            f.attrs.update({**attrs, "domain": domain, "layout": LAYOUT, "n_trajectories": n_trajectories})
-            for name, values in rows.items():
-                stacked = np.stack(values)
-                f.create_dataset(name, data=stacked.astype(np.float32) if stacked.dtype == np.float64 else stacked)
+            yield f
         os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)  # (gone after the rename; a write that failed leaves nothing)
-    return path
+        tmp.unlink(missing_ok=True)  # (gone after the rename)
 
 
 def _domain(domain: str, resolution: int, g: torch.Generator) -> TriangleMesh:
