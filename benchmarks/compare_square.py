@@ -31,25 +31,18 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "recipes"))
+from benchmark import git_commit, write_result  # the results benchmark's: the commit, the atomic write
+
 RESULTS = ROOT / "benchmarks" / "results" / "square"
 MESH_MODELS = ("gno_mesh", "mesh_gnn")
 GRID_MODELS = ("gno_fno", "fno")
 MODELS = MESH_MODELS + GRID_MODELS
 # The grid models' settings on the square's small grids: one boundary segment per face (the
-# data is constant along a side, as the mesh GNO's one token per side), the FNO's modes.
+# data is constant along a side, as the mesh GNO's one token per side).
 GRID_OVERRIDES = {"gno_fno": ["model.kwargs.boundary_patch={side}"], "fno": []}
 # advection's two parameters get 4 bins each, as in the advection-mesh recipe
 PDE_OVERRIDES = {"heat": [], "advection": ["trainer.dro.bins=4"]}
-
-
-def _commit() -> str:
-    if os.environ.get("GNO_EXT_COMMIT"):
-        return os.environ["GNO_EXT_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _device() -> str:
@@ -106,15 +99,12 @@ def run_one(pde: str, model: str, size: str, data_root: Path, grid: Path, counts
     result = {"pde": pde, "model": model, "form": "mesh" if model in MESH_MODELS else "grid", "size": size,
               "epochs": cfg["trainer"]["epochs"], "batch_size": cfg["trainer"]["batch_size"],
               "lr": cfg["optimizer"]["lr"], "seed": cfg["seed"], "extra": extra, "grid_side": side,
-              "splits": counts, "device": _device(), "commit": _commit(), "wall_s": round(wall, 1),
+              "splits": counts, "device": _device(), "commit": git_commit(), "wall_s": round(wall, 1),
               "test_trajectories": report["trajectories"], "rollout_steps": report["steps"],
               "nmse_mean": report["nmse"]["mean"], "nmse_std": report["nmse"]["std"],
               "rel_l2_mean": report["rel_l2"]["mean"], "per_step_nmse": report["per_step_nmse"],
               "persistence_per_step_nmse": report.get("per_step_nmse_persistence")}
-    results.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, target)
+    write_result(target, result)
     print(f"{target}: nMSE {result['nmse_mean']:.3e}", flush=True)
     return target
 

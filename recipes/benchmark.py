@@ -124,7 +124,7 @@ def merge_overrides(budget: tuple[str, ...] | list[str], extra: list[str]) -> li
     return [o for o in budget if key(o) not in given] + list(extra)
 
 
-def _git_commit() -> str:
+def git_commit() -> str:
     """The commit of the code that runs: ``$GNO_EXT_COMMIT`` where the checkout is a copy without
     its history (a machine that was sent the working tree), else ``git rev-parse HEAD``, with
     ``-dirty`` for uncommitted changes to tracked files."""
@@ -205,7 +205,7 @@ def result_from_run(run: Run, cfg: dict[str, Any], report: dict[str, Any], run_d
         "overrides": list(run.overrides), "extra": list(extra), "seed": run.seed, "size": cfg["size"],
         "epochs": cfg["trainer"]["epochs"], "batch_size": cfg["trainer"]["batch_size"],
         "lr": cfg["optimizer"]["lr"], "precision": report.get("precision"),
-        "n_params": _n_params(run_dir / "model"), "steps": _steps(run_dir / "model"), "gpu": gpu, "wall_s": round(wall_s, 1), "commit": _git_commit(),
+        "n_params": _n_params(run_dir / "model"), "steps": _steps(run_dir / "model"), "gpu": gpu, "wall_s": round(wall_s, 1), "commit": git_commit(),
         "nmse_mean": nmse["mean"], "nmse_std": nmse["std"], "nmse_worst_group": nmse["worst_group"],
         "rel_l2_mean": report["rel_l2"]["mean"], "per_step_nmse": report["per_step_nmse"],
         "rollout_steps": report["steps"], "test_trajectories": report["trajectories"],
@@ -249,7 +249,7 @@ def execute(run: Run, extra: list[str], results: Path = RESULTS, output_root: Pa
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     result = result_from_run(run, cfg, report, run_dir, gpu, wall_s, extra)
     result["resumed"] = resumed
-    _write_result(target, result)
+    write_result(target, result)
     print(f"{target}: nMSE {result['nmse_mean']:.3e}", flush=True)
     return target
 
@@ -277,10 +277,10 @@ def adopt(run: Run, source: Path, results: Path = RESULTS) -> Path:
     result = json.loads(source.read_text())
     result.update(table=run.table, model=run.row, paper_nmse=run.paper_nmse,
                   same_run_as=str(source.relative_to(results)))
-    return _write_result(run.path(results), result)
+    return write_result(run.path(results), result)
 
 
-def _write_result(target: Path, result: dict[str, Any]) -> Path:
+def write_result(target: Path, result: dict[str, Any]) -> Path:
     """Write a result file whole or not at all (a temporary name, then renamed)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
