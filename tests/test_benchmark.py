@@ -144,6 +144,29 @@ def test_gpu_slots_share_every_gpu_out_before_doubling_up(tmp_path, monkeypatch)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu0-1.lock", "gpu0.lock", "gpu1-1.lock", "gpu1.lock"]
 
 
+def test_gpu_slots_name_the_gpus_of_cuda_visible_devices(tmp_path, monkeypatch):
+    """A job started with CUDA_VISIBLE_DEVICES=2,3 trains on GPU 2 or 3, never on the host's GPU 0
+    (its child process is given the GPU's own name, not its index among the visible ones)."""
+    import contextlib
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
+    with contextlib.ExitStack() as stack:
+        slots = [stack.enter_context(bench.gpu_slot(tmp_path)) for _ in range(2)]
+    assert slots == ["2", "3"]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with bench.gpu_slot(tmp_path) as slot:  # the lock is GPU 3's, whoever holds it
+        assert slot == "3" and not (tmp_path / "gpu0.lock").exists()
+    names = {0: "first", 1: "second"}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda k: names[k])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert bench._gpu_name("3") == "second" and bench._gpu_name(None) == "cpu"
+
+
 def test_the_results_page_is_rendered_from_the_committed_results():
     page = RECIPES.parent / "docs" / "results.md"
     assert page.read_text() == bench.render(bench.load_tables()), \
