@@ -57,6 +57,7 @@ import torch.nn.functional as F
 import yaml
 from torch import Tensor
 
+from gno_ext._files import written_whole
 from gno_ext.losses import nmse
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, collate
 from gno_ext.solvers import solve_advection, solve_heat
@@ -471,10 +472,8 @@ def main(argv: list[str] | None = None) -> int:
                         capture=False if args.no_capture else None) for r in args.runs]
     results = {"gpu": _device_name(dev), "torch": torch.__version__, "commit": _commit(), "repeats": args.repeats,
                "batches": args.batch, "python": sys.version.split()[0], "runs": runs}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results, indent=1))
-    tmp.replace(args.out)
+    with written_whole(args.out) as tmp:
+        tmp.write_text(json.dumps(results, indent=1))
     print(render(results))
     return 0
 

@@ -296,10 +296,10 @@ def adopt(run: Run, source: Path, results: Path = RESULTS) -> Path:
 
 def write_result(target: Path, result: dict[str, Any]) -> Path:
     """Write a result file whole or not at all (a temporary name, then renamed)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, target)
+    from gno_ext._files import written_whole
+
+    with written_whole(target) as tmp:
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
     return target
 
 

@@ -19,7 +19,6 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
+from gno_ext._files import written_whole
 from gno_ext.data.fingerprint import check_protocol, fingerprint, protocol, protocol_digest
 from gno_ext.data.presets import SPLITS, Preset, Trajectory, get_preset
 from gno_ext.data.simulate import simulate
@@ -49,9 +49,8 @@ def _sha256(path: Path) -> str:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    with written_whole(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=1))
 
 
 def shards(preset: Preset, size: str, split: str, shard_size: int) -> list[tuple[str, list[Trajectory]]]:

@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -77,6 +76,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gno_ext._files import written_whole
 from gno_ext.mesh import MeshSample
 from gno_ext.schema import BCType
 from gno_ext.solvers.fem import (
@@ -305,14 +305,8 @@ def _write(path: str | Path, n_trajectories: int, domain: str, resolution: int, 
 def _h5_written(path: Path) -> Iterator[h5py.File]:
     """An HDF5 file to fill, written under a temporary name and renamed to ``path`` when the
     block ends without an error; a write that fails leaves nothing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with h5py.File(tmp, "w") as f:
-            yield f
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # (gone after the rename)
+    with written_whole(path) as tmp, h5py.File(tmp, "w") as f:
+        yield f
 
 
 def _domain(domain: str, resolution: int, g: torch.Generator) -> TriangleMesh:

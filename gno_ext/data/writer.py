@@ -17,7 +17,6 @@ Files are written under a temporary name and renamed when complete.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import h5py
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gno_ext._files import written_whole
 from gno_ext.schema import FACE_NAMES, BCType, BoundarySpec, Grid
 
 __all__ = ["write_well_file", "WELL_CODE", "SCHEMA_VERSION"]
@@ -77,8 +77,7 @@ def write_well_file(path: str | Path, u: Tensor, field_names: list[str], grid: G
     if (bc.kind != bc.kind[:1]).any():
         raise ValueError(f"{path.name}: one file holds one boundary-type configuration; got several")
     axes = "xyz"[:d]
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with h5py.File(tmp, "w") as f:
+    with written_whole(path) as tmp, h5py.File(tmp, "w") as f:
         f.attrs.update({"dataset_name": dataset_name, "grid_type": "cartesian", "n_spatial_dims": d,
                         "n_trajectories": n, "simulation_parameters": parameter_names})
         dims = f.create_group("dimensions")
@@ -141,5 +140,4 @@ def write_well_file(path: str | Path, u: Tensor, field_names: list[str], grid: G
         for key, value in (("seed", seed), ("group", group)):
             if value is not None:
                 ours[key] = torch.as_tensor(value).numpy()
-    os.replace(tmp, path)
     return path
