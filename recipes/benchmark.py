@@ -167,8 +167,8 @@ def _visible_gpus() -> list[str]:
 
 @contextlib.contextmanager
 def gpu_slot(lock_dir: Path | None = None, per_gpu: int | None = None) -> Iterator[str | None]:
-    """Hold one GPU of this process's for the duration: the first whose lock file is free (waiting
-    while all are held). Yields its name as ``CUDA_VISIBLE_DEVICES`` gives it (with
+    """Hold one of the GPUs this process may use for the duration: the first whose lock file is
+    free (waiting while all are held). Yields its name as ``CUDA_VISIBLE_DEVICES`` gives it (with
     ``CUDA_VISIBLE_DEVICES=2,3`` the slots are ``"2"`` and ``"3"``), to set for the run's child
     process, or None on a host without GPUs. Parallel jobs of a local launcher thereby use every
     GPU once; the locks are named after the GPUs themselves, so jobs started with different
