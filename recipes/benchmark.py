@@ -18,9 +18,10 @@ so the same command resumes a table across days and machines (commit the files).
 over the table's grid. With Hydra's default launcher the runs go one after another; with
 ``--launcher joblib`` (``pip install hydra-joblib-launcher``) one per GPU of the host at once;
 on a cluster any Hydra launcher takes them (``hydra/launcher=submitit_slurm`` with
-``hydra-submitit-launcher``), each job on its own GPU. Every run of a table gets the same data,
-epochs, batch size, optimizer settings and seeds: the budget (size and overrides) is recorded
-in every result and stated next to every rendered table.
+``hydra-submitit-launcher``), each job on its own GPU. ``--processes N`` trains each run over N
+GPUs (DDP at the same global batch) where one GPU would take too long. Every run of a table
+gets the same data, epochs, batch size, optimizer settings and seeds: the budget (size and
+overrides) is recorded in every result and stated next to every rendered table.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ def _visible_gpus() -> list[str]:
 
 
 @contextlib.contextmanager
-def gpu_slot(lock_dir: Path | None = None, per_gpu: int | None = None) -> Iterator[str | None]:
+def gpu_slot(lock_dir: Path | None = None, per_gpu: int | None = None, count: int = 1) -> Iterator[str | None]:
     """Hold one of the GPUs this process may use for the duration: the first whose lock file is
     free (waiting while all are held). Yields its name as ``CUDA_VISIBLE_DEVICES`` gives it (with
     ``CUDA_VISIBLE_DEVICES=2,3`` the slots are ``"2"`` and ``"3"``), to set for the run's child
@@ -176,48 +177,65 @@ def gpu_slot(lock_dir: Path | None = None, per_gpu: int | None = None) -> Iterat
 
     ``per_gpu`` (default ``$GNO_EXT_RUNS_PER_GPU``, else 1) runs that many jobs on each GPU at
     once: for short runs, one compiles on the CPU while the other trains. It changes the
-    runs' wall times, never their results."""
+    runs' wall times, never their results.
+
+    ``count`` GPUs for one job of several processes: all of them or none are held (a job never
+    waits holding some), and the slot lists them as ``CUDA_VISIBLE_DEVICES`` takes them
+    (``"2,3"``)."""
     gpus = _visible_gpus()
     if not gpus:
         yield None
         return
+    if count > len(gpus):
+        raise SystemExit(f"{count} GPUs asked for one run, but this process sees {len(gpus)} ({','.join(gpus)})")
     per_gpu = per_gpu or int(os.environ.get("GNO_EXT_RUNS_PER_GPU", "1"))
     lock_dir = lock_dir or Path(tempfile.gettempdir()) / "gno_ext_gpu_locks"
     lock_dir.mkdir(parents=True, exist_ok=True)
     while True:
-        for gpu, j in [(gpu, j) for j in range(per_gpu) for gpu in gpus]:
-            handle = open(lock_dir / f"gpu{gpu}{f'-{j}' if j else ''}.lock", "w")
+        for j in range(per_gpu):
+            held = []
+            for gpu in gpus:
+                handle = open(lock_dir / f"gpu{gpu}{f'-{j}' if j else ''}.lock", "w")
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    handle.close()
+                    continue
+                held.append((gpu, handle))
+                if len(held) == count:
+                    break
             try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.close()
-                continue
-            try:
-                yield gpu
+                if len(held) == count:
+                    yield ",".join(gpu for gpu, _ in held)
+                    return
             finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-                handle.close()
-            return
+                for _, handle in held:
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+                    handle.close()
         time.sleep(5)
 
 
 def _gpu_name(slot: str | None) -> str:
-    """The model name of the GPU ``slot`` (`gpu_slot`), or ``cpu``."""
+    """The model name of the GPU or GPUs of ``slot`` (`gpu_slot`), or ``cpu``."""
     if slot is None:
         return "cpu"
     import torch
 
-    return torch.cuda.get_device_name(_visible_gpus().index(slot))
+    visible = _visible_gpus()
+    names = [torch.cuda.get_device_name(visible.index(gpu)) for gpu in slot.split(",")]
+    return " + ".join(dict.fromkeys(names))  # one name where all are alike
 
 
 def result_from_run(run: Run, cfg: dict[str, Any], report: dict[str, Any], run_dir: Path, gpu: str,
-                    wall_s: float, extra: list[str]) -> dict[str, Any]:
-    """The results file of a finished run (`REQUIRED` keys and a few more)."""
+                    wall_s: float, extra: list[str], processes: int = 1) -> dict[str, Any]:
+    """The results file of a finished run (`REQUIRED` keys and a few more). ``batch_size`` is the
+    global batch: the run's per-process batch times its ``processes``."""
     nmse = report["nmse"]
     return {
         "table": run.table, "recipe": run.recipe, "model": run.row, "model_config": run.model,
         "overrides": list(run.overrides), "extra": list(extra), "seed": run.seed, "size": cfg["size"],
-        "epochs": cfg["trainer"]["epochs"], "batch_size": cfg["trainer"]["batch_size"],
+        "epochs": cfg["trainer"]["epochs"], "batch_size": cfg["trainer"]["batch_size"] * processes,
+        "processes": processes,
         "lr": cfg["optimizer"]["lr"], "precision": report.get("precision"),
         "n_params": _n_params(run_dir / "model"), "steps": _steps(run_dir / "model"), "gpu": gpu, "wall_s": round(wall_s, 1), "commit": git_commit(),
         "nmse_mean": nmse["mean"], "nmse_std": nmse["std"], "nmse_worst_group": nmse["worst_group"],
@@ -227,12 +245,19 @@ def result_from_run(run: Run, cfg: dict[str, Any], report: dict[str, Any], run_d
     }
 
 
-def execute(run: Run, extra: list[str], results: Path = RESULTS, output_root: Path | None = None) -> Path | None:
+def execute(run: Run, extra: list[str], results: Path = RESULTS, output_root: Path | None = None,
+            processes: int = 1) -> Path | None:
     """Train and evaluate ``run`` unless its result exists; write the result file atomically.
 
     The training runs in a child process (``recipes/train.py``) on a GPU of its own
     (`gpu_slot`), in ``output_root/<table>/<recipe>/<row>-seed<N>`` with ``resume=auto``, so an
     interrupted run continues from its last checkpoint.
+
+    ``processes`` > 1 trains the run with DDP over that many GPUs (``torchrun``; CPU processes on
+    a host without GPUs) at the same global batch: each process takes ``batch_size /
+    processes`` samples of every global batch, which the sampler draws as for one process, and
+    the gradients are averaged, so the run computes what one process would (up to the order of
+    floating-point sums). For runs too long for one GPU; the result records ``processes``.
     """
     target = run.path(results)
     if target.exists():
@@ -245,9 +270,12 @@ def execute(run: Run, extra: list[str], results: Path = RESULTS, output_root: Pa
     args = [f"model={run.model}", f"size={run.size}", f"seed={run.seed}", f"run_dir={run_dir}", "resume=auto",
             *extra, *run.overrides]
     command = [sys.executable, str(ROOT / "recipes" / "train.py"), "--recipe", run.recipe, *args]
+    if processes > 1:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                   str(processes), *command[1:], f"trainer.batch_size={per_process_batch(run, args, processes)}"]
     # resume=auto continues a run that an earlier job left unfinished: its wall time is then this job's part only
     resumed = any((run_dir / "checkpoints").glob("step_*")) if run_dir.is_dir() else False
-    with gpu_slot() as slot:
+    with gpu_slot(count=processes) as slot:
         env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": slot} if slot is not None else {}))
         print(f"{run.table}/{run.recipe}/{run.row}-seed{run.seed}: training on {'GPU ' + slot if slot else 'CPU'}",
               flush=True)
@@ -261,11 +289,26 @@ def execute(run: Run, extra: list[str], results: Path = RESULTS, output_root: Pa
         gpu = _gpu_name(slot)
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     report = json.loads((run_dir / "eval" / "report.json").read_text())
-    result = result_from_run(run, cfg, report, run_dir, gpu, wall_s, extra)
+    result = result_from_run(run, cfg, report, run_dir, gpu, wall_s, extra, processes)
     result["resumed"] = resumed
     write_result(target, result)
     print(f"{target}: nMSE {result['nmse_mean']:.3e}", flush=True)
     return target
+
+
+def per_process_batch(run: Run, args: list[str], processes: int) -> int:
+    """The batch of each of ``processes`` processes that makes the run's global batch: its
+    ``trainer.batch_size`` override (a table's budget sets one), divided by ``processes``."""
+    given = [o.split("=", 1)[1] for o in args if o.lstrip("+").startswith("trainer.batch_size=")]
+    name = f"{run.table}/{run.recipe}/{run.row}"
+    if not given:
+        raise SystemExit(f"{name}: --processes {processes} needs the global batch as trainer.batch_size=N in the "
+                         "table's budget or after --")
+    total = int(given[-1])
+    if total % processes:
+        raise SystemExit(f"{name}: a batch of {total} does not split over {processes} processes; "
+                         "choose --processes dividing it")
+    return total // processes
 
 
 def same_run(run: Run, extra: list[str], results: Path = RESULTS) -> Path | None:
@@ -315,7 +358,7 @@ def prepare(runs: list[Run], extra: list[str]) -> None:
 
 
 def sweep_command(runs: list[Run], size: str | None, extra: list[str], launcher: str | None,
-                  jobs: int | None) -> list[str]:
+                  jobs: int | None, processes: int = 1) -> list[str]:
     """The Hydra multirun over the runs' grid (``recipes/sweep.py -m ...``)."""
     table = {r.table for r in runs}.pop()
     join = lambda values: ",".join(sorted({str(v) for v in values}))
@@ -324,11 +367,13 @@ def sweep_command(runs: list[Run], size: str | None, extra: list[str], launcher:
                f"seed={join(r.seed for r in runs)}", *([f"size={size}"] if size else [])]
     if extra:
         command.append("extra=[" + ",".join(json.dumps(o) for o in extra) + "]")
+    if processes > 1:
+        command.append(f"processes={processes}")
     if launcher:
         command.append(f"hydra/launcher={launcher}")
         if launcher == "joblib":
             per_gpu = int(os.environ.get("GNO_EXT_RUNS_PER_GPU", "1"))
-            command.append(f"hydra.launcher.n_jobs={jobs or _local_gpus() * per_gpu or 1}")
+            command.append(f"hydra.launcher.n_jobs={jobs or _local_gpus() * per_gpu // processes or 1}")
     return command
 
 
@@ -580,6 +625,10 @@ def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
                    f"Reproduce: `python recipes/benchmark.py run --table {name}{flags}"
                    f"{' -- ' + ' '.join(after) if after else ''}`"
                    f"{' (the overrides after `--` change the speed only)' if speed and not other else ''}.\n")
+        spread = sorted({(r["model"], r["recipe"], r["processes"]) for r in found if r.get("processes", 1) > 1})
+        if spread:  # `execute`'s processes: the same computation, over several GPUs
+            out.append("Trained over several GPUs (DDP at the same global batch): " + ", ".join(
+                f"`{row}` on {recipe} ({n})" for row, recipe, n in spread) + ".\n")
         shared = sorted({(r["model"], r["same_run_as"].split("/")[0]) for r in found if r.get("same_run_as")})
         if shared:  # `same_run`: a cell of another table that is the same training
             out.append("Taken from another table (the same runs): " + ", ".join(
@@ -641,6 +690,8 @@ def main(argv: list[str] | None = None) -> None:
             p.add_argument("--jobs", type=int, help="parallel jobs of the joblib launcher (default: GPUs times "
                                                     "$GNO_EXT_RUNS_PER_GPU)")
             p.add_argument("--output-root", type=Path, help="where the run folders go (default: runs/benchmark)")
+            p.add_argument("--processes", type=int, default=1,
+                           help="GPUs per run (DDP at the same global batch) for runs too long for one GPU")
         p.add_argument("extra", nargs="*", help="Hydra overrides for every run (after --), e.g. trainer.epochs=20")
     p = sub.add_parser("render")
     p.add_argument("--tables", type=Path, default=TABLES)
@@ -675,7 +726,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"table {args.table}: all {len(runs)} runs have results")
         return
     prepare(todo, args.extra)
-    command = sweep_command(todo, args.size, args.extra, args.launcher, args.jobs)
+    if args.processes < 1:
+        raise SystemExit(f"--processes {args.processes}: must be at least 1")
+    command = sweep_command(todo, args.size, args.extra, args.launcher, args.jobs, args.processes)
     if args.results != RESULTS:
         command.append(f"results={args.results.resolve()}")
     if args.tables != TABLES:

@@ -22,7 +22,7 @@ def main(cfg: DictConfig) -> None:
     tables = load_tables(c["tables"] or TABLES)
     (run,) = plan(tables, c["table"], [int(c["seed"])], [c["recipe"]], [c["row"]], c["size"])
     execute(run, [str(o) for o in c["extra"]], Path(c["results"] or RESULTS),
-            Path(c["output_root"]) if c["output_root"] else None)
+            Path(c["output_root"]) if c["output_root"] else None, int(c["processes"]))
 
 
 if __name__ == "__main__":

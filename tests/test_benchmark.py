@@ -167,6 +167,64 @@ def test_gpu_slots_name_the_gpus_of_cuda_visible_devices(tmp_path, monkeypatch):
     assert bench._gpu_name("3") == "second" and bench._gpu_name(None) == "cpu"
 
 
+def test_a_run_of_several_processes_holds_all_its_gpus_or_none(tmp_path, monkeypatch):
+    import contextlib
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,4,6")
+    with bench.gpu_slot(tmp_path, count=2) as pair:
+        assert pair == "1,4"
+        with bench.gpu_slot(tmp_path) as single:
+            assert single == "6"
+        # two GPUs are not free at once now (only 6 is): taking one and waiting would deadlock
+        # two such jobs, so none is held
+        monkeypatch.setattr(bench.time, "sleep", lambda s: (_ for _ in ()).throw(TimeoutError("waits")))
+        with pytest.raises(TimeoutError, match="waits"), bench.gpu_slot(tmp_path, count=2):
+            pass
+        with bench.gpu_slot(tmp_path) as single:  # GPU 6 was released
+            assert single == "6"
+    with contextlib.ExitStack() as stack:
+        assert stack.enter_context(bench.gpu_slot(tmp_path, count=3)) == "1,4,6"
+    (run,) = bench.plan(bench.load_tables(), "bc", [0], ["heat-bc"], ["gno"])
+    assert bench.per_process_batch(run, ["trainer.batch_size=64", "x=1", "trainer.batch_size=32"], 4) == 8
+    with pytest.raises(SystemExit, match="needs the global batch as trainer.batch_size=N"):
+        bench.per_process_batch(run, ["trainer.epochs=1"], 2)
+    with pytest.raises(SystemExit, match="4 GPUs asked for one run, but this process sees 3 \\(1,4,6\\)"), \
+            bench.gpu_slot(tmp_path, count=4):
+        pass
+
+
+def test_a_run_over_two_processes_keeps_the_global_batch(tmp_path):
+    """``--processes 2`` on a host without GPUs: two CPU processes (gloo) with half the batch
+    each; the result records the global batch and the processes, and it is the run one process
+    makes (tests/training/test_train.py checks the training itself step by step)."""
+    results = {n: tmp_path / f"results{n}" for n in (1, 2)}
+    env = {**os.environ, "GNO_EXT_CACHE": str(tmp_path / "cache"), "GNO_EXT_SWEEP_DIR": str(tmp_path / "hydra"),
+           "CUDA_VISIBLE_DEVICES": ""}
+    found = {}
+    for n, folder in results.items():
+        command = [sys.executable, str(RECIPES / "benchmark.py"), "run", "--table", "bc", "--recipes", "heat-bc",
+                   "--rows", "fno", "--size", "smoke", "--results", str(folder), "--output-root",
+                   str(tmp_path / f"runs{n}"), "--processes", str(n), "--", "trainer.epochs=1",
+                   "trainer.batch_size=4", "trainer.progress=false", "eval.figures=0", "trainer.tensorboard=false"]
+        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        found[n] = json.loads((folder / "bc" / "heat-bc" / "fno-seed0.json").read_text())
+    assert (found[2]["processes"], found[2]["batch_size"], found[1]["processes"], found[1]["batch_size"]) == (2, 4, 1, 4)
+    saved = yaml.safe_load((tmp_path / "runs2" / "bc" / "heat-bc" / "fno-seed0" / "config.yaml").read_text())
+    assert saved["trainer"]["batch_size"] == 2 and found[2]["steps"] == found[1]["steps"]
+    assert bench.budget_of(found[2]) == bench.budget_of(found[1])  # one budget: they share a table's column
+    assert found[2]["nmse_mean"] == pytest.approx(found[1]["nmse_mean"], rel=1e-3)
+    page = bench.render(bench.load_tables(), results[2])
+    assert "Trained over several GPUs (DDP at the same global batch): `fno` on heat-bc (2)." in page
+    assert "Trained over several GPUs" not in bench.render(bench.load_tables(), results[1])
+    bad = [str(tmp_path / "bad") if c == str(results[2]) else c for c in command[:-5]] + ["trainer.batch_size=5"]
+    bad = subprocess.run(bad, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert bad.returncode != 0 and "a batch of 5 does not split over 2 processes" in bad.stderr
+
+
 def test_the_results_page_is_rendered_from_the_committed_results():
     page = RECIPES.parent / "docs" / "results.md"
     assert page.read_text() == bench.render(bench.load_tables()), \
