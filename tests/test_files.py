@@ -22,6 +22,9 @@ def test_a_finished_write_replaces_the_file_and_a_failed_one_leaves_it(tmp_path)
             raise RuntimeError("killed")
     assert target.read_text() == "old"
     assert sorted(p.name for p in target.parent.iterdir()) == ["result.json"]  # no temporary left
+    with written_whole(target) as tmp:
+        tmp.write_text("new")
+    assert target.read_text() == "new"
 
 
 def _well_file(path, channels):
