@@ -725,9 +725,12 @@ def main(argv: list[str] | None = None) -> None:
     if not todo:
         print(f"table {args.table}: all {len(runs)} runs have results")
         return
-    prepare(todo, args.extra)
     if args.processes < 1:
         raise SystemExit(f"--processes {args.processes}: must be at least 1")
+    if args.processes > 1:  # every run's batch must split over the processes: refused before any data is made
+        for r in todo:
+            per_process_batch(r, [*merge_overrides(r.budget, args.extra), *r.overrides], args.processes)
+    prepare(todo, args.extra)
     command = sweep_command(todo, args.size, args.extra, args.launcher, args.jobs, args.processes)
     if args.results != RESULTS:
         command.append(f"results={args.results.resolve()}")

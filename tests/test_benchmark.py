@@ -223,6 +223,7 @@ def test_a_run_over_two_processes_keeps_the_global_batch(tmp_path):
     bad = [str(tmp_path / "bad") if c == str(results[2]) else c for c in command[:-5]] + ["trainer.batch_size=5"]
     bad = subprocess.run(bad, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert bad.returncode != 0 and "a batch of 5 does not split over 2 processes" in bad.stderr
+    assert not (tmp_path / "bad").exists() and "recipes/sweep.py" not in bad.stdout  # refused before the sweep
 
 
 def test_the_results_page_is_rendered_from_the_committed_results():
