@@ -32,6 +32,7 @@ RECEIVES = {
     "persistence": ("the last frame (copied forward; a reference)", "no training"),
     "fno": ("frames, theta, v(x), boundary channels", "Li et al. 2021 (FNO), neuraloperator"),
 }
+MESH = ("gno_mesh", "mesh_gnn")  # models of mesh nodes, not of a grid: described with the mesh recipes
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -42,13 +43,17 @@ def main(argv: list[str] | None = None) -> str:
     lines = ["| config (`model=`) | registered model | receives | parameters | source |", "|---|---|---|---|---|"]
     for name in train.available("model"):
         cfg = train.compose("heat-joint", [f"size={args.size}", f"model={name}"])
+        if cfg["model"]["name"] in MESH:
+            continue
         t_in = cfg["data"]["n_steps_input"]
         s = DataSpec(**{**spec.__dict__, "t_in": t_in})
         kwargs = model_kwargs_from_data(model_class(cfg["model"]["name"]), s, cfg["model"]["kwargs"])
         model = get_model(cfg["model"]["name"], **kwargs)
         n = sum(p.numel() for p in model.parameters())
         receives, source = RECEIVES[cfg["model"]["name"]]
-        if not cfg["model"]["kwargs"].get("boundary_transfer", True):
+        if not cfg["model"]["kwargs"].get("parameter_channels", True):
+            receives = "frames; theta and v(x) through the gates only; no boundary transfer (ablation)"
+        elif not cfg["model"]["kwargs"].get("boundary_transfer", True):
             receives = "frames, theta, v(x); no boundary transfer (ablation)"
         elif cfg["model"]["kwargs"].get("n_kernels", 2) == 1 and cfg["model"]["name"] in ("gno", "gno_fno"):
             receives += "; one kernel (ablation)"

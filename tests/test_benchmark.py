@@ -286,7 +286,7 @@ def test_a_cell_that_is_another_tables_run_takes_its_result(tmp_path):
     folder = tmp_path / "joint" / "advection-joint"
     folder.mkdir(parents=True)
     (folder / "gno-seed0.json").write_text(json.dumps(joint))
-    runs = {r.row: r for r in bench.plan(tables, "ablation", [0])}
+    runs = {r.row: r for r in bench.plan(tables, "ablation", [0], ["advection-joint"])}
     # the same model, overrides, seed, size and budget; a speed-only override differs: the same run
     assert bench.same_run(runs["gno"], ["trainer.capture=false"], tmp_path) == folder / "gno-seed0.json"
     assert bench.same_run(runs["gno_no_dro"], [], tmp_path) is None  # the same model with a row override

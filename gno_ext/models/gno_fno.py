@@ -21,6 +21,8 @@ The method's two parts, moved from the ViT backbone of `GNO` to a grid backbone:
 The model also receives what neuraloperator's FNO baseline (`fno`) receives: the input frames,
 the normalised parameters broadcast as channels and the field parameters, so that with one
 kernel and no boundary transfer it is that FNO without its boundary channels (the ablations).
+With ``parameter_channels=False`` it reads the parameters through its gates alone, as
+`GatedFNO` does (an ablation that separates the gate from those input channels).
 Shapes are static and nothing is read on the host during a forward or backward pass, so the
 training step can be captured in a CUDA graph (``trainer.capture=true``).
 
@@ -136,12 +138,15 @@ class GNOFNO(SchemaModel):
         Cells per boundary segment (each grid axis must be divisible by it).
     boundary_depth : int
         Cells behind a face that its boundary layer reaches.
+    parameter_channels : bool
+        Give the FNO the parameters and field parameters as input channels (default); False
+        leaves them to the gates alone (ablation; needs ``n_kernels`` > 1 to see them at all).
     """
 
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2, t_in: int = 1,
                  log_params: Sequence[bool] | None = None, n_modes: int = 12, hidden_channels: int = 64,
                  n_layers: int = 4, n_kernels: int = 4, gate_hidden: int = 32, boundary_transfer: bool = True,
-                 boundary_patch: int = 16, boundary_depth: int = 4) -> None:
+                 boundary_patch: int = 16, boundary_depth: int = 4, parameter_channels: bool = True) -> None:
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
         from neuralop.models import FNO
 
@@ -153,9 +158,10 @@ class GNOFNO(SchemaModel):
         if n_kernels > 1 and self.gate_inputs == 0:
             raise ValueError(f"n_kernels={n_kernels}: the gate needs parameters (n_params or field_channels > 0)")
         self.n_kernels, self.boundary_patch = n_kernels, boundary_patch
+        self.takes_parameter_channels = parameter_channels
         conv = functools.partial(GatedSpectralConv, n_kernels=n_kernels, n_params=max(self.gate_inputs, 1),
                                  gate_hidden=gate_hidden)
-        channels = t_in * in_channels + n_params + field_channels
+        channels = t_in * in_channels + (n_params + field_channels if parameter_channels else 0)
         self.net = FNO((n_modes,) * ndim, channels, in_channels, hidden_channels, n_layers=n_layers, conv_module=conv)
         self.boundary = nn.ModuleList(BoundaryLayer(hidden_channels, ndim, boundary_patch, boundary_depth)
                                       for _ in range(n_layers)) if boundary_transfer else None
@@ -176,7 +182,7 @@ class GNOFNO(SchemaModel):
         """
         u_in, theta, theta_field, bc, grid = self.inputs(u_in, theta, theta_field, bc, grid)
         x = self.normalized_input(u_in)
-        h = torch.cat([x, *self.parameter_channels(x, theta, theta_field)], 1)
+        h = torch.cat([x, *self.parameter_channels(x, theta, theta_field)], 1) if self.takes_parameter_channels else x
         features = None
         if self.boundary is not None:
             bad = [n for n in grid.shape if n % self.boundary_patch]

@@ -54,6 +54,34 @@ def test_registry_and_ablations():
         tiny()(torch.randn(1, 1, 1, 36, 36), theta=torch.rand(1, 1))
 
 
+def test_without_parameter_channels_the_parameters_act_through_the_gates_alone():
+    """``parameter_channels=False`` drops the parameter and field-parameter input channels: with
+    one kernel and no boundary operator the output then ignores them; with several kernels they
+    act only through the gates. With the channels (default) they change the output in every
+    case."""
+    torch.manual_seed(4)
+    b, shape = 4, (16, 16)
+    u = torch.randn(b, 1, 1, *shape)
+    field = torch.randn(b, 2, *shape)
+    theta, other = torch.rand(b, 1), torch.rand(b, 1)
+    lone = tiny(n_kernels=1, boundary_transfer=False, field_channels=2, parameter_channels=False).eval()
+    seen = tiny(n_kernels=1, boundary_transfer=False, field_channels=2).eval()
+    # the lifting reads 1 + 2 fewer channels (the parameter and the two field channels)
+    assert lone.net.lifting.fcs[0].in_channels == seen.net.lifting.fcs[0].in_channels - 3
+    with torch.no_grad():
+        torch.testing.assert_close(lone(u, theta=theta, theta_field=field),
+                                   lone(u, theta=other, theta_field=field * 3))
+        assert not torch.allclose(seen(u, theta=theta, theta_field=field), seen(u, theta=other, theta_field=field))
+    gated = tiny(boundary_transfer=False, parameter_channels=False).eval()  # the gates still read them
+    spread = torch.linspace(-3, 3, b)[:, None]
+    with torch.no_grad():
+        first = gated(u, theta=spread)
+        routes = [c.last_routing.index.clone() for c in convs(gated)]
+        second = gated(u, theta=spread.flip(0))
+    assert any(not torch.equal(c.last_routing.index, r) for c, r in zip(convs(gated), routes))
+    assert not torch.allclose(first, second)
+
+
 def test_every_parameter_gets_a_gradient_and_unselected_kernels_none():
     torch.manual_seed(2)
     model = tiny(field_channels=2)
