@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> str:
         n = sum(p.numel() for p in model.parameters())
         receives, source = RECEIVES[cfg["model"]["name"]]
         if not cfg["model"]["kwargs"].get("parameter_channels", True):
-            receives = "frames; theta and v(x) through the gates only; no boundary transfer (ablation)"
-        elif not cfg["model"]["kwargs"].get("boundary_transfer", True):
-            receives = "frames, theta, v(x); no boundary transfer (ablation)"
+            receives = receives.replace("frames, theta, v(x)", "frames; theta and v(x) through the gates only")
+        if not cfg["model"]["kwargs"].get("boundary_transfer", True):
+            receives = receives.replace(", boundary (types and data)", "") + "; no boundary transfer (ablation)"
         elif cfg["model"]["kwargs"].get("n_kernels", 2) == 1 and cfg["model"]["name"] in ("gno", "gno_fno"):
             receives += "; one kernel (ablation)"
         if cfg["model"]["kwargs"].get("decoder") == "conv":

@@ -62,6 +62,7 @@ class MoEMLP(nn.Module):
         logits = self.router(flat).float()
         top, index = logits.topk(self.top_k, -1)
         weight = top.softmax(-1).to(x.dtype)
+        chosen = one_hot(index, self.n_experts, torch.float32)  # (tokens, k, experts); no host sync
         out = self.shared(flat)
         # each expert's weighted output is added in the shared expert's type (under autocast x,
         # after a norm, is float32 and the products bf16), expert by expert in both dispatches
@@ -71,11 +72,11 @@ class MoEMLP(nn.Module):
                 if rows.numel():
                     out = out.index_add(0, rows, (expert(flat[rows]) * weight[rows, slot, None]).to(out.dtype))
         else:  # every token's weight for every expert, zero where it did not choose it
-            dense = (one_hot(index, self.n_experts, weight.dtype) * weight[..., None]).sum(1)
+            dense = (chosen * weight[..., None]).sum(1).to(weight.dtype)
             for e, expert in enumerate(self.experts):
                 out = out + (expert(flat) * dense[:, e, None]).to(out.dtype)
         probs = logits.softmax(-1)
-        share = one_hot(index, self.n_experts, torch.float32).sum(1).mean(0) / self.top_k  # no host sync
+        share = chosen.sum(1).mean(0) / self.top_k
         record_balance_loss(self.n_experts * (share * probs.mean(0)).sum())  # (gno_ext.layers.balance_losses)
         self.last_index = index.view(*shape[:-1], self.top_k)
         return out.view(shape)
