@@ -55,8 +55,8 @@ def test_the_budget_sets_each_columns_size_and_the_shared_overrides(tmp_path):
     assert runs["ns-param"].budget == ("trainer.epochs=10", "trainer.batch_size=64")
     assert {r.size for r in bench.plan(tables, "param", [0], size="smoke")} == {"smoke"}
     # a row that cannot be captured says so itself, after any speed override of the command
-    (moe,) = bench.plan(tables, "param", [0], ["heat-param"], ["moe_pot"])
-    assert moe.overrides == ("trainer.capture=false",)
+    (mesh,) = bench.plan(tables, "mesh", [0], ["heat-mesh"], ["gno_mesh"])
+    assert mesh.overrides == ("trainer.capture=false",)
     assert bench.merge_overrides(("trainer.epochs=10", "trainer.batch_size=64"), ["trainer.epochs=1", "x=2"]) \
         == ["trainer.batch_size=64", "trainer.epochs=1", "x=2"]
     bad = tmp_path / "tables.yaml"
