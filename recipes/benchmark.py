@@ -48,12 +48,16 @@ TABLES = ROOT / "benchmarks" / "tables.yaml"
 RESULTS = ROOT / "benchmarks" / "results"
 REQUIRED = ("table", "recipe", "model", "seed", "size", "epochs", "batch_size", "n_params", "gpu", "wall_s", "commit",
             "nmse_mean", "nmse_std", "nmse_worst_group", "rel_l2_mean", "per_step_nmse", "paper_nmse")
+# what a table's cells show (its `metric`): the rollout's normalised MSE, or its plain MSE in the
+# data's units where the paper reports that (The Well's turbulent radiative layer)
+METRICS = {"nmse": "nMSE", "mse": "MSE"}
 
 
 def load_tables(path: str | Path = TABLES) -> dict[str, Any]:
     """The tables of ``path``, each row completed with its model name and overrides, and each
     table with its budget (``{"size": ..., "sizes": {recipe: size}, "overrides": [...]}``,
-    from the file's default ``budget`` and the table's own)."""
+    from the file's default ``budget`` and the table's own), its ``metric`` (`METRICS`, default
+    ``nmse``) and ``needs`` (what a table of downloaded data needs before it can run, or None)."""
     path = Path(path)
     data = yaml.safe_load(path.read_text())
     tables = data["tables"]
@@ -63,6 +67,10 @@ def load_tables(path: str | Path = TABLES) -> dict[str, Any]:
         if unknown:
             raise ValueError(f"{path}: table {name}: budget.sizes names {unknown}, not among its recipes {table['recipes']}")
         table["budget"] = budget
+        metric = table.setdefault("metric", "nmse")
+        if metric not in METRICS:
+            raise ValueError(f"{path}: table {name}: metric {metric!r}, not one of {sorted(METRICS)}")
+        table.setdefault("needs", None)
         for row, spec in table["rows"].items():
             spec = table["rows"][row] = dict(spec or {})
             spec.setdefault("model", row)
@@ -240,6 +248,7 @@ def result_from_run(run: Run, cfg: dict[str, Any], report: dict[str, Any], run_d
         "n_params": _n_params(run_dir / "model"), "steps": _steps(run_dir / "model"), "gpu": gpu, "wall_s": round(wall_s, 1), "commit": git_commit(),
         "nmse_mean": nmse["mean"], "nmse_std": nmse["std"], "nmse_worst_group": nmse["worst_group"],
         "rel_l2_mean": report["rel_l2"]["mean"], "per_step_nmse": report["per_step_nmse"],
+        "mse_mean": (report.get("mse") or {}).get("mean"), "mse_std": (report.get("mse") or {}).get("std"),
         "rollout_steps": report["steps"], "test_trajectories": report["trajectories"],
         "paper_nmse": run.paper_nmse, "groups": report.get("groups", []),
     }
@@ -354,6 +363,12 @@ def prepare(runs: list[Run], extra: list[str]) -> None:
 
     for recipe, size in sorted({(r.recipe, r.size) for r in runs}):
         cfg = compose(recipe, [f"size={size}", *[o for o in extra if o.startswith("data.")]])
+        if cfg["data"]["kind"] in ("the_well", "pdebench"):  # downloaded data: stop before any run if it is absent
+            from gno_ext.training.recipe_data import open_split
+            try:
+                open_split(cfg["data"], "test", int(cfg["data"].get("n_steps_input", 1)), 1, metadata_only=True)
+            except FileNotFoundError as e:
+                raise SystemExit(f"recipe {recipe}: {e}") from None
         prepare_data(cfg["data"])
 
 
@@ -420,7 +435,8 @@ PAGE_HEAD = """# Results
 How the GNO compares with the baselines, table by table as in the paper: the normalised MSE of
 the 10-step autoregressive rollout (50 for Navier-Stokes) on the test split, $\\|\\hat u - u\\|^2 /
 \\|u - \\bar u\\|^2$ per trajectory, averaged over trajectories (± the standard deviation over
-seeds where there are several), beside the paper's value for the same cell. Every model of a
+seeds where there are several), beside the paper's value for the same cell (the `trl` table, as
+the paper, reports the plain MSE in the data's units). Every model of a
 table is trained on the same data with the same epochs, batch size, optimizer settings and
 seeds; the budget is stated under each table. The rows `fno` (neuraloperator's FNO with the
 same inputs as channels), `gated_fno`, `gno_fno` (the GNO's gate and boundary operator on that
@@ -500,20 +516,32 @@ def _runtime_commands(found: list[dict[str, Any]], tables: dict[str, Any]) -> li
     return commands
 
 
-def _ranked(found: list[dict[str, Any]], recipe: str) -> list[tuple[str, list[dict[str, Any]]]]:
-    """The column's rows as (row, its results), best mean first; `persistence` apart (last)."""
+def _values(found: list[dict[str, Any]], metric: str, recipe: str, row: str) -> list[float]:
+    """The ``metric`` of every seed of one cell (a result without it, as one written before the
+    metric was recorded, is left out)."""
+    return [r[f"{metric}_mean"] for r in found if r["recipe"] == recipe and r["model"] == row
+            and r.get(f"{metric}_mean") is not None]
+
+
+def _ranked(found: list[dict[str, Any]], recipe: str, metric: str = "nmse") -> list[tuple[str, list[dict[str, Any]]]]:
+    """The column's rows as (row, its results), best mean of ``metric`` first; `persistence`
+    apart (last)."""
     rows: dict[str, list[dict[str, Any]]] = {}
     for r in found:
         if r["recipe"] == recipe:
             rows.setdefault(r["model"], []).append(r)
-    mean = lambda rs: sum(r["nmse_mean"] for r in rs) / len(rs)
+
+    def mean(rs: list[dict[str, Any]]) -> float:
+        values = _values(rs, metric, recipe, rs[0]["model"])
+        return sum(values) / len(values) if values else math.inf
+
     trained = sorted(((m, rs) for m, rs in rows.items() if m != "persistence"), key=lambda x: mean(x[1]))
     return trained + [(m, rs) for m, rs in rows.items() if m == "persistence"]
 
 
-def _shown(found: list[dict[str, Any]], recipe: str) -> list[tuple[str, list[dict[str, Any]]]]:
+def _shown(found: list[dict[str, Any]], recipe: str, metric: str = "nmse") -> list[tuple[str, list[dict[str, Any]]]]:
     """The rows a column's figures show: the GNO, the two best other trained rows, persistence."""
-    ranked = _ranked(found, recipe)
+    ranked = _ranked(found, recipe, metric)
     others = [x for x in ranked if x[0] not in ("gno", "persistence")][:2]
     return [x for x in ranked if x[0] == "gno"] + others + [x for x in ranked if x[0] == "persistence"]
 
@@ -543,7 +571,7 @@ def write_figures(tables: dict[str, Any], results: Path, folder: Path) -> list[P
     for name, table in tables.items():
         found = [json.loads(p.read_text()) for p in sorted((results / name).glob("*/*.json"))]
         for recipe in table["recipes"]:
-            shown = _shown(found, recipe)
+            shown = _shown(found, recipe, table["metric"])
             if not shown:
                 continue
             fig, ax = plt.subplots(figsize=(5.5, 3.6))
@@ -585,15 +613,25 @@ def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
     for name, table in tables.items():
         found = [json.loads(p.read_text()) for p in sorted((results / name).glob("*/*.json"))]
         out.append(f"## `{name}`: {table['title']}\n")
+        metric = table["metric"]
+        notes = results.parent / "notes" / f"{name}.md"
         if not found:
-            out.append(f"Not run yet: `python recipes/benchmark.py run --table {name}`.\n")
+            if table["needs"]:
+                out.append(f"Not run: it needs the data. {table['needs'].strip()} The recipe is ready: "
+                           f"`python recipes/benchmark.py run --table {name} -- data.root=PATH`.\n")
+            else:
+                out.append(f"Not run yet: `python recipes/benchmark.py run --table {name}`.\n")
+            if notes.is_file():  # what stops it, where the notes say
+                out.append(notes.read_text())
             continue
+        if metric != "nmse":
+            out.append(f"The cells of this table are the rollout's {METRICS[metric]}, as the paper reports it.\n")
         out.append("| model | " + " | ".join(f"{c} (ours) | {c} (paper)" for c in table["recipes"]) + " |")
         out.append("| --- |" + " --- | --- |" * len(table["recipes"]))
         for row, spec in table["rows"].items():
             cells = []
             for column, recipe in enumerate(table["recipes"]):
-                ours = [r["nmse_mean"] for r in found if r["recipe"] == recipe and r["model"] == row]
+                ours = _values(found, metric, recipe, row)
                 paper = spec["paper"][column]
                 cells += [_cell(ours), "—" if paper is None else f"{paper:.2e}"]
             out.append(f"| `{row}` | " + " | ".join(cells) + " |")
@@ -618,7 +656,6 @@ def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
         sizes = sorted({r["size"] for r in found if r["size"] != spec["sizes"].get(r["recipe"], spec["size"])})
         flags = "".join(f" --size {s}" for s in sizes[:1]) + f" --seeds {' '.join(map(str, seeds))}"
         after = other + speed
-        notes = results.parent / "notes" / f"{name}.md"
         out.append(f"\nBudget: {budget}{f' (MIXED in {mixed}: rerun at one budget)' if mixed else ''}. "
                    f"Seeds run: {seeds} (± is the standard deviation over the seeds of a cell; a cell "
                    f"without it has one). GPU: {', '.join(gpus)}. Commits: {', '.join(commits)}. "
@@ -635,7 +672,7 @@ def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
                 f"`{row}` from `{other}`" for row, other in shared) + ".\n")
         figures = []
         for recipe in table["recipes"]:
-            shown = _shown(found, recipe)
+            shown = _shown(found, recipe, metric)
             if shown:
                 rows = ", ".join(f"`{row}`" for row, _ in shown)
                 figures.append(f"![{name} {recipe}: per-step error of {rows}]({FIGURES}/{name}-{recipe}-per_step.png)")

@@ -17,7 +17,7 @@ train_py = load_recipe("train")
 
 def test_every_table_names_existing_recipes_and_models_and_the_papers_values():
     tables = bench.load_tables()
-    assert {"param", "bc", "joint", "ood", "3d", "ablation", "pino"} <= set(tables)
+    assert {"param", "bc", "joint", "ood", "3d", "ablation", "conditioning", "pino", "trl"} <= set(tables)
     for name, table in tables.items():
         assert set(table["recipes"]) <= set(train_py.available("recipe")), name
         for row, spec in table["rows"].items():
@@ -29,8 +29,20 @@ def test_every_table_names_existing_recipes_and_models_and_the_papers_values():
     assert param["rows"]["unisolver"]["paper"][param["recipes"].index("advection-param")] == 4.53
     assert tables["joint"]["rows"]["vit-2"]["paper"] == [26.0, 0.333]
     assert tables["ablation"]["rows"]["gno_no_dro"]["overrides"] == ["trainer.curriculum.warmup_fraction=1.0"]
-    for name in ("param", "bc", "joint"):  # the rows the paper lacks
-        assert {"fno", "gated_fno"} <= set(tables[name]["rows"])
+    # the rows the paper lacks, in every table of the paper's (heat-paper, a supplement, holds the
+    # rows that fit its budget; the mesh table has no grid models)
+    for name in set(tables) - {"mesh", "heat-paper"}:
+        assert {"fno", "gated_fno", "persistence"} <= set(tables[name]["rows"]), name
+    # Appendix F: the four conditionings at the encoder and before every attention layer ("Attn")
+    conditioning = tables["conditioning"]
+    assert conditioning["recipes"] == ["ns-param"]
+    assert {f"{m}-{w}" for m in ("film", "pos", "proj", "token") for w in ("encoder", "layers")} < set(conditioning["rows"])
+    assert conditioning["rows"]["proj-layers"]["paper"] == [1.07e-2]
+    assert conditioning["rows"]["proj-encoder"]["paper"] == [None]  # the paper's run diverged
+    # Appendix H: The Well's turbulent radiative layer, the plain MSE as the paper reports it
+    assert tables["trl"]["metric"] == "mse" and tables["trl"]["rows"]["gno"]["paper"] == [11.99]
+    assert "turbulent_radiative_layer_2D" in tables["trl"]["needs"]
+    assert {t["metric"] for n, t in tables.items() if n != "trl"} == {"nmse"}
 
 
 def test_plan_and_its_errors(tmp_path):
@@ -103,6 +115,7 @@ def test_a_run_writes_its_results_skips_them_next_time_and_renders(tmp_path):
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"  # what the run trains on
     assert gno["epochs"] == 1 and gno["gpu"] == gpu and gno["paper_nmse"] == 7.80e-2 and gno["n_params"] > 1000
     assert gno["nmse_mean"] > 0 and len(gno["per_step_nmse"]) == gno["rollout_steps"]
+    assert gno["mse_mean"] > 0 and gno["mse_std"] >= 0  # the plain MSE too, for the tables that show it
     assert gno["extra"] == ["trainer.epochs=1", "trainer.batch_size=4", "trainer.progress=false", "eval.figures=0",
                             "trainer.tensorboard=false"]  # the table's budget, replaced by the command's
     before = {f: f.stat().st_mtime_ns for f in files}
@@ -304,7 +317,7 @@ def test_a_cell_that_is_another_tables_run_takes_its_result(tmp_path):
     planned = subprocess.run([sys.executable, str(RECIPES / "benchmark.py"), "plan", "--table", "pino", "--results",
                               str(tmp_path)], capture_output=True, text=True)
     assert "pino/advection-joint/gno-seed0 (size=bench trainer.epochs=10 trainer.batch_size=64): the same run as " \
-           "joint/advection-joint/gno-seed0.json" in planned.stdout and "3 of 4 runs to do" in planned.stdout
+           "joint/advection-joint/gno-seed0.json" in planned.stdout and "9 of 10 runs to do" in planned.stdout
 
 
 def test_figures_show_the_gno_the_two_best_rows_and_persistence(tmp_path):
@@ -375,3 +388,45 @@ def test_the_mesh_table_runs_its_recipes_and_renders(tmp_path):
         assert set(bench.REQUIRED) <= set(result) and result["paper_nmse"] is None and result["nmse_mean"] > 0
     page = bench.render(bench.load_tables(), results).split("## `mesh`")[1]
     assert page.count("| `gno_mesh` |") == 1 and "size=smoke, 1 epochs, batch 4" in page
+
+
+def test_a_table_of_downloaded_data_says_what_it_needs_and_stops_before_any_run(tmp_path):
+    page = bench.render(bench.load_tables(), tmp_path).split("## `trl`")[1].split("\n## ")[0]
+    assert "Not run: it needs the data. The Well's `turbulent_radiative_layer_2D`" in page
+    assert "`python recipes/benchmark.py run --table trl -- data.root=PATH`" in page
+    # without the files, the run stops before any training with the download's instructions
+    done = subprocess.run([sys.executable, str(RECIPES / "benchmark.py"), "run", "--table", "trl", "--rows", "gno",
+                           "--results", str(tmp_path), "--output-root", str(tmp_path / "runs")],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode != 0 and "recipe trl: The Well's turbulent_radiative_layer_2D is not on this machine" \
+        in done.stderr and "the-well-download" in done.stderr
+    assert not (tmp_path / "runs").exists() and not list(tmp_path.glob("trl/**/*.json"))
+    done = subprocess.run([sys.executable, str(RECIPES / "benchmark.py"), "run", "--table", "trl", "--rows", "gno",
+                           "--results", str(tmp_path), "--", f"data.root={tmp_path / 'nowhere'}"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode != 0 and f"data.root={tmp_path / 'nowhere'}: no such folder" in done.stderr
+
+
+def test_a_table_of_the_mse_shows_and_ranks_the_mse(tmp_path):
+    def result(model, mse, nmse):
+        return {"table": "trl", "recipe": "trl", "model": model, "seed": 0, "size": "bench", "epochs": 10,
+                "batch_size": 64, "lr": 3e-4, "precision": "bf16", "extra": [], "steps": 9, "gpu": "NVIDIA H100",
+                "commit": "0" * 40, "nmse_mean": nmse, "mse_mean": mse, "per_step_nmse": [nmse] * 3}
+
+    folder = tmp_path / "trl" / "trl"
+    folder.mkdir(parents=True)
+    # the order by MSE is the reverse of the order by nMSE
+    for model, mse, nmse in (("gno", 30.0, 0.1), ("fno", 10.0, 0.3), ("unisolver", 20.0, 0.2), ("vit-2", 40.0, 0.05)):
+        (folder / f"{model}-seed0.json").write_text(json.dumps(result(model, mse, nmse)))
+    page = bench.render(bench.load_tables(), tmp_path).split("## `trl`")[1].split("\n## ")[0]
+    assert "the rollout's MSE, as the paper reports it" in page
+    assert "| `gno` | 3.00e+01 | 1.20e+01 |" in page and "| `fno` | 1.00e+01 | — |" in page
+    assert "per-step error of `gno`, `fno`, `unisolver`](results/trl-trl-per_step.png)" in page
+    # a result written before the MSE was recorded has no cell in such a table
+    (folder / "fno-seed0.json").write_text(json.dumps({**result("fno", 10.0, 0.3), "mse_mean": None}))
+    assert "| `fno` | — | — |" in bench.render(bench.load_tables(), tmp_path).split("## `trl`")[1]
+    bad = tmp_path / "tables.yaml"
+    bad.write_text(yaml.safe_dump({"tables": {"t": {"title": "t", "recipes": ["heat-param"], "metric": "mae",
+                                                    "rows": {"gno": {}}}}}))
+    with pytest.raises(ValueError, match=r"table t: metric 'mae', not one of \['mse', 'nmse'\]"):
+        bench.load_tables(bad)

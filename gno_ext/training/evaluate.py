@@ -31,7 +31,7 @@ import yaml
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from gno_ext.losses import nmse, relative_l2
+from gno_ext.losses import mse_per_sample, nmse, relative_l2
 from gno_ext.models.rollout import rollout
 from gno_ext.schema import BCType, collate
 from gno_ext.training.checkpoint import latest_checkpoint
@@ -74,7 +74,8 @@ def evaluate_rollouts(model: nn.Module, dataset: Dataset, indices: list[int], st
     Returns
     -------
     dict
-        ``nmse``, ``rel_l2`` (per trajectory, numpy), ``per_step`` and ``per_step_persistence``
+        ``nmse``, ``rel_l2``, ``mse`` (per trajectory, numpy; ``mse`` in the data's units, the mean
+        over steps, channels and points), ``per_step`` and ``per_step_persistence``
         (trajectories x steps), ``theta``, ``group``, ``boundary`` (each trajectory's boundary
         types, a list of names), ``examples`` and ``steps``.
     """
@@ -89,12 +90,13 @@ def evaluate_rollouts(model: nn.Module, dataset: Dataset, indices: list[int], st
                 pred = rollout(model, batch, steps).float()
             yield batch, pred, batch.u_out[:, :steps].float()
 
-    out: dict[str, list] = {"nmse": [], "rel_l2": [], "per_step": [], "per_step_persistence": [], "theta": [],
-                            "group": []}
+    out: dict[str, list] = {"nmse": [], "rel_l2": [], "mse": [], "per_step": [], "per_step_persistence": [],
+                            "theta": [], "group": []}
     for batch, pred, truth in roll(indices):
         still = batch.u_in[:, -1:].float().expand_as(truth)  # persistence: the input frame copied forward
         out["nmse"].append(nmse(pred, truth).cpu())
         out["rel_l2"].append(relative_l2(pred, truth).cpu())
+        out["mse"].append(mse_per_sample(pred, truth).cpu())
         out["per_step"].append(torch.stack([nmse(pred[:, k], truth[:, k]) for k in range(steps)], 1).cpu())
         out["per_step_persistence"].append(torch.stack([nmse(still[:, k], truth[:, k]) for k in range(steps)], 1).cpu())
         out["theta"].append(batch.theta.cpu())
@@ -135,6 +137,7 @@ def summarize(result: Mapping[str, Any], binner: GroupBinner) -> dict[str, Any]:
         "trajectories": int(len(e)), "steps": int(result["steps"]),
         "nmse": {"mean": float(e.mean()), "std": float(e.std()), "worst_group": worst},
         "rel_l2": {"mean": float(result["rel_l2"].mean()), "std": float(result["rel_l2"].std())},
+        **({"mse": {"mean": float(result["mse"].mean()), "std": float(result["mse"].std())}} if "mse" in result else {}),
         "per_step_nmse": [float(x) for x in result["per_step"].mean(0)],
         "per_step_nmse_persistence": [float(x) for x in result["per_step_persistence"].mean(0)]
         if "per_step_persistence" in result else [],

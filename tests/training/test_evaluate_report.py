@@ -102,3 +102,25 @@ def test_report_has_the_error_by_boundary_configuration_and_the_training_curve(t
                               keep_examples=0)
     figures = write_report(plain, one, tmp_path / "plain")["figures"]
     assert "error_by_boundary.png" not in figures and "training_curve.png" not in figures
+
+
+def test_the_rollout_mse_is_in_the_data_units(tmp_path):
+    """The plain MSE of a rollout (the metric the paper reports for The Well's data): the mean of
+    the squared error over steps, channels and points, not normalised by the field's variance."""
+    g = torch.Generator().manual_seed(1)
+    u = (5 * torch.randn(3, 4, 2, 6, 6, generator=g) + 3).numpy()
+    theta = np.array([[0.0], [0.5], [0.2]], np.float32)
+    ds = ArrayDataset(u, theta=theta, n_steps_output=3)
+    binner = GroupBinner(torch.as_tensor(theta), np.zeros((3, 4), np.int64), 2, [False])
+    result = evaluate_rollouts(Scale(), ds, [0, 1, 2], 3, binner, keep_examples=0)
+    # Scale rolls out u0 * (1 + theta)^k
+    want = [np.mean((np.stack([u[i, 0] * (1 + theta[i, 0]) ** k for k in (1, 2, 3)]) - u[i, 1:4]) ** 2)
+            for i in range(3)]
+    np.testing.assert_allclose(result["mse"], want, rtol=1e-5)
+    summary = write_report(result, binner, tmp_path, parameter="alpha")
+    assert summary["mse"]["mean"] == pytest.approx(np.mean(want), rel=1e-5)
+    # scaling the data by 10 scales the MSE by 100 and leaves the nMSE as it was
+    scaled = evaluate_rollouts(Scale(), ArrayDataset(10 * u, theta=theta, n_steps_output=3), [0, 1, 2], 3, binner,
+                               keep_examples=0)
+    np.testing.assert_allclose(scaled["mse"], 100 * np.asarray(want), rtol=1e-4)
+    np.testing.assert_allclose(scaled["nmse"], result["nmse"], rtol=1e-4)
