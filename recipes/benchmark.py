@@ -248,7 +248,7 @@ def result_from_run(run: Run, cfg: dict[str, Any], report: dict[str, Any], run_d
         "n_params": _n_params(run_dir / "model"), "steps": _steps(run_dir / "model"), "gpu": gpu, "wall_s": round(wall_s, 1), "commit": git_commit(),
         "nmse_mean": nmse["mean"], "nmse_std": nmse["std"], "nmse_worst_group": nmse["worst_group"],
         "rel_l2_mean": report["rel_l2"]["mean"], "per_step_nmse": report["per_step_nmse"],
-        "mse_mean": (report.get("mse") or {}).get("mean"), "mse_std": (report.get("mse") or {}).get("std"),
+        "mse_mean": report["mse"]["mean"], "mse_std": report["mse"]["std"],
         "rollout_steps": report["steps"], "test_trajectories": report["trajectories"],
         "paper_nmse": run.paper_nmse, "groups": report.get("groups", []),
     }

@@ -137,7 +137,7 @@ def summarize(result: Mapping[str, Any], binner: GroupBinner) -> dict[str, Any]:
         "trajectories": int(len(e)), "steps": int(result["steps"]),
         "nmse": {"mean": float(e.mean()), "std": float(e.std()), "worst_group": worst},
         "rel_l2": {"mean": float(result["rel_l2"].mean()), "std": float(result["rel_l2"].std())},
-        **({"mse": {"mean": float(result["mse"].mean()), "std": float(result["mse"].std())}} if "mse" in result else {}),
+        "mse": {"mean": float(result["mse"].mean()), "std": float(result["mse"].std())},
         "per_step_nmse": [float(x) for x in result["per_step"].mean(0)],
         "per_step_nmse_persistence": [float(x) for x in result["per_step_persistence"].mean(0)]
         if "per_step_persistence" in result else [],

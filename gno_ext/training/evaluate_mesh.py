@@ -53,13 +53,15 @@ def evaluate_mesh_rollouts(model: nn.Module, dataset: Dataset, indices: list[int
                 pred = mesh_rollout(model, batch, steps).float()
             yield batch, pred, batch.u_out[:, :steps].float()
 
-    out: dict[str, list] = {k: [] for k in ("nmse", "rel_l2", "per_step", "per_step_persistence", "theta", "group")}
+    out: dict[str, list] = {k: [] for k in ("nmse", "rel_l2", "mse", "per_step", "per_step_persistence", "theta",
+                                            "group")}
     for batch, pred, truth in roll(indices):
         still = batch.u_in[:, -1:].float().expand_as(truth)
         out["nmse"].append(problem.nmse(pred, truth, batch).cpu())
         err = problem.per_graph((pred - truth).pow(2).flatten(1).sum(1), batch)
         size = problem.per_graph(truth.pow(2).flatten(1).sum(1), batch)
         out["rel_l2"].append((err / size.clamp_min(1e-12)).sqrt().cpu())
+        out["mse"].append(problem.mse(pred, truth, batch).cpu())
         out["per_step"].append(torch.stack([problem.nmse(pred[:, k:k + 1], truth[:, k:k + 1], batch)
                                             for k in range(steps)], 1).cpu())
         out["per_step_persistence"].append(torch.stack([problem.nmse(still[:, k:k + 1], truth[:, k:k + 1], batch)
