@@ -23,6 +23,10 @@ the normalised parameters broadcast as channels and the field parameters, so tha
 kernel and no boundary transfer it is that FNO without its boundary channels (the ablations).
 With ``parameter_channels=False`` it reads the parameters through its gates alone, as
 `GatedFNO` does (an ablation that separates the gate from those input channels).
+With ``domain_padding`` > 0 the latent field is padded with zeros on every side before the
+Fourier layers and cropped after them (neuraloperator's domain padding), so that the Fourier
+transform does not join opposite faces; the boundary layer is written at the faces of the
+physical domain, inside the padding.
 Shapes are static and nothing is read on the host during a forward or backward pass, so the
 training step can be captured in a CUDA graph (``trainer.capture=true``).
 
@@ -141,12 +145,16 @@ class GNOFNO(SchemaModel):
     parameter_channels : bool
         Give the FNO the parameters and field parameters as input channels (default); False
         leaves them to the gates alone (ablation; needs ``n_kernels`` > 1 to see them at all).
+    domain_padding : float
+        Fraction of each axis's cells added as zeros on both sides of the latent field for the
+        Fourier layers (0, the default: none). For non-periodic boundaries.
     """
 
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2, t_in: int = 1,
                  log_params: Sequence[bool] | None = None, n_modes: int = 12, hidden_channels: int = 64,
                  n_layers: int = 4, n_kernels: int = 4, gate_hidden: int = 32, boundary_transfer: bool = True,
-                 boundary_patch: int = 16, boundary_depth: int = 4, parameter_channels: bool = True) -> None:
+                 boundary_patch: int = 16, boundary_depth: int = 4, parameter_channels: bool = True,
+                 domain_padding: float = 0.0) -> None:
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
         from neuralop.models import FNO
 
@@ -154,6 +162,10 @@ class GNOFNO(SchemaModel):
                                    ("n_layers", n_layers, 1), ("n_kernels", n_kernels, 1), ("gate_hidden", gate_hidden, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{name}: must be an integer >= {least}, got {value!r}")
+        if isinstance(domain_padding, bool) or not isinstance(domain_padding, (int, float)) \
+                or not 0 <= domain_padding < 1:
+            raise ValueError(f"domain_padding: must be a fraction in [0, 1), got {domain_padding!r}")
+        self.domain_padding = float(domain_padding)
         self.gate_inputs = n_params + 2 * field_channels
         if n_kernels > 1 and self.gate_inputs == 0:
             raise ValueError(f"n_kernels={n_kernels}: the gate needs parameters (n_params or field_channels > 0)")
@@ -197,11 +209,15 @@ class GNOFNO(SchemaModel):
             if net.positional_embedding is not None:
                 h = net.positional_embedding(h)
             h = net.lifting(h)
+            pads = [round(self.domain_padding * n) for n in h.shape[2:]]
+            pad = [p for n in reversed(pads) for p in (n, n)]  # F.pad lists the last axis first
+            inside = (Ellipsis, *(slice(p, p + n) for p, n in zip(pads, h.shape[2:])))
+            h = F.pad(h, pad)
             for layer in range(net.n_layers):
                 if features is not None:
-                    h = h + self.boundary[layer](h, features)
+                    h = h + F.pad(self.boundary[layer](h[inside], features), pad)
                 h = net.fno_blocks(h, layer)
-            delta = net.projection(h)
+            delta = net.projection(h[inside])
         return self.increment(u_in, delta)
 
     def routing_index(self) -> list[Tensor]:
@@ -210,4 +226,5 @@ class GNOFNO(SchemaModel):
                 and m.last_routing is not None]
 
     def extra_repr(self) -> str:
-        return f"n_kernels={self.n_kernels}, boundary_transfer={self.boundary is not None}"
+        return (f"n_kernels={self.n_kernels}, boundary_transfer={self.boundary is not None}, "
+                f"domain_padding={self.domain_padding}")

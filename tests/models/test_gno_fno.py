@@ -149,6 +149,35 @@ def test_changing_only_boundary_data_changes_the_output_near_that_boundary():
     assert torch.equal(a, ablated(u, theta=theta, bc=bc_mixed(1, (5.0, 0.0, 0.0, 0.0))))
 
 
+def test_domain_padding_keeps_the_grid_and_the_boundary_at_its_face():
+    """With domain padding the Fourier layers see a larger, zero-padded field, the output has the
+    input's grid, and boundary data still act at the physical face they belong to."""
+    torch.manual_seed(5)
+    padded = tiny(n_layers=1, domain_padding=0.25).eval()
+    torch.manual_seed(5)
+    plain = tiny(n_layers=1).eval()  # the same weights: padding has none of its own
+    assert all(torch.equal(a, b) for a, b in zip(padded.parameters(), plain.parameters()))
+    u, theta = torch.randn(1, 1, 1, 32, 32), torch.rand(1, 1)
+    base = padded(u, theta=theta, bc=bc_mixed(1, (1.0, 0.0, 0.0, 0.0)))
+    assert base.shape == u.shape
+    assert (base - plain(u, theta=theta, bc=bc_mixed(1, (1.0, 0.0, 0.0, 0.0)))).abs().max() > 1e-4
+    moved = padded(u, theta=theta, bc=bc_mixed(1, (5.0, 0.0, 0.0, 0.0)))  # only the x- Dirichlet value
+    change = (moved - base).abs()[0, 0, 0]
+    assert change[:3].mean() > 3 * change[-3:].mean()
+    # the Fourier layers run on 32 + 2 * 8 cells per axis,
+    # and the boundary layer is written on the 32 x 32 physical cells inside the padding
+    seen = []
+    hooks = [m.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[2:]))
+             for m in (padded.boundary[0], padded.net.fno_blocks)]
+    padded(u, theta=theta, bc=bc_mixed(1))
+    for hook in hooks:
+        hook.remove()
+    assert seen == [(32, 32), (48, 48)]
+    for bad in (-0.1, 1.0, True, "0.1"):
+        with pytest.raises(ValueError, match="domain_padding: must be a fraction in"):
+            tiny(domain_padding=bad)
+
+
 def test_the_boundary_layer_writes_each_segment_into_its_own_cells():
     """A segment's vector lands on the cells of its segment of its face, weighted by the depth
     profile, and nowhere else."""
