@@ -212,10 +212,11 @@ class GNOFNO(SchemaModel):
             pads = [round(self.domain_padding * n) for n in h.shape[2:]]
             pad = [p for n in reversed(pads) for p in (n, n)]  # F.pad lists the last axis first
             inside = (Ellipsis, *(slice(p, p + n) for p, n in zip(pads, h.shape[2:])))
-            h = F.pad(h, pad)
+            grow = functools.partial(F.pad, pad=pad) if any(pads) else (lambda t: t)  # no copy unpadded
+            h = grow(h)
             for layer in range(net.n_layers):
                 if features is not None:
-                    h = h + F.pad(self.boundary[layer](h[inside], features), pad)
+                    h = h + grow(self.boundary[layer](h[inside], features))
                 h = net.fno_blocks(h, layer)
             delta = net.projection(h[inside])
         return self.increment(u_in, delta)
