@@ -478,6 +478,7 @@ def _budget_text(budget: tuple) -> str:
 
 
 FIGURES = "results"  # the figures' folder, beside the page (docs/results/)
+SUMMARY = "summary"  # notes/summary.md: the page's overview, under its head
 RUNTIME = "runtime"  # results/runtime/*.json: benchmarks/bench_runtime.py's files (trained runs against solvers)
 
 
@@ -610,6 +611,9 @@ def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
     with the budget of each column, the GPUs and commits the results came from, and the
     figures that `write_figures` draws."""
     out = [PAGE_HEAD]
+    summary = results.parent / "notes" / f"{SUMMARY}.md"
+    if summary.is_file():  # the answer to "does it win?" across the tables, written by hand
+        out.append(f"## In short\n\n{summary.read_text()}")
     for name, table in tables.items():
         found = [json.loads(p.read_text()) for p in sorted((results / name).glob("*/*.json"))]
         out.append(f"## `{name}`: {table['title']}\n")

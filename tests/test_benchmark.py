@@ -245,6 +245,17 @@ def test_the_results_page_is_rendered_from_the_committed_results():
         "docs/results.md is stale: python recipes/benchmark.py render --out docs/results.md"
 
 
+def test_the_summary_notes_open_the_page_before_the_tables(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    assert "## In short" not in bench.render(bench.load_tables(), results)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "summary.md").write_text("The GNO wins heat-joint.\n")
+    page = bench.render(bench.load_tables(), results)
+    assert page.index(bench.PAGE_HEAD) == 0
+    assert page.index("## In short\n\nThe GNO wins heat-joint.") < page.index("## `param`")
+
+
 @pytest.mark.slow
 def test_a_failing_run_writes_nothing_and_the_others_go_on(tmp_path):
     tables = tmp_path / "tables.yaml"

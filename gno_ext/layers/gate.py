@@ -165,22 +165,38 @@ def _route(scores: Tensor, gates: Sequence[ParameterGate]) -> list[Routing]:
     """Routings from the scores ``(L, B, K)`` (or ``(B, K)`` for one gate) of ``L`` gates."""
     scores = scores.view(len(gates), *scores.shape[-2:])
     k = scores.shape[-1]
-    probs = scores.to(torch.promote_types(scores.dtype, torch.float32)).softmax(-1)  # float32 or float64
-    choice = scores
-    noise = [g.noise_std if g.training else 0.0 for g in gates]
-    if any(noise):  # one level for all gates (the usual case) as a number: no host-to-device copy
-        level = noise[0] if len(set(noise)) == 1 else scores.new_tensor(noise)[:, None, None]
-        choice = scores + level * torch.randn_like(scores)
-    index = choice.argmax(-1)
-    picked = probs.gather(-1, index[..., None]).squeeze(-1)
-    weight = (picked - picked.detach()) + 1.0  # exactly 1 (1 + p - p can round to 1 - 2^-24)
-    # one_hot instead of bincount: no device-to-host synchronisation
-    load = one_hot(index, k, probs.dtype).mean(-2)
-    balance = k * (load * probs.mean(-2)).sum(-1)
+    if k == 1:
+        probs, index, weight, balance = _one_kernel(scores)
+    else:
+        probs = scores.to(torch.promote_types(scores.dtype, torch.float32)).softmax(-1)  # float32 or float64
+        choice = scores
+        noise = [g.noise_std if g.training else 0.0 for g in gates]
+        if any(noise):  # one level for all gates (the usual case) as a number: no host-to-device copy
+            level = noise[0] if len(set(noise)) == 1 else scores.new_tensor(noise)[:, None, None]
+            choice = scores + level * torch.randn_like(scores)
+        index = choice.argmax(-1)
+        picked = probs.gather(-1, index[..., None]).squeeze(-1)
+        weight = (picked - picked.detach()) + 1.0  # exactly 1 (1 + p - p can round to 1 - 2^-24)
+        # one_hot instead of bincount: no device-to-host synchronisation
+        load = one_hot(index, k, probs.dtype).mean(-2)
+        balance = k * (load * probs.mean(-2)).sum(-1)
     routings = [Routing(*parts) for parts in zip(probs, index, weight, balance)]
     for routing in routings:
         record_balance_loss(routing.balance_loss)
     return routings
+
+
+def _one_kernel(scores: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`_route`'s ``probs, index, weight, balance`` for gates of one kernel (the single-kernel
+    ablation), without a softmax, arg-max or mean over the one score: every sample takes kernel 0
+    with probability exactly 1, its weight is 1 and the balance term 1, as the general formulas
+    give them. Their gradient is zero there too (the softmax of one score is a constant); the
+    score MLP stays in the graph with that zero gradient, so DDP sees the gate's parameters used.
+    (Inductor's GPU code for the general path's fused softmax, arg-max and mean over a length-one
+    reduction failed to compile in Triton's ``make_ttgir`` pass, torch 2.11, H200.)"""
+    probs = (scores - scores.detach()).to(torch.promote_types(scores.dtype, torch.float32)) * 0.0 + 1.0
+    weight = probs[..., 0]
+    return probs, torch.zeros_like(weight, dtype=torch.long), weight, weight[..., 0]
 
 
 def route_all(gates: Sequence[ParameterGate], theta: Tensor) -> list[Routing]:

@@ -80,6 +80,33 @@ def test_balance_loss_is_k_when_all_samples_pick_one_kernel():
     assert torch.isclose(gate(torch.randn(32, 1)).balance_loss, torch.tensor(4.0), atol=1e-3)
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_one_kernel_routing_is_the_general_formulas_with_zero_gradients(training):
+    """A gate of one kernel (the single-kernel ablation) skips the softmax and arg-max over one
+    score: its routing must still be what the general formulas give (probability 1, kernel 0,
+    weight 1, balance term 1), with the gate's parameters in the graph and a zero gradient, as
+    the softmax of one score is constant, alone or evaluated together by `route_all`."""
+    torch.manual_seed(3)
+    gates = [ParameterGate(2, 1, hidden=8, noise_std=0.5).train(training) for _ in range(2)]
+    theta = torch.randn(6, 2)
+    scores = gates[0].score(theta)
+    probs = scores.softmax(-1)
+    for routing in [gates[0](theta), *route_all(gates, theta)]:
+        assert torch.equal(routing.probs, probs) and routing.probs.dtype == torch.float32
+        assert torch.equal(routing.index, torch.zeros(6, dtype=torch.long))
+        assert torch.equal(routing.weight, torch.ones(6))
+        assert torch.equal(routing.balance_loss, torch.tensor(1.0))
+        assert routing.balance_loss.shape == ()
+        for g in gates:
+            g.zero_grad(set_to_none=True)
+        (routing.probs.sum() + 3 * routing.weight.sum() + routing.balance_loss).backward(retain_graph=True)
+        used = [p.grad for p in gates[0].parameters()]
+        assert all(g is not None and torch.count_nonzero(g) == 0 for g in used)
+    # the general formula's gradient, for comparison: zero up to rounding
+    (probs.sum() + 3 * probs[:, 0].sum()).backward()
+    assert all(p.grad.abs().max() < 1e-6 for p in gates[0].parameters())
+
+
 def test_route_all_equals_each_gate_with_gradients():
     """Several gates evaluated together give each gate's own routing, and each gate's
     parameters the gradient of its own routing."""
