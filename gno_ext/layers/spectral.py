@@ -16,6 +16,7 @@ Requires the optional dependency ``neuraloperator`` (``pip install gno-ext[neura
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -71,6 +72,12 @@ class GatedSpectralConv(BaseSpectralConv):
         Size of the (normalised) $\theta$ the gate reads.
     gate_hidden : int
         Hidden width of the gate's score MLP.
+    shared_kernel : bool
+        Write kernel ``k`` as $W_0 + W_k$: a kernel $W_0$ shared by all samples plus a residual
+        $W_k$ per kernel, the residuals starting at zero (so the layer starts as one
+        ``SpectralConv``). The same family of ``K`` kernels, parametrised so that every sample
+        trains $W_0$, where each residual trains on the samples routed to it alone. Needs dense
+        kernels (no factorisation). Default False: ``K`` independent kernels, the paper's form.
     **spectral_kwargs
         Passed to every ``SpectralConv`` (``FNOBlocks`` passes its factorisation, precision...).
     """
@@ -78,10 +85,22 @@ class GatedSpectralConv(BaseSpectralConv):
     static = True  # the gathered-weight path where the kernels allow it (see the class docstring)
 
     def __init__(self, in_channels: int, out_channels: int, n_modes: Any, n_kernels: int = 4,
-                 n_params: int = 1, gate_hidden: int = 32, **spectral_kwargs: Any) -> None:
+                 n_params: int = 1, gate_hidden: int = 32, shared_kernel: bool = False,
+                 **spectral_kwargs: Any) -> None:
         super().__init__(device=spectral_kwargs.get("device"))
-        self.kernels = nn.ModuleList(FullPrecisionSpectralConv(in_channels, out_channels, n_modes, **spectral_kwargs)
-                                     for _ in range(n_kernels))
+        make = functools.partial(FullPrecisionSpectralConv, in_channels, out_channels, n_modes)
+        self.shared = None
+        if shared_kernel:
+            if str(spectral_kwargs.get("factorization") or "dense").lower() != "dense":
+                raise ValueError(f"shared_kernel: needs dense kernels, got factorization="
+                                 f"{spectral_kwargs['factorization']!r} (zero factors would not train)")
+            self.shared = make(**spectral_kwargs)
+            spectral_kwargs = {**spectral_kwargs, "init_std": 0.0}  # the residuals start at zero
+        self.kernels = nn.ModuleList(make(**spectral_kwargs) for _ in range(n_kernels))
+        if shared_kernel:
+            for kernel in self.kernels:
+                if kernel.bias is not None:
+                    nn.init.zeros_(kernel.bias)
         self.gate = ParameterGate(n_params, n_kernels, gate_hidden)
         self.theta: Tensor | None = None
         self.last_routing = None
@@ -124,7 +143,10 @@ class GatedSpectralConv(BaseSpectralConv):
         self.last_routing = routing
         if self.takes_static_path:
             return self._gathered(x, routing.index, output_shape) * _per_sample(routing.weight, x.ndim)
-        return dispatch(self.kernels, routing, x, output_shape=output_shape)
+        y = dispatch(self.kernels, routing, x, output_shape=output_shape)
+        if self.shared is not None:  # the spectral convolution is linear in its weights and bias
+            y = y + self.shared(x, output_shape=output_shape) * _per_sample(routing.weight, x.ndim)
+        return y
 
     def _gathered(self, x: Tensor, index: Tensor, output_shape: Any = None) -> Tensor:
         """Every sample through kernel ``index[b]``: the steps of ``SpectralConv.forward`` (its
@@ -149,6 +171,8 @@ class GatedSpectralConv(BaseSpectralConv):
         cut = [slice(a // 2, -a // 2) if a else slice(None) for a in starts[:-1]]  # (-a // 2: SpectralConv's rounding)
         cut.append(slice(None, -starts[-1]) if starts[-1] else slice(None))
         weights = torch.stack([torch.view_as_real(k.weight.to_tensor()) for k in self.kernels])
+        if self.shared is not None:  # W_0 + W_k, added before the gather: K additions, not B
+            weights = weights + torch.view_as_real(self.shared.weight.to_tensor())
         weights = weights[(slice(None),) * 3 + tuple(cut)]  # (K, in, out, *modes, 2)
         modes = [slice(size // 2 - kept // 2, size // 2 + kept // 2 + kept % 2)
                  for size, kept in zip(fft_size[:-1], weights.shape[3:-2])]
@@ -167,7 +191,8 @@ class GatedSpectralConv(BaseSpectralConv):
             sizes = [round(s * r) for s, r in zip(sizes, first.resolution_scaling_factor)]
         y = torch.fft.irfftn(torch.view_as_complex(out), s=sizes, dim=dims, norm=first.fft_norm)
         if first.bias is not None:
-            y = y + torch.stack([k.bias for k in self.kernels]).index_select(0, index)
+            bias = torch.stack([k.bias for k in self.kernels])
+            y = y + (bias if self.shared is None else bias + self.shared.bias).index_select(0, index)
         return y
 
 

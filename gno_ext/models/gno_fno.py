@@ -47,7 +47,7 @@ from gno_ext.layers.boundary import BoundaryTransfer, boundary_features
 from gno_ext.layers.spectral import GatedSpectralConv, condition_on
 from gno_ext.models.baselines.base import SchemaModel
 from gno_ext.models.registry import register_model
-from gno_ext.schema import BoundarySpec, Grid, PDEBatch
+from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch
 
 __all__ = ["GNOFNO", "BoundaryLayer"]
 
@@ -65,14 +65,18 @@ class BoundaryLayer(nn.Module):
         Cells per boundary segment along each face axis (one `BoundaryTransfer` token each).
     depth : int
         Cells behind the face that the segment's vector is written into.
+    periodic : bool
+        Write a layer at periodic faces too (default). False writes none there: a periodic
+        face is no boundary, only where the grid's indexing wraps round, and a layer written
+        along it marks a line of the domain as special where the problem has none.
     """
 
-    def __init__(self, channels: int, ndim: int, patch: int, depth: int) -> None:
+    def __init__(self, channels: int, ndim: int, patch: int, depth: int, periodic: bool = True) -> None:
         super().__init__()
         for name, value in (("patch", patch), ("depth", depth)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"boundary_{name}: must be an integer >= 1, got {value!r}")
-        self.ndim, self.patch, self.depth = ndim, patch, depth
+        self.ndim, self.patch, self.depth, self.periodic = ndim, patch, depth, periodic
         self.transfer = BoundaryTransfer(channels, ndim)
         self.profile = nn.Parameter(torch.exp(-torch.arange(depth, dtype=torch.float32)))
 
@@ -92,6 +96,8 @@ class BoundaryLayer(nn.Module):
     def forward(self, h: Tensor, features: tuple[Tensor, Tensor, Tensor, Tensor]) -> Tensor:
         """The boundary layer to add to ``h`` (B, C, *S), from the `boundary_features` of the batch."""
         tokens = self.transfer(features, self.face_cells(h))  # (B, M, C)
+        if not self.periodic:  # no layer at periodic faces (a mask: the shapes stay static)
+            tokens = tokens * (features[1] != BCType.PERIODIC).unsqueeze(-1).to(tokens.dtype)  # kinds (B, M)
         sizes = h.shape[2:]
         profile = self.profile.to(h.dtype)
         layer = h.new_zeros(h.shape)
@@ -148,13 +154,21 @@ class GNOFNO(SchemaModel):
     domain_padding : float
         Fraction of each axis's cells added as zeros on both sides of the latent field for the
         Fourier layers (0, the default: none). For non-periodic boundaries.
+    shared_kernel : bool
+        Each layer's kernels as a shared kernel plus a residual per kernel, the residuals starting
+        at zero (`GatedSpectralConv`'s ``shared_kernel``). Default False.
+    periodic_boundary_layer : bool
+        Write the boundary layer at periodic faces too (default True). False leaves periodic
+        faces alone (`BoundaryLayer`'s ``periodic``): on a periodic domain the model is then
+        the FNO with the gated kernels.
     """
 
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2, t_in: int = 1,
                  log_params: Sequence[bool] | None = None, n_modes: int = 12, hidden_channels: int = 64,
                  n_layers: int = 4, n_kernels: int = 4, gate_hidden: int = 32, boundary_transfer: bool = True,
                  boundary_patch: int = 16, boundary_depth: int = 4, parameter_channels: bool = True,
-                 domain_padding: float = 0.0) -> None:
+                 domain_padding: float = 0.0, shared_kernel: bool = False,
+                 periodic_boundary_layer: bool = True) -> None:
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
         from neuralop.models import FNO
 
@@ -169,13 +183,15 @@ class GNOFNO(SchemaModel):
         self.gate_inputs = n_params + 2 * field_channels
         if n_kernels > 1 and self.gate_inputs == 0:
             raise ValueError(f"n_kernels={n_kernels}: the gate needs parameters (n_params or field_channels > 0)")
-        self.n_kernels, self.boundary_patch = n_kernels, boundary_patch
+        self.n_kernels, self.boundary_patch, self.shared_kernel = n_kernels, boundary_patch, bool(shared_kernel)
+        self.periodic_boundary_layer = bool(periodic_boundary_layer)
         self.takes_parameter_channels = parameter_channels
         conv = functools.partial(GatedSpectralConv, n_kernels=n_kernels, n_params=max(self.gate_inputs, 1),
-                                 gate_hidden=gate_hidden)
+                                 gate_hidden=gate_hidden, shared_kernel=shared_kernel)
         channels = t_in * in_channels + (n_params + field_channels if parameter_channels else 0)
         self.net = FNO((n_modes,) * ndim, channels, in_channels, hidden_channels, n_layers=n_layers, conv_module=conv)
-        self.boundary = nn.ModuleList(BoundaryLayer(hidden_channels, ndim, boundary_patch, boundary_depth)
+        self.boundary = nn.ModuleList(BoundaryLayer(hidden_channels, ndim, boundary_patch, boundary_depth,
+                                                    periodic_boundary_layer)
                                       for _ in range(n_layers)) if boundary_transfer else None
 
     def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
@@ -228,4 +244,5 @@ class GNOFNO(SchemaModel):
 
     def extra_repr(self) -> str:
         return (f"n_kernels={self.n_kernels}, boundary_transfer={self.boundary is not None}, "
-                f"domain_padding={self.domain_padding}")
+                f"domain_padding={self.domain_padding}, shared_kernel={self.shared_kernel}, "
+                f"periodic_boundary_layer={self.periodic_boundary_layer}")

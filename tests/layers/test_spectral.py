@@ -130,6 +130,45 @@ def test_gathered_path_equals_each_samples_own_kernel(modes, shape, n_modes_now,
     assert chosen == 0 and [bool(g.abs().sum() > 0) for g in grads] == [True, False, False]
 
 
+@pytest.mark.parametrize("static", [True, False])
+def test_shared_kernel_is_the_shared_weights_plus_each_samples_residual(static):
+    """With ``shared_kernel`` kernel k is W_0 + W_k: at first the residuals are zero and the layer
+    is one SpectralConv for every sample; with residuals, each sample gets the SpectralConv of
+    its own summed weights and bias (both paths, gradients included), W_0 a gradient from every
+    sample and a residual only from the samples routed to it."""
+    torch.manual_seed(1)
+    conv = GatedSpectralConv(3, 4, (6, 6), n_kernels=3, n_params=1, shared_kernel=True)
+    conv.static = static
+    x, theta = torch.randn(6, 3, 16, 16), torch.linspace(-3, 3, 6)[:, None]
+    assert all(torch.count_nonzero(k.weight.tensor) == 0 and torch.count_nonzero(k.bias) == 0 for k in conv.kernels)
+    with condition_on(conv, theta):
+        torch.testing.assert_close(conv(x), conv.shared(x), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        for kernel in conv.kernels:
+            kernel.weight.tensor.normal_(0, 0.3), kernel.bias.normal_()
+        first, last = conv.gate.score[0], conv.gate.score[2]  # theta < 0 to kernel 0, > 0.5 to kernel 2
+        first.weight.fill_(1.0), first.bias.zero_()
+        last.weight.copy_(torch.tensor([0.0, 1.0, 2.0])[:, None].expand_as(last.weight) / last.weight.shape[1])
+        last.bias.copy_(torch.tensor([0.5, 0.0, 0.0]))
+    with condition_on(conv, theta):
+        y = conv(x)
+    assert conv.last_routing.index.tolist() == [0, 0, 0, 2, 2, 2]
+    expected = []
+    for b, k in enumerate(conv.last_routing.index.tolist()):
+        summed = SpectralConv(3, 4, (6, 6))
+        with torch.no_grad():
+            summed.weight.tensor.copy_(conv.shared.weight.tensor + conv.kernels[k].weight.tensor)
+            summed.bias.copy_(conv.shared.bias + conv.kernels[k].bias)
+        expected.append(summed(x[b:b + 1]))
+    torch.testing.assert_close(y, torch.cat(expected), rtol=1e-5, atol=1e-5)
+    weights = [conv.shared.weight.tensor, *(k.weight.tensor for k in conv.kernels)]
+    grads = torch.autograd.grad((y * torch.randn_like(y)).sum(), weights, allow_unused=True)
+    used = [g is not None and bool(g.abs().sum() > 0) for g in grads]
+    assert used == [True, True, False, True]  # shared, kernel 0, kernel 1 (no sample), kernel 2
+    with pytest.raises(ValueError, match="shared_kernel: needs dense kernels, got factorization='cp'"):
+        GatedSpectralConv(3, 4, (6, 6), n_kernels=2, shared_kernel=True, factorization="cp")
+
+
 def test_gathered_path_reads_nothing_on_the_host():
     """The forward and backward passes of the static path read no value on the host, so a step
     with it can be captured in a CUDA graph: they run on PyTorch's meta device, which holds no

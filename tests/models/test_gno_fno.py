@@ -196,6 +196,33 @@ def test_the_boundary_layer_writes_each_segment_into_its_own_cells():
     torch.testing.assert_close(layer.face_cells(h)[0, 1], h[0, :, 0, 4:8].mean(-1))  # the state it reads
 
 
+def test_without_a_periodic_boundary_layer_periodic_faces_get_none_and_the_others_theirs():
+    """``periodic_boundary_layer=False``: the boundary layer is zero at periodic faces (a periodic
+    domain gets none at all) and, at the other faces, what the default layer writes there."""
+    from gno_ext.layers.boundary import boundary_features
+    from gno_ext.schema import Grid
+
+    torch.manual_seed(2)
+    grid = Grid((16, 16))
+    both = [BoundaryLayer(channels=4, ndim=2, patch=8, depth=2, periodic=p) for p in (True, False)]
+    both[1].load_state_dict(both[0].state_dict())
+    h = torch.randn(2, 4, 16, 16)
+    bc = BoundarySpec.from_types(["dirichlet", "dirichlet", "periodic", "periodic"], [1.0, -1.0, 0.0, 0.0],
+                                 batch_size=2)  # x faces Dirichlet, y faces periodic
+    default, masked = (layer(h, boundary_features(bc, grid, 8)) for layer in both)
+    y_only = torch.zeros(16, 16, dtype=torch.bool)  # cells 2 deep behind a y face, out of the x faces' reach
+    y_only[2:-2, :2], y_only[2:-2, -2:] = True, True
+    x_only = y_only.T.clone()
+    assert default[..., y_only].abs().min() > 0 and torch.count_nonzero(masked[..., y_only]) == 0
+    assert masked[..., x_only].abs().min() > 0
+    torch.testing.assert_close(masked[..., x_only], default[..., x_only])
+    assert torch.count_nonzero(masked[..., 2:-2, 2:-2]) == 0  # the interior, as always
+    periodic = boundary_features(BoundarySpec.periodic(2, 2), grid, 8)
+    assert torch.count_nonzero(both[1](h, periodic)) == 0 and both[0](h, periodic).abs().sum() > 0
+    model = tiny(periodic_boundary_layer=False)
+    assert not any(layer.periodic for layer in model.boundary) and "periodic_boundary_layer=False" in repr(model)
+
+
 def test_tiny_gno_fno_overfits_a_handful_of_samples():
     torch.manual_seed(6)
     assert overfit_loss_ratio(tiny(hidden_channels=24), steps=200, lr=3e-3) < 0.01
