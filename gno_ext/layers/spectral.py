@@ -95,12 +95,8 @@ class GatedSpectralConv(BaseSpectralConv):
                 raise ValueError(f"shared_kernel: needs dense kernels, got factorization="
                                  f"{spectral_kwargs['factorization']!r} (zero factors would not train)")
             self.shared = make(**spectral_kwargs)
-            spectral_kwargs = {**spectral_kwargs, "init_std": 0.0}  # the residuals start at zero
+            spectral_kwargs = {**spectral_kwargs, "init_std": 0.0}  # the residuals (weights, bias) start at zero
         self.kernels = nn.ModuleList(make(**spectral_kwargs) for _ in range(n_kernels))
-        if shared_kernel:
-            for kernel in self.kernels:
-                if kernel.bias is not None:
-                    nn.init.zeros_(kernel.bias)
         self.gate = ParameterGate(n_params, n_kernels, gate_hidden)
         self.theta: Tensor | None = None
         self.last_routing = None

@@ -67,7 +67,7 @@ class BoundaryLayer(nn.Module):
         Cells behind the face that the segment's vector is written into.
     periodic : bool
         Write a layer at periodic faces too (default). False writes none there: a periodic
-        face is no boundary, only where the grid's indexing wraps round, and a layer written
+        face is no boundary, only where the grid's indexing wraps around, and a layer written
         along it marks a line of the domain as special where the problem has none.
     """
 
