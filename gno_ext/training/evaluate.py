@@ -9,7 +9,8 @@ own predictions fed back). Per trajectory:
   persistence (the input frame copied forward: what a model that learnt nothing scores).
 
 The report gives the mean and standard deviation over trajectories, the error of every DRO
-group (boundary configuration x parameter bin, the same groups training uses) and of every
+group (boundary configuration x parameter bin, the groups training uses; test parameters below or
+above the training range form groups of their own, `GroupBinner.covering`) and of every
 boundary configuration, the training loss curve where the run's ``metrics.jsonl`` is given, and
 shows the rollouts of the worst, the median and the best trajectory.
 
@@ -40,6 +41,7 @@ from gno_ext.training.recipe_data import (
     GroupBinner,
     batch_to,
     open_split,
+    parameter_values,
     rollout_indices,
     spread,
     training_groups,
@@ -65,7 +67,8 @@ def evaluate_rollouts(model: nn.Module, dataset: Dataset, indices: list[int], st
         One window per trajectory (see `gno_ext.training.recipe_data.rollout_indices`).
     steps : int
     binner : GroupBinner
-        The training run's groups.
+        The training run's groups (`evaluate_run` passes them `GroupBinner.covering` the test
+        split's parameter values).
     device, batch_size, autocast_dtype
     keep_examples : int
         Trajectories kept (prediction and truth) for the figures: the worst, the median and the
@@ -403,6 +406,7 @@ def evaluate_run(cfg: Mapping[str, Any], model: nn.Module, binner: GroupBinner, 
         print(f"eval.steps={steps} but the {split} trajectories have {longest} frames: rolling out {longest - t_in}")
         steps = longest - t_in
     ds = open_split(data_cfg, split, t_in, steps)
+    binner = binner.covering(parameter_values(ds))  # held-out values outside the training range: groups of their own
     indices = rollout_indices(ds)
     if ev.get("max_trajectories"):
         indices = [indices[i] for i in spread(len(indices), int(ev["max_trajectories"]))]

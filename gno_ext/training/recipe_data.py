@@ -13,6 +13,7 @@ A recipe names its data with a small mapping (the ``data`` group of the Hydra co
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 import os
@@ -268,8 +269,8 @@ class GroupBinner:
 
     Parameters with no more distinct training values than ``bins`` get one group per value
     (edges half-way between values); others get ``bins`` equal bins over the training range,
-    logarithmic for log-scaled parameters. Values outside the training range (test or OOD
-    data) fall into the outer bins.
+    logarithmic for log-scaled parameters. Values outside the training range fall into the
+    outer bins; evaluation uses `covering`, which gives them groups of their own.
 
     Parameters
     ----------
@@ -313,10 +314,53 @@ class GroupBinner:
                 edges = inv(torch.linspace(float(f(v.min())), float(f(v.max())), bins + 1, dtype=torch.float64))
                 self.points.append(None)
             self.edges.append(edges.tolist())
+        # per parameter: the range of the held-out values below and above the training range,
+        # where `covering` gave them a bin of their own (its first and last bin)
+        self.outside: list[tuple[tuple[float, float] | None, tuple[float, float] | None]] = [
+            (None, None)] * len(self.edges)
         self.configurations = [tuple(int(k) for k in row) for row in np.unique(np.asarray(kinds), axis=0)]
         self._config_id = {c: i for i, c in enumerate(self.configurations)}
+        self._count()
+
+    def _count(self) -> None:
         self.n_bins = int(math.prod(len(e) - 1 for e in self.edges))
         self.n_groups = len(self.configurations) * self.n_bins
+
+    def covering(self, values: Tensor) -> GroupBinner:
+        """These groups, refined for held-out parameter values ``values`` (N, P): the values
+        below and those above the training range each get a bin of their own, labelled with
+        their range and "outside the training range", where the training groups would put them
+        into the outermost training bin (an OOD test split, Burgers' shifted test range). A
+        parameter with a group per training value whose held-out values are other values gets
+        range labels (its bins' edges lie half-way between the training values). The groups of
+        the training values are unchanged; the group ids are not (they count the new bins)."""
+        values = torch.as_tensor(values).double()
+        if values.ndim != 2 or values.shape[1] != len(self.edges):
+            raise ValueError(f"values: expected {len(self.edges)} parameter(s) per row, got shape {tuple(values.shape)}")
+        out = copy.copy(self)
+        out.edges, out.points, out.outside = [], [], []
+        for p, (edges, points) in enumerate(zip(self.edges, self.points)):
+            v = values[:, p]
+            edges = list(edges)
+            if points is not None:
+                if bool(torch.isin(v, torch.tensor(points, dtype=torch.float64)).all()):
+                    out.edges.append(edges), out.points.append(points), out.outside.append((None, None))
+                    continue
+                edges = [points[0], *edges[1:-1], points[-1]]  # the training range, not the margins
+            lo, hi = edges[0], edges[-1]
+            below, above = v[v < lo], v[v > hi]
+            if len(points or ()) == 1:  # one training value: its bin is the value itself
+                edges = [lo, float(np.nextafter(np.float32(hi), np.float32(np.inf)))]
+            low = (float(below.min()), float(below.max())) if len(below) else None
+            high = (float(above.min()), float(above.max())) if len(above) else None
+            if low:
+                edges.insert(0, low[0])
+            if high:  # held-out values equal to the training maximum stay in its last bin
+                edges[-1] = float(np.nextafter(np.float32(hi), np.float32(np.inf)))
+                edges.append(float(np.nextafter(np.float32(high[1]), np.float32(np.inf))))
+            out.edges.append(edges), out.points.append(None), out.outside.append((low, high))
+        out._count()
+        return out
 
     def configuration_ids(self, kind: Tensor) -> Tensor:
         """Configuration index of each row of ``kind`` (B, F); an unseen configuration is an error."""
@@ -355,8 +399,12 @@ class GroupBinner:
             rest, b = divmod(rest, len(edges) - 1)
             bins.insert(0, b)
         parts = [self.boundary_label(config)]
-        for name, edges, points, b in zip(self.names, self.edges, self.points, bins):
-            if points is None:
+        for name, edges, points, (low, high), b in zip(self.names, self.edges, self.points, self.outside, bins):
+            outside = low if low and b == 0 else high if high and b == len(edges) - 2 else None
+            if outside:
+                values = f"= {outside[0]:.4g}" if outside[0] == outside[1] else f"in [{outside[0]:.4g}, {outside[1]:.4g}]"
+                parts.append(f"{name} {values} (outside the training range)")
+            elif points is None:
                 parts.append(f"{name} in [{edges[b]:.4g}, {edges[b + 1]:.4g}]")
             elif len(points) > 1:
                 parts.append(f"{name} = {points[b]:.4g}")

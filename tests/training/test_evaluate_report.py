@@ -60,6 +60,40 @@ def test_group_labels_name_the_parameter_and_leave_out_one_that_does_not_vary():
         GroupBinner(torch.zeros(3, 1), kinds, 2, [False], names=["a", "b"])
 
 
+def test_held_out_values_outside_the_training_range_get_groups_of_their_own():
+    """An OOD test split (advection-ood: speeds in [0.2, 0.45] and [1.6, 2.5], training [0.5, 1.5])
+    is not reported under the outermost training bins' names."""
+    kinds = np.array([[1, 1, 1, 1]])
+    train = GroupBinner(torch.linspace(0.5, 1.5, 81)[:, None], kinds, 8, [False], names=["speed"])
+    test = torch.tensor([[0.2], [0.45], [0.5], [1.0], [1.5], [1.6], [2.5]])
+    assert train(test, torch.ones(7, 4)).tolist() == [0, 0, 0, 4, 7, 7, 7]  # training groups: outer bins
+    ood = train.covering(test)
+    assert ood.n_groups == 10 and train.n_groups == 8  # the training binner is left as it was
+    groups = ood(test, torch.ones(7, 4)).tolist()
+    assert groups == [0, 0, 1, 5, 8, 9, 9]  # the training range's edges stay in their bins
+    face = "dirichlet/dirichlet/dirichlet/dirichlet"
+    assert ood.label(0) == f"{face}, speed in [0.2, 0.45] (outside the training range)"
+    assert ood.label(9) == f"{face}, speed in [1.6, 2.5] (outside the training range)"
+    assert [ood.label(g) for g in range(1, 9)] == [train.label(g) for g in range(8)]
+    # held-out values inside the range: the same groups and labels
+    inside = train.covering(torch.tensor([[0.7], [1.5]]))
+    assert inside.n_groups == 8 and [inside.label(g) for g in range(8)] == [train.label(g) for g in range(8)]
+    # one side only; log-scaled parameters (Burgers' test viscosities above the training range)
+    nu = GroupBinner(torch.logspace(-3.3, -1.3, 50)[:, None], kinds, 4, [True], names=["nu"])
+    up = nu.covering(torch.tensor([[0.03], [0.5], [1.0]]))
+    assert up.n_groups == 5 and up(torch.tensor([[0.03], [0.5], [1.0]]), torch.ones(3, 4)).tolist() == [3, 4, 4]
+    assert up.label(4).endswith("nu in [0.5, 1] (outside the training range)")
+    # a group per training value: the same where the held-out values are those values, ranges where not
+    few = GroupBinner(torch.tensor([[0.01], [0.1], [1.0]]), kinds, 8, [True], names=["nu"])
+    assert few.covering(torch.tensor([[0.1], [1.0]])).label(1) == f"{face}, nu = 0.1"
+    new = few.covering(torch.tensor([[0.02], [5.0]]))
+    assert new(torch.tensor([[0.01], [0.02], [5.0]]), torch.ones(3, 4)).tolist() == [0, 0, 3]
+    assert new.label(0) == f"{face}, nu in [0.01, 0.03162]"
+    assert new.label(3) == f"{face}, nu = 5 (outside the training range)"
+    with pytest.raises(ValueError, match=r"values: expected 1 parameter\(s\) per row, got shape \(3, 2\)"):
+        train.covering(torch.zeros(3, 2))
+
+
 def test_parameter_names_come_from_the_data_else_the_recipe():
     class Named(torch.utils.data.Dataset):
         parameter_names = ["tcool"]

@@ -79,6 +79,20 @@ def test_heat_param_smoke_end_to_end(train_module, tmp_path):
     assert sorted(p.name for p in other.iterdir()) == ["config.json", "model.safetensors"]
 
 
+def test_an_ood_test_split_is_reported_in_groups_outside_the_training_range(train_module, tmp_path):
+    """advection-ood's test speeds lie below and above the training range [0.5, 1.5]: the report's
+    groups say so and give their speeds, instead of the outermost training bins' names."""
+    result = train_module.main(["--recipe", "advection-ood", "size=smoke", "model=persistence",
+                                f"output_root={tmp_path}", "trainer.progress=false"])
+    groups = result["report"]["groups"]
+    assert len(groups) >= 2 and sum(g["n"] for g in groups) == result["report"]["trajectories"]
+    for g in groups:
+        speeds = [float(x) for x in re.findall(r"[0-9.]+", g["label"].split("speed")[1])]
+        assert g["label"].endswith("(outside the training range)"), g["label"]
+        assert all(v < 0.5 for v in speeds) or all(v > 1.5 for v in speeds), g["label"]
+    assert "outside the training range" in (Path(result["run_dir"]) / "eval" / "report.md").read_text()
+
+
 def test_a_later_run_in_the_same_process_may_change_precision(train_module, tmp_path):
     """accelerate keeps its state per process and refuses a new precision once set; a second
     `train` call (a notebook, or these tests on a GPU: bf16, then a float32 run) starts afresh."""
