@@ -547,6 +547,20 @@ def _shown(found: list[dict[str, Any]], recipe: str, metric: str = "nmse") -> li
     return [x for x in ranked if x[0] == "gno"] + others + [x for x in ranked if x[0] == "persistence"]
 
 
+def _tick_label(label: str, wrap: bool) -> str:
+    """A group's label for a figure's axis: one boundary type on every face said once
+    (``dirichlet/dirichlet/dirichlet/dirichlet`` as ``all dirichlet``), wrapped into lines
+    where the axis has room for them."""
+    import textwrap
+
+    faces, _, rest = label.partition(", ")
+    types = faces.split("/")
+    if len(set(types)) == 1 and len(types) > 1:
+        faces = f"all {types[0]}"
+    short = f"{faces}, {rest}" if rest else faces
+    return "\n".join(textwrap.wrap(short, 24)) if wrap else short
+
+
 def write_figures(tables: dict[str, Any], results: Path, folder: Path) -> list[Path]:
     """Per column of every table: the per-step error of the rollout, and the error per DRO group
     (boundary configuration x parameter bin) where the results record it, for the GNO, the two
@@ -587,14 +601,16 @@ def write_figures(tables: dict[str, Any], results: Path, folder: Path) -> list[P
             grouped = [(row, rs) for row, rs in shown if all(r.get("groups") for r in rs)]
             if grouped:
                 labels = [g["label"] for g in grouped[0][1][0]["groups"]]
-                fig, ax = plt.subplots(figsize=(max(5.5, 0.5 * len(labels) + 2), 3.8))
+                wrap = len(labels) <= 8  # few groups: labels in lines under their bars, else slanted
+                fig, ax = plt.subplots(figsize=(max(5.5, (1.4 if wrap else 0.5) * len(labels) + 2), 3.8))
                 width = 0.8 / len(grouped)
                 for k, (row, rs) in enumerate(grouped):
                     by_label = [np.mean([next((g["nmse_mean"] for g in r["groups"] if g["label"] == lab), np.nan)
                                          for r in rs]) for lab in labels]
                     ax.bar(np.arange(len(labels)) + k * width, by_label, width, label=row)
                 ax.set_yscale("log")
-                ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels, rotation=60, ha="right", fontsize=7)
+                ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, [_tick_label(lab, wrap) for lab in labels],
+                              fontsize=7, **({"rotation": 0, "ha": "center"} if wrap else {"rotation": 60, "ha": "right"}))
                 ax.set_ylabel("rollout nMSE")
                 save(fig, ax, f"{name}: {recipe}, error per group", f"{name}-{recipe}-groups")
     runtime = _runtime_results(results)

@@ -354,6 +354,19 @@ def test_figures_show_the_gno_the_two_best_rows_and_persistence(tmp_path):
     assert "groups.png" not in bench.render(bench.load_tables(), tmp_path)
 
 
+def test_group_labels_are_shortened_for_the_figures_axes():
+    """A group's label on a figure: one boundary type on every face said once; lines of at most 24
+    characters under a few groups' bars, one line (slanted) under many."""
+    label = "dirichlet/dirichlet/dirichlet/dirichlet, speed in [1.6, 2.5] (outside the training range)"
+    lines = bench._tick_label(label, wrap=True).split("\n")
+    assert lines[0].startswith("all dirichlet, speed") and max(map(len, lines)) <= 24
+    assert " ".join(lines) == "all dirichlet, speed in [1.6, 2.5] (outside the training range)"
+    assert bench._tick_label(label, wrap=False) == " ".join(lines)
+    assert bench._tick_label("dirichlet/neumann/periodic/periodic, alpha in [0.1, 0.2]", wrap=False) == \
+        "dirichlet/neumann/periodic/periodic, alpha in [0.1, 0.2]"
+    assert bench._tick_label("periodic/periodic/periodic/periodic", wrap=False) == "all periodic"
+
+
 def test_runtime_results_get_their_table_figure_and_commands(tmp_path):
     """The files of benchmarks/results/runtime/ (bench_runtime.py's output) appear on the page as
     one row per case and solver, with a figure and the commands that reproduce them; without
