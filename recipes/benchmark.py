@@ -609,8 +609,9 @@ def write_figures(tables: dict[str, Any], results: Path, folder: Path) -> list[P
                                          for r in rs]) for lab in labels]
                     ax.bar(np.arange(len(labels)) + k * width, by_label, width, label=row)
                 ax.set_yscale("log")
+                slant = {"rotation": 0, "ha": "center"} if wrap else {"rotation": 60, "ha": "right"}
                 ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, [_tick_label(lab, wrap) for lab in labels],
-                              fontsize=7, **({"rotation": 0, "ha": "center"} if wrap else {"rotation": 60, "ha": "right"}))
+                              fontsize=7, **slant)
                 ax.set_ylabel("rollout nMSE")
                 save(fig, ax, f"{name}: {recipe}, error per group", f"{name}-{recipe}-groups")
     runtime = _runtime_results(results)

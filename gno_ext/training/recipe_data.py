@@ -336,7 +336,8 @@ class GroupBinner:
         the training values are unchanged; the group ids are not (they count the new bins)."""
         values = torch.as_tensor(values).double()
         if values.ndim != 2 or values.shape[1] != len(self.edges):
-            raise ValueError(f"values: expected {len(self.edges)} parameter(s) per row, got shape {tuple(values.shape)}")
+            raise ValueError(f"values: expected {len(self.edges)} parameter(s) per row, "
+                             f"got shape {tuple(values.shape)}")
         out = copy.copy(self)
         out.edges, out.points, out.outside = [], [], []
         for p, (edges, points) in enumerate(zip(self.edges, self.points)):
@@ -402,10 +403,11 @@ class GroupBinner:
         for name, edges, points, (low, high), b in zip(self.names, self.edges, self.points, self.outside, bins):
             outside = low if low and b == 0 else high if high and b == len(edges) - 2 else None
             if outside:
-                values = f"= {outside[0]:.4g}" if outside[0] == outside[1] else f"in [{outside[0]:.4g}, {outside[1]:.4g}]"
-                parts.append(f"{name} {values} (outside the training range)")
+                lo, hi = f"{outside[0]:.4g}", f"{outside[1]:.4g}"
+                parts.append(f"{name} {'= ' + lo if lo == hi else f'in [{lo}, {hi}]'} (outside the training range)")
             elif points is None:
-                parts.append(f"{name} in [{edges[b]:.4g}, {edges[b + 1]:.4g}]")
+                lo, hi = f"{edges[b]:.4g}", f"{edges[b + 1]:.4g}"
+                parts.append(f"{name} = {lo}" if lo == hi else f"{name} in [{lo}, {hi}]")  # = : one training value
             elif len(points) > 1:
                 parts.append(f"{name} = {points[b]:.4g}")
         return ", ".join(parts)

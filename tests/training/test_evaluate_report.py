@@ -90,6 +90,12 @@ def test_held_out_values_outside_the_training_range_get_groups_of_their_own():
     assert new(torch.tensor([[0.01], [0.02], [5.0]]), torch.ones(3, 4)).tolist() == [0, 0, 3]
     assert new.label(0) == f"{face}, nu in [0.01, 0.03162]"
     assert new.label(3) == f"{face}, nu = 5 (outside the training range)"
+    # one training value (heat-bc's alpha) and held-out values above it
+    held_out = torch.tensor([[0.1], [0.3]])
+    fixed = GroupBinner(torch.full((6, 1), 0.1), kinds, 8, [False], names=["alpha"]).covering(held_out)
+    assert fixed(held_out, torch.ones(2, 4)).tolist() == [0, 1]
+    assert [fixed.label(g) for g in range(2)] == [f"{face}, alpha = 0.1",
+                                                  f"{face}, alpha = 0.3 (outside the training range)"]
     with pytest.raises(ValueError, match=r"values: expected 1 parameter\(s\) per row, got shape \(3, 2\)"):
         train.covering(torch.zeros(3, 2))
 
