@@ -35,6 +35,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -551,8 +552,6 @@ def _tick_label(label: str, wrap: bool) -> str:
     """A group's label for a figure's axis: one boundary type on every face said once
     (``dirichlet/dirichlet/dirichlet/dirichlet`` as ``all dirichlet``), wrapped into lines
     where the axis has room for them."""
-    import textwrap
-
     faces, _, rest = label.partition(", ")
     types = faces.split("/")
     if len(set(types)) == 1 and len(types) > 1:

@@ -264,6 +264,11 @@ def window_boundary_kinds(ds: Dataset) -> np.ndarray:
     return np.broadcast_to(kind, (len(ds), kind.shape[-1]))
 
 
+def _step_up(x: float) -> float:
+    """The next float32 value above ``x`` (a bin edge that keeps ``x`` in the bin below it)."""
+    return float(np.nextafter(np.float32(x), np.float32(np.inf)))
+
+
 class GroupBinner:
     """DRO groups: a boundary configuration (the type of every face) times bins of each parameter.
 
@@ -350,15 +355,16 @@ class GroupBinner:
                 edges = [points[0], *edges[1:-1], points[-1]]  # the training range, not the margins
             lo, hi = edges[0], edges[-1]
             below, above = v[v < lo], v[v > hi]
-            if len(points or ()) == 1:  # one training value: its bin is the value itself
-                edges = [lo, float(np.nextafter(np.float32(hi), np.float32(np.inf)))]
             low = (float(below.min()), float(below.max())) if len(below) else None
             high = (float(above.min()), float(above.max())) if len(above) else None
             if low:
                 edges.insert(0, low[0])
-            if high:  # held-out values equal to the training maximum stay in its last bin
-                edges[-1] = float(np.nextafter(np.float32(hi), np.float32(np.inf)))
-                edges.append(float(np.nextafter(np.float32(high[1]), np.float32(np.inf))))
+            # one float32 step above the training maximum, so that held-out values equal to it stay
+            # in its bin (and one training value has a bin of its own, not [v, v])
+            if high or len(points or ()) == 1:
+                edges[-1] = _step_up(hi)
+            if high:
+                edges.append(_step_up(high[1]))
             out.edges.append(edges), out.points.append(None), out.outside.append((low, high))
         out._count()
         return out
