@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> str:
             receives = receives.replace(", boundary (types and data)", "") + "; no boundary transfer (ablation)"
         elif cfg["model"]["kwargs"].get("n_kernels", 2) == 1 and cfg["model"]["name"] in ("gno", "gno_fno"):
             receives += "; one kernel (ablation)"
+        if cfg["model"]["kwargs"].get("soft_routing"):
+            receives += "; kernels mixed by the gate's probabilities"
         if cfg["model"]["kwargs"].get("decoder") == "conv":
             receives += "; convolutional decoder"
         lines.append(f"| `{name}` | `{cfg['model']['name']}` | {receives} | {n / 1e6:.2f} M | {source} |")

@@ -78,6 +78,14 @@ class GatedSpectralConv(BaseSpectralConv):
         ``SpectralConv``). The same family of ``K`` kernels, parametrised so that every sample
         trains $W_0$, where each residual trains on the samples routed to it alone. Needs dense
         kernels (no factorisation). Default False: ``K`` independent kernels, the paper's form.
+    soft_routing : bool
+        Mix the kernels instead of choosing one: sample ``b`` is convolved with
+        $\sum_k \tilde g_k(\theta_b) W_k$ (and the same mixture of the biases), a smooth function
+        of $\theta$, so that every kernel trains on every sample in proportion to its gate
+        probability and the gate learns from the loss directly (no straight-through value).
+        The convolution is linear in its weights, so this equals the gate-weighted sum of the
+        kernels' outputs; the gathered path forms each sample's mixed weights where the hard
+        choice gathers them, at the same cost. Default False: the paper's hard arg-max.
     **spectral_kwargs
         Passed to every ``SpectralConv`` (``FNOBlocks`` passes its factorisation, precision...).
     """
@@ -86,7 +94,7 @@ class GatedSpectralConv(BaseSpectralConv):
 
     def __init__(self, in_channels: int, out_channels: int, n_modes: Any, n_kernels: int = 4,
                  n_params: int = 1, gate_hidden: int = 32, shared_kernel: bool = False,
-                 **spectral_kwargs: Any) -> None:
+                 soft_routing: bool = False, **spectral_kwargs: Any) -> None:
         super().__init__(device=spectral_kwargs.get("device"))
         make = functools.partial(FullPrecisionSpectralConv, in_channels, out_channels, n_modes)
         self.shared = None
@@ -98,6 +106,7 @@ class GatedSpectralConv(BaseSpectralConv):
             spectral_kwargs = {**spectral_kwargs, "init_std": 0.0}  # the residuals (weights, bias) start at zero
         self.kernels = nn.ModuleList(make(**spectral_kwargs) for _ in range(n_kernels))
         self.gate = ParameterGate(n_params, n_kernels, gate_hidden)
+        self.soft_routing = bool(soft_routing)
         self.theta: Tensor | None = None
         self.last_routing = None
 
@@ -138,14 +147,30 @@ class GatedSpectralConv(BaseSpectralConv):
         routing = self.gate(self.theta)
         self.last_routing = routing
         if self.takes_static_path:
-            return self._gathered(x, routing.index, output_shape) * _per_sample(routing.weight, x.ndim)
+            y = self._gathered(x, routing.index, output_shape, routing.probs if self.soft_routing else None)
+            return y if self.soft_routing else y * _per_sample(routing.weight, x.ndim)
+        if self.soft_routing:  # every kernel on every sample, weighted by its probability
+            y = sum(kernel(x, output_shape=output_shape) * _per_sample(routing.probs[:, k], x.ndim)
+                    for k, kernel in enumerate(self.kernels))
+            # the spectral convolution is linear in its weights and bias, and the probabilities sum to 1
+            return y if self.shared is None else y + self.shared(x, output_shape=output_shape)
         y = dispatch(self.kernels, routing, x, output_shape=output_shape)
         if self.shared is not None:  # the spectral convolution is linear in its weights and bias
             y = y + self.shared(x, output_shape=output_shape) * _per_sample(routing.weight, x.ndim)
         return y
 
-    def _gathered(self, x: Tensor, index: Tensor, output_shape: Any = None) -> Tensor:
-        """Every sample through kernel ``index[b]``: the steps of ``SpectralConv.forward`` (its
+    @staticmethod
+    def _sample_parameters(stacked: Tensor, index: Tensor, probs: Tensor | None) -> Tensor:
+        """Each sample's kernel parameters from the kernels' ``stacked`` ones ``(K, ...)``: those
+        of kernel ``index[b]`` (a gather), or where ``probs`` (B, K) is given their weighted sum."""
+        if probs is None:
+            return stacked.index_select(0, index)
+        probs = probs.to(stacked.dtype)
+        return (probs @ stacked.flatten(1)).view(probs.shape[0], *stacked.shape[1:])
+
+    def _gathered(self, x: Tensor, index: Tensor, output_shape: Any = None, probs: Tensor | None = None) -> Tensor:
+        """Every sample through kernel ``index[b]`` (or, where ``probs`` is given, through the
+        ``probs[b]``-weighted sum of the kernels): the steps of ``SpectralConv.forward`` (its
         transforms, mode selection and bias) with the contraction done per sample.
 
         Between the transforms the data moves (stack, gather, slicing, the shift, the scatter
@@ -176,7 +201,7 @@ class GatedSpectralConv(BaseSpectralConv):
         region = (slice(None), slice(None), *modes)
         axes = "xyzw"[:first.order]
         product = torch.einsum(f"bi{axes},bio{axes}->bo{axes}", torch.view_as_complex(spectrum[region].contiguous()),
-                               torch.view_as_complex(weights.index_select(0, index).contiguous()))
+                               torch.view_as_complex(self._sample_parameters(weights, index, probs).contiguous()))
         out = spectrum.new_zeros(batch, first.out_channels, *fft_size, 2)
         out[region] = torch.view_as_real(product)
         if first.order > 1:
@@ -188,7 +213,7 @@ class GatedSpectralConv(BaseSpectralConv):
         y = torch.fft.irfftn(torch.view_as_complex(out), s=sizes, dim=dims, norm=first.fft_norm)
         if first.bias is not None:
             bias = torch.stack([k.bias for k in self.kernels])
-            y = y + (bias if self.shared is None else bias + self.shared.bias).index_select(0, index)
+            y = y + self._sample_parameters(bias if self.shared is None else bias + self.shared.bias, index, probs)
         return y
 
 

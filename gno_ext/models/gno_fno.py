@@ -6,7 +6,8 @@ The method's two parts, moved from the ViT backbone of `GNO` to a grid backbone:
 * **The gate and the kernel mixture.** Each Fourier layer holds ``K`` spectral kernels
   (`GatedSpectralConv`); a `ParameterGate` on the normalised parameters (and the mean and RMS
   of each field-parameter channel, as in `GNO`) selects one per sample, and only that kernel's
-  weights act on the sample.
+  weights act on the sample (with ``soft_routing``, the kernels are mixed by the gate's
+  probabilities instead: a variant, not the paper's form).
 * **The boundary transfer operator.** Before each Fourier layer, the latent field's cells along
   each face are averaged over segments of ``boundary_patch`` cells; with the boundary
   description of each segment (type, face, data at the input and target times, Robin
@@ -161,6 +162,10 @@ class GNOFNO(SchemaModel):
         Write the boundary layer at periodic faces too (default True). False leaves periodic
         faces alone (`BoundaryLayer`'s ``periodic``): on a periodic domain the model is then
         the FNO with the gated kernels.
+    soft_routing : bool
+        Mix each layer's kernels by the gate's probabilities instead of selecting one per
+        sample (`GatedSpectralConv`'s ``soft_routing``): each sample's kernel is then a smooth
+        function of its parameters. Default False: the paper's hard choice.
     """
 
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2, t_in: int = 1,
@@ -168,7 +173,7 @@ class GNOFNO(SchemaModel):
                  n_layers: int = 4, n_kernels: int = 4, gate_hidden: int = 32, boundary_transfer: bool = True,
                  boundary_patch: int = 16, boundary_depth: int = 4, parameter_channels: bool = True,
                  domain_padding: float = 0.0, shared_kernel: bool = False,
-                 periodic_boundary_layer: bool = True) -> None:
+                 periodic_boundary_layer: bool = True, soft_routing: bool = False) -> None:
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
         from neuralop.models import FNO
 
@@ -184,10 +189,10 @@ class GNOFNO(SchemaModel):
         if n_kernels > 1 and self.gate_inputs == 0:
             raise ValueError(f"n_kernels={n_kernels}: the gate needs parameters (n_params or field_channels > 0)")
         self.n_kernels, self.boundary_patch, self.shared_kernel = n_kernels, boundary_patch, bool(shared_kernel)
-        self.periodic_boundary_layer = bool(periodic_boundary_layer)
+        self.periodic_boundary_layer, self.soft_routing = bool(periodic_boundary_layer), bool(soft_routing)
         self.takes_parameter_channels = parameter_channels
         conv = functools.partial(GatedSpectralConv, n_kernels=n_kernels, n_params=max(self.gate_inputs, 1),
-                                 gate_hidden=gate_hidden, shared_kernel=shared_kernel)
+                                 gate_hidden=gate_hidden, shared_kernel=shared_kernel, soft_routing=soft_routing)
         channels = t_in * in_channels + (n_params + field_channels if parameter_channels else 0)
         self.net = FNO((n_modes,) * ndim, channels, in_channels, hidden_channels, n_layers=n_layers, conv_module=conv)
         self.boundary = nn.ModuleList(BoundaryLayer(hidden_channels, ndim, boundary_patch, boundary_depth,
@@ -245,4 +250,4 @@ class GNOFNO(SchemaModel):
     def extra_repr(self) -> str:
         return (f"n_kernels={self.n_kernels}, boundary_transfer={self.boundary is not None}, "
                 f"domain_padding={self.domain_padding}, shared_kernel={self.shared_kernel}, "
-                f"periodic_boundary_layer={self.periodic_boundary_layer}")
+                f"periodic_boundary_layer={self.periodic_boundary_layer}, soft_routing={self.soft_routing}")

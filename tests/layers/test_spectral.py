@@ -215,3 +215,41 @@ def test_gathered_path_moves_no_complex_data_that_plain_spectral_conv_does_not()
         plain(x).square().sum().backward()
     assert not seen_gated.names & {"index_select", "index_add", "index", "index_put", "stack", "cat", "gather"}
     assert seen_gated.names - seen_plain.names <= {"view_as_complex", "detach"}
+
+
+@pytest.mark.parametrize("static,shared", [(True, False), (False, False), (True, True), (False, True)])
+def test_soft_routing_convolves_each_sample_with_the_probability_weighted_kernels(static, shared):
+    """With ``soft_routing`` sample b's output is sum_k p_k(theta_b) kernel_k(x_b) (plus the shared
+    kernel's, which the mixture does not weight): on the gathered path and kernel by kernel, with
+    the same gradients; every kernel and the gate's score MLP get a gradient from every sample."""
+    torch.manual_seed(2)
+    conv = GatedSpectralConv(3, 4, (6, 6), n_kernels=3, n_params=1, shared_kernel=shared, soft_routing=True)
+    conv.static = static
+    with torch.no_grad():
+        for kernel in conv.kernels:
+            kernel.weight.tensor.normal_(0, 0.3), kernel.bias.normal_()
+    x = torch.randn(5, 3, 16, 12, requires_grad=True)
+    theta = torch.linspace(-2, 2, 5)[:, None]
+    with condition_on(conv, theta):
+        y = conv(x)
+    probs = conv.last_routing.probs
+    assert probs.shape == (5, 3) and bool((probs > 0.01).all())  # a mixture, not a choice
+    expected = sum(k(x) * probs[:, i, None, None, None] for i, k in enumerate(conv.kernels))
+    if shared:
+        expected = expected + conv.shared(x)
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+    params = [x, *conv.parameters()]
+    probe = torch.randn_like(y)
+    got = torch.autograd.grad((y * probe).sum(), params, allow_unused=True, retain_graph=True)  # the gate's graph
+    want = torch.autograd.grad((expected * probe).sum(), params, allow_unused=True)  # is shared with expected's
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    # one sample: every kernel's weights and the gate get a gradient from it
+    with condition_on(conv, theta[:1]):
+        out = conv(x[:1]).square().sum()
+    grads = torch.autograd.grad(out, [*(k.weight.tensor for k in conv.kernels), *conv.gate.parameters()])
+    assert all(bool(g.abs().sum() > 0) for g in grads)
+    # the hard choice of the same layer is another function
+    conv.soft_routing = False
+    with condition_on(conv, theta), torch.no_grad():
+        assert not torch.allclose(conv(x), y, atol=1e-3)

@@ -103,9 +103,10 @@ def test_every_parameter_gets_a_gradient_and_unselected_kernels_none():
     assert missing == []
 
 
-def test_batch_independence():
+@pytest.mark.parametrize("soft", [False, True])
+def test_batch_independence(soft):
     torch.manual_seed(3)
-    model = tiny().eval()
+    model = tiny(soft_routing=soft).eval()
     u, theta, bc = torch.randn(4, 1, 1, 32, 32), torch.rand(4, 1), bc_mixed(4)
     y = model(u, theta=theta, bc=bc)
     u2, theta2 = u.clone(), theta.clone()
@@ -223,9 +224,33 @@ def test_without_a_periodic_boundary_layer_periodic_faces_get_none_and_the_other
     assert not any(layer.periodic for layer in model.boundary) and "periodic_boundary_layer=False" in repr(model)
 
 
-def test_tiny_gno_fno_overfits_a_handful_of_samples():
+@pytest.mark.parametrize("soft", [False, True])
+def test_tiny_gno_fno_overfits_a_handful_of_samples(soft):
     torch.manual_seed(6)
-    assert overfit_loss_ratio(tiny(hidden_channels=24), steps=200, lr=3e-3) < 0.01
+    assert overfit_loss_ratio(tiny(hidden_channels=24, soft_routing=soft), steps=200, lr=3e-3) < 0.01
+
+
+def test_soft_routing_mixes_every_kernel_and_the_output_moves_smoothly_with_theta():
+    """``gno_fno_soft``: every kernel of every layer gets a gradient from every batch (no kernel
+    left out), and a small change of theta changes the output by a small amount (no jump
+    where the hard gate would switch kernels)."""
+    torch.manual_seed(8)
+    model = tiny(soft_routing=True)
+    assert all(c.soft_routing for c in convs(model)) and "soft_routing=True" in repr(model)
+    u, bc = torch.randn(1, 1, 1, 32, 32), bc_mixed(1)
+    model(u, theta=torch.full((1, 1), 0.3), bc=bc).square().mean().backward()
+    assert all(bool(p.grad.abs().sum() > 0) for c in convs(model) for k in c.kernels for p in k.parameters())
+    model.eval()
+    theta = torch.linspace(-3, 3, 601)[:, None]
+    with torch.no_grad():
+        y = model(u.expand(601, -1, -1, -1, -1), theta=theta, bc=bc_mixed(601))
+        for conv in convs(model):  # the same weights, the hard choice
+            conv.soft_routing = False
+        z = model(u.expand(601, -1, -1, -1, -1), theta=theta, bc=bc_mixed(601))
+    steps = (y[1:] - y[:-1]).flatten(1).abs().amax(1)
+    jumps = (z[1:] - z[:-1]).flatten(1).abs().amax(1)
+    assert jumps.max() > 20 * steps.max()  # the hard choice switches kernels somewhere in [-3, 3]
+    assert steps.max() < 0.05 * (y[-1] - y[0]).abs().max()
 
 
 def test_forward_and_backward_read_nothing_on_the_host():
