@@ -165,8 +165,9 @@ class GatedSpectralConv(BaseSpectralConv):
         of kernel ``index[b]`` (a gather), or where ``probs`` (B, K) is given their weighted sum."""
         if probs is None:
             return stacked.index_select(0, index)
-        probs = probs.to(stacked.dtype)
-        return (probs @ stacked.flatten(1)).view(probs.shape[0], *stacked.shape[1:])
+        with torch.autocast(stacked.device.type, enabled=False):  # in the weights' type (float32), as the gather
+            mixed = probs.to(stacked.dtype) @ stacked.flatten(1)
+        return mixed.view(probs.shape[0], *stacked.shape[1:])
 
     def _gathered(self, x: Tensor, index: Tensor, output_shape: Any = None, probs: Tensor | None = None) -> Tensor:
         """Every sample through kernel ``index[b]`` (or, where ``probs`` is given, through the

@@ -249,6 +249,15 @@ def test_soft_routing_convolves_each_sample_with_the_probability_weighted_kernel
         out = conv(x[:1]).square().sum()
     grads = torch.autograd.grad(out, [*(k.weight.tensor for k in conv.kernels), *conv.gate.parameters()])
     assert all(bool(g.abs().sum() > 0) for g in grads)
+    # under bf16 autocast the mixed weights stay float32, as the gathered ones do (the gate's
+    # scores are bf16 there: the reference takes the probabilities of that pass)
+    with condition_on(conv, theta), torch.no_grad():
+        with torch.autocast("cpu", torch.bfloat16):
+            y_bf16 = conv(x.bfloat16())
+        p, xf = conv.last_routing.probs.float(), x.bfloat16().float()
+        expected = sum(k(xf) * p[:, i, None, None, None] for i, k in enumerate(conv.kernels))
+        expected = expected if conv.shared is None else expected + conv.shared(xf)
+        torch.testing.assert_close(y_bf16, expected, rtol=1e-5, atol=1e-5)
     # the hard choice of the same layer is another function
     conv.soft_routing = False
     with condition_on(conv, theta), torch.no_grad():

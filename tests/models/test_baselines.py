@@ -8,7 +8,7 @@ import torch
 from gno_ext.layers import balance_losses
 from gno_ext.models import get_model
 from gno_ext.models.baselines import ViT
-from gno_ext.schema import BoundarySpec, Grid, PDEBatch
+from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch
 
 SMALL = {"latent": 32, "patch": 4, "depth": 2, "heads": 2}
 FNO = {"n_modes": 6, "hidden_channels": 16, "n_layers": 2}
@@ -241,6 +241,43 @@ def test_pino_residual_vanishes_on_the_equation():
     assert not _changes(model32, PDEBatch(**{**b.__dict__, "theta_field": None}), theta=b.theta * 3)
     with pytest.raises(ValueError, match="equation must be one of"):
         build("pino", equation="burgers")
+
+
+def test_pino_residual_wraps_each_samples_periodic_axes_and_reads_nothing_on_the_host():
+    """In a batch that mixes boundary types, each sample's periodic axes wrap and its other axes
+    leave their two boundary layers out of the loss (NaN in the residual), sample by sample;
+    the physics loss reads no value on the host, forward or backward, so a training step with
+    it can be captured in a CUDA graph."""
+    model = build("pino", equation="heat", field_channels=0)
+    n = 16
+    kind = torch.tensor([[BCType.PERIODIC] * 4, [BCType.PERIODIC] * 2 + [BCType.DIRICHLET] * 2])
+    bc = BoundarySpec(kind=kind, values=torch.zeros(2, 4, 1, 1))
+    torch.manual_seed(0)
+    u = torch.randn(2, 1, 1, n, n)
+    batch = PDEBatch(u_in=u, u_out=u, theta=torch.full((2, 1), 0.1), bc=bc, grid=Grid((n, n)),
+                     dt=torch.full((2,), 1e-3))
+    r = model.residual(batch, torch.randn(2, 1, 1, n, n))
+    finite = torch.isfinite(r)
+    assert bool(finite[0].all())  # all periodic: every cell
+    assert not finite[1, ..., [0, -1]].any() and bool(finite[1, ..., 1:-1].all())  # y's layers out
+    loss = model.physics_loss(batch, torch.randn(2, 1, 1, n, n))
+    assert torch.isfinite(loss) and float(loss) > 0
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class HostReads(TorchDispatchMode):  # the operators that copy a value to the host
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in ("_local_scalar_dense", "item", "is_nonzero", "nonzero"):
+                self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    pred = torch.randn(2, 1, 1, n, n, requires_grad=True)
+    with HostReads() as reads:
+        model.physics_loss(batch, pred).backward()
+    assert reads.names == [] and pred.grad.abs().sum() > 0
 
 
 # graph breaks, documented in docs/recipes: neuraloperator's tensorly/opt_einsum contraction

@@ -29,15 +29,19 @@ __all__ = ["PINO"]
 EQUATIONS = ("heat", "advection")
 
 
-def _derivative(u: Tensor, axis: int, h: float, periodic: bool, order: int) -> Tensor:
-    """Central first or second difference along spatial ``axis`` of ``u`` (B, C, *S); on a
-    non-periodic axis the two boundary layers are NaN (masked by the caller)."""
+def _derivative(u: Tensor, axis: int, h: float, periodic: Tensor, order: int) -> Tensor:
+    """Central first or second difference along spatial ``axis`` of ``u`` (B, C, *S). The
+    stencil wraps around for the samples whose ``periodic`` (B,) is true; for the others the two
+    boundary layers are NaN (masked by the caller). Chosen per sample on the device, with no
+    value read on the host, so that a training step with the physics loss can be captured."""
     dim = 2 + axis
-    if periodic:
-        up, down = u.roll(-1, dim), u.roll(1, dim)
-    else:
-        up = torch.cat([u.narrow(dim, 1, u.shape[dim] - 1), torch.full_like(u.narrow(dim, 0, 1), float("nan"))], dim)
-        down = torch.cat([torch.full_like(u.narrow(dim, 0, 1), float("nan")), u.narrow(dim, 0, u.shape[dim] - 1)], dim)
+    up, down = u.roll(-1, dim), u.roll(1, dim)
+    n = u.shape[dim]
+    cells = torch.arange(n, device=u.device).view(*([1] * dim), n, *([1] * (u.ndim - dim - 1)))
+    open_axis = ~periodic.view(-1, *([1] * (u.ndim - 1)))
+    nan = u.new_tensor(float("nan"))
+    up = torch.where(open_axis & (cells == n - 1), nan, up)
+    down = torch.where(open_axis & (cells == 0), nan, down)
     return (up - down) / (2 * h) if order == 1 else (up - 2 * u + down) / (h * h)
 
 
@@ -80,7 +84,7 @@ class PINO(SchemaModel):
         dt = batch.dt.float().view(-1, *([1] * (u0.ndim - 1)))
         mid = 0.5 * (u0 + u1)
         spacing = batch.grid.spacing
-        periodic = [bool((batch.bc.kind[:, 2 * a : 2 * a + 2] == BCType.PERIODIC).all()) for a in range(self.ndim)]
+        periodic = [(batch.bc.kind[:, 2 * a : 2 * a + 2] == BCType.PERIODIC).all(1) for a in range(self.ndim)]
         if self.equation == "heat":
             lap = sum(_derivative(mid, a, spacing[a], periodic[a], 2) for a in range(self.ndim))
             alpha = batch.theta[:, :1].float().view(-1, *([1] * (u0.ndim - 1)))
