@@ -267,17 +267,31 @@ def test_pino_residual_wraps_each_samples_periodic_axes_and_reads_nothing_on_the
     class HostReads(TorchDispatchMode):  # the operators that copy a value to the host
         def __init__(self):
             super().__init__()
-            self.names = []
+            self.names, self.host_tensors = [], []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func.overloadpacket.__name__ in ("_local_scalar_dense", "item", "is_nonzero", "nonzero"):
                 self.names.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+            outs = out if isinstance(out, (tuple, list)) else [out]
+            if any(isinstance(o, torch.Tensor) and o.device.type == "cpu" and not o.is_meta for o in outs):
+                self.host_tensors.append(str(func))
+            return out
 
     pred = torch.randn(2, 1, 1, n, n, requires_grad=True)
     with HostReads() as reads:
         model.physics_loss(batch, pred).backward()
     assert reads.names == [] and pred.grad.abs().sum() > 0
+    # on the meta device (no values) it makes no tensor on the host either (a copy to the GPU)
+    from types import SimpleNamespace
+
+    meta = model.to("meta")
+    on_meta = SimpleNamespace(u_in=u.to("meta"), theta=batch.theta.to("meta"), dt=batch.dt.to("meta"),
+                              grid=batch.grid, bc=SimpleNamespace(kind=kind.to("meta")))
+    pred = torch.empty(2, 1, 1, n, n, device="meta", requires_grad=True)
+    with HostReads() as reads:
+        meta.physics_loss(on_meta, pred).backward()
+    assert reads.names == [] and reads.host_tensors == [] and pred.grad.shape == pred.shape
 
 
 # graph breaks, documented in docs/recipes: neuraloperator's tensorly/opt_einsum contraction

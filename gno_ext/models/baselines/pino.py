@@ -39,9 +39,8 @@ def _derivative(u: Tensor, axis: int, h: float, periodic: Tensor, order: int) ->
     n = u.shape[dim]
     cells = torch.arange(n, device=u.device).view(*([1] * dim), n, *([1] * (u.ndim - dim - 1)))
     open_axis = ~periodic.view(-1, *([1] * (u.ndim - 1)))
-    nan = u.new_tensor(float("nan"))
-    up = torch.where(open_axis & (cells == n - 1), nan, up)
-    down = torch.where(open_axis & (cells == 0), nan, down)
+    up = torch.where(open_axis & (cells == n - 1), float("nan"), up)  # a number: no copy to the device
+    down = torch.where(open_axis & (cells == 0), float("nan"), down)
     return (up - down) / (2 * h) if order == 1 else (up - 2 * u + down) / (h * h)
 
 
