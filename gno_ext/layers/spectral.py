@@ -121,8 +121,9 @@ class GatedSpectralConv(BaseSpectralConv):
         """Whether a step can leave a kernel without a gradient (DDP then needs
         ``find_unused_parameters``, `gno_ext.layers.mixture.has_dispatch`): the kernel-by-kernel
         dispatch can, when a batch selects no sample for a kernel; the static path keeps every
-        kernel in the graph (a kernel no sample selected gets a zero gradient)."""
-        return not self.takes_static_path
+        kernel in the graph (a kernel no sample selected gets a zero gradient), and so does the soft
+        mixture on either path (every kernel acts on every sample)."""
+        return not self.takes_static_path and not self.soft_routing
 
     @property
     def n_modes(self) -> Any:
