@@ -262,26 +262,12 @@ def test_pino_residual_wraps_each_samples_periodic_axes_and_reads_nothing_on_the
     assert not finite[1, ..., [0, -1]].any() and bool(finite[1, ..., 1:-1].all())  # y's layers out
     loss = model.physics_loss(batch, torch.randn(2, 1, 1, n, n))
     assert torch.isfinite(loss) and float(loss) > 0
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class HostReads(TorchDispatchMode):  # the operators that copy a value to the host
-        def __init__(self):
-            super().__init__()
-            self.names, self.host_tensors = [], []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.overloadpacket.__name__ in ("_local_scalar_dense", "item", "is_nonzero", "nonzero"):
-                self.names.append(func.overloadpacket.__name__)
-            out = func(*args, **(kwargs or {}))
-            outs = out if isinstance(out, (tuple, list)) else [out]
-            if any(isinstance(o, torch.Tensor) and o.device.type == "cpu" and not o.is_meta for o in outs):
-                self.host_tensors.append(str(func))
-            return out
+    from tests._dispatch import HostTensors, RecordOps
 
     pred = torch.randn(2, 1, 1, n, n, requires_grad=True)
-    with HostReads() as reads:
+    with RecordOps() as ops:
         model.physics_loss(batch, pred).backward()
-    assert reads.names == [] and pred.grad.abs().sum() > 0
+    assert ops.host_reads == 0 and pred.grad.abs().sum() > 0
     # on the meta device (no values) it makes no tensor on the host either (a copy to the GPU)
     from types import SimpleNamespace
 
@@ -289,9 +275,9 @@ def test_pino_residual_wraps_each_samples_periodic_axes_and_reads_nothing_on_the
     on_meta = SimpleNamespace(u_in=u.to("meta"), theta=batch.theta.to("meta"), dt=batch.dt.to("meta"),
                               grid=batch.grid, bc=SimpleNamespace(kind=kind.to("meta")))
     pred = torch.empty(2, 1, 1, n, n, device="meta", requires_grad=True)
-    with HostReads() as reads:
+    with RecordOps() as ops, HostTensors() as made:
         meta.physics_loss(on_meta, pred).backward()
-    assert reads.names == [] and reads.host_tensors == [] and pred.grad.shape == pred.shape
+    assert ops.host_reads == 0 and made.ops == [] and pred.grad.shape == pred.shape
 
 
 # graph breaks, documented in docs/recipes: neuraloperator's tensorly/opt_einsum contraction
@@ -317,21 +303,8 @@ def test_cape_module_makes_no_host_tensor_on_another_device():
     to the GPU inside the step makes the step impossible to capture in a CUDA graph. On the meta
     device, any intermediate tensor that lands on the CPU is such a copy. (The old low-pass
     branch built its frequencies on the CPU and moved them, and failed this test.)"""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from gno_ext.models.baselines.cape import CAPE
-
-    class HostTensors(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            outs = out if isinstance(out, (tuple, list)) else [out]
-            if any(isinstance(o, torch.Tensor) and o.device.type == "cpu" and o.dim() > 0 for o in outs):
-                self.ops.append(str(func))
-            return out
+    from tests._dispatch import HostTensors
 
     for ndim in (1, 2, 3):
         module = CAPE(in_channels=1, n_params=2, ndim=ndim, widening=8, norm_dim=16, modes=3).to("meta")
