@@ -23,10 +23,11 @@ Models:
 * ``vit-standin``: the same backbone with one kernel and no boundary transfer.
 * ``gno-no-mixture`` (one kernel) and ``gno-no-boundary`` (no boundary transfer), on request:
   the cost of each part.
-* ``fno``, ``gno-fno``, ``gno-fno-no-mixture`` and ``gno-fno-no-boundary``, on request:
-  neuraloperator's FNO with the parameters and boundaries as channels (the ``fno`` baseline)
-  and the GNO on that backbone (``gno_fno``), at the recipes' paper size (12 modes, width 64,
-  4 layers; K = 4, boundary segments of 16 cells).
+* ``fno``, ``gno-fno``, ``gno-fno-soft``, ``gno-fno-no-mixture`` and ``gno-fno-no-boundary``,
+  on request: neuraloperator's FNO with the parameters and boundaries as channels (the ``fno``
+  baseline) and the GNO on that backbone (``gno_fno``; ``gno-fno-soft`` with the soft mixture of
+  kernels, ``gno_fno_soft``), at the recipes' paper size (12 modes, width 64, 4 layers; K = 4,
+  boundary segments of 16 cells).
 
 The parameters of the batch are spread over [0.01, 1] (log scale) and the boundaries mix
 Dirichlet and Neumann faces; the table reports how many kernels each block actually used.
@@ -81,6 +82,8 @@ MODELS = {
     # models of the registry (key "model"), at the recipes' paper size
     "fno": {"model": "fno", "n_modes": 12, "hidden_channels": 64, "n_layers": 4},
     "gno-fno": {"model": "gno_fno", "n_modes": 12, "hidden_channels": 64, "n_layers": 4, "boundary_patch": 16},
+    "gno-fno-soft": {"model": "gno_fno", "n_modes": 12, "hidden_channels": 64, "n_layers": 4, "boundary_patch": 16,
+                     "soft_routing": True},
     "gno-fno-no-mixture": {"model": "gno_fno", "n_modes": 12, "hidden_channels": 64, "n_layers": 4,
                            "boundary_patch": 16, "n_kernels": 1},
     "gno-fno-no-boundary": {"model": "gno_fno", "n_modes": 12, "hidden_channels": 64, "n_layers": 4,
@@ -222,6 +225,8 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
     if hasattr(model, "blocks"):
         kernels_used = [len(set(b.mixture.last_routing.index.tolist())) if b.mixture is not None else 1
                         for b in model.blocks]
+    elif getattr(model, "soft_routing", False):  # every kernel weighs in on every sample
+        kernels_used = [model.n_kernels] * len(model.routing_index())
     else:  # gno_fno's layers; 1 for a model without gates
         kernels_used = [len(set(i.tolist())) for i in getattr(model, "routing_index", list)()] or [1]
     model.zero_grad(set_to_none=True)  # the FLOP count's gradients

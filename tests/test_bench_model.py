@@ -23,6 +23,9 @@ def test_bench_model_times_the_fno_backbones_on_the_cpu():
     assert fno["kernels_used"] == [1] and fno["boundary"] is None and fno["ran"]["boundary"] is None
     assert len(gno_fno["kernels_used"]) == 4 and gno_fno["ran"]["boundary"] == "unfused"
     assert gno_fno["params_m"] > fno["params_m"] and gno_fno["step_gflop"] > 0 and fno["step_gflop"] > 0
+    soft = bench.bench("gno-fno-soft", 2, "eager", (32, 32), 1, "cpu", repeats=1)
+    assert soft["kernels_used"] == [4] * 4 and soft["params_m"] == gno_fno["params_m"]
+    assert soft["step_gflop"] > gno_fno["step_gflop"]  # the mixed weights of every sample
 
 
 def test_whole_graph_mode_says_it_needs_a_gpu():
