@@ -30,6 +30,7 @@ from torch import Tensor
 from gno_ext.data.presets import get_preset
 from gno_ext.data.simulate import simulate
 from gno_ext.losses import nmse
+from gno_ext.solvers.spectral import frequency_indices
 
 
 def kept_modes_mask(shape: tuple[int, ...], n_modes: int) -> Tensor:
@@ -37,14 +38,10 @@ def kept_modes_mask(shape: tuple[int, ...], n_modes: int) -> Tensor:
     ``SpectralConv(n_modes=(n_modes,) * len(shape))`` keeps."""
     if n_modes < 1:
         raise ValueError(f"n_modes={n_modes}: must be at least 1")
-    axes = []
-    for size in shape[:-1]:
-        freq = torch.fft.fftfreq(size, 1.0 / size).round().long()
-        axes.append((freq >= -(n_modes // 2)) & (freq <= n_modes - n_modes // 2 - 1))
-    axes.append(torch.arange(shape[-1] // 2 + 1) <= n_modes // 2)
-    mask = axes[0]
-    for axis in axes[1:]:
-        mask = mask[..., None] & axis
+    *first, last = frequency_indices(shape)
+    mask = last <= n_modes // 2
+    for freq in first:
+        mask = mask & (freq >= -(n_modes // 2)) & (freq <= n_modes - n_modes // 2 - 1)
     # a real field's frequencies k and -k are one mode: in the columns of last frequency 0 (and
     # the last axis' Nyquist frequency), where the half spectrum holds both, the layer keeps the
     # pair when it keeps either of them

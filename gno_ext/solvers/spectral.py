@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -25,15 +26,23 @@ def wavenumbers(grid: Grid, dtype: torch.dtype = torch.float64,
     return ks
 
 
+def frequency_indices(shape: Sequence[int], device: torch.device | str | None = None) -> list[Tensor]:
+    """The integer frequencies ``n_a`` of an ``rfftn`` over axes of sizes ``shape`` (the last axis
+    the half spectrum), each broadcastable to the spectrum's shape."""
+    out = []
+    for axis, n in enumerate(shape):
+        idx = torch.fft.rfftfreq(n, d=1 / n) if axis == len(shape) - 1 else torch.fft.fftfreq(n, d=1 / n)
+        view = [1] * len(shape)
+        view[axis] = idx.numel()
+        out.append(idx.view(view).to(device))
+    return out
+
+
 def dealias_mask(grid: Grid, device: torch.device | str | None = None) -> Tensor:
     """Boolean mask of the rfft spectrum keeping modes with ``|n_a| < N_a / 3`` (2/3 rule)."""
     mask = None
-    for axis, n in enumerate(grid.shape):
-        last = axis == grid.ndim - 1
-        idx = torch.fft.rfftfreq(n, d=1 / n) if last else torch.fft.fftfreq(n, d=1 / n)
-        shape = [1] * grid.ndim
-        shape[axis] = idx.numel()
-        keep = (idx.abs() < n / 3).view(shape).to(device)
+    for idx, n in zip(frequency_indices(grid.shape, device), grid.shape):
+        keep = idx.abs() < n / 3
         mask = keep if mask is None else mask & keep
     return mask
 
