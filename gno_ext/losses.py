@@ -8,7 +8,17 @@ $$
 $$
 
 over the groups $G$ present in the batch. It lies between the mean and the maximum of the group
-means, tends to the mean as $\tau \to 0$ and to the worst group as $\tau \to \infty$.
+means, tends to the mean as $\tau \to 0$ and to the worst group as $\tau \to \infty$. Its gradient
+weighs group $g$ by $\mathrm{softmax}_g(\tau \bar\ell)$.
+
+The paper gives no $\tau$, and the formula is not scale-free: with normalised MSEs of $10^{-3}$ and
+$\tau = 1$ the exponents differ by $10^{-3}$, so the objective equals the mean to a fraction of a
+percent and every group weighs the same. With ``temperature="relative"`` (the training loop's
+default) the temperature is measured in units of the current mean group loss
+$\bar\ell = \frac{1}{|G|}\sum_g \bar\ell_g$ (held constant in the gradient):
+$\tau_{\text{eff}} = \tau / \bar\ell$, so that a group whose loss is $r$ times the mean weighs
+$e^{\tau (r - 1)}$ times a group at the mean, whatever the losses' scale.
+``temperature="absolute"`` is the paper's formula as written.
 """
 
 from __future__ import annotations
@@ -22,8 +32,12 @@ from torch import Tensor
 
 from gno_ext.checks import first_entry, is_integer, is_integer_dtype, may_read_device
 
-__all__ = ["mse_per_sample", "nmse", "relative_l2", "group_sums", "dro_from_group_sums", "group_dro_loss",
-           "bin_parameters", "Curriculum"]
+__all__ = ["mse_per_sample", "nmse", "relative_l2", "group_sums", "dro_from_group_sums", "dro_group_weights",
+           "group_dro_loss", "bin_parameters", "Curriculum", "TEMPERATURES"]
+
+TEMPERATURES = ("relative", "absolute")
+"""How the DRO temperature ``tau`` is read: ``"relative"``, in units of the inverse mean group
+loss (scale-free); ``"absolute"``, in units of the inverse loss (the paper's formula as written)."""
 
 
 def _check_pair(pred: Tensor, target: Tensor) -> None:
@@ -89,13 +103,33 @@ def group_sums(per_sample_loss: Tensor, groups: Tensor, n_groups: int | None = N
     return sums, counts
 
 
-def _check_tau(tau: float) -> None:
+def _check_tau(tau: float, temperature: str = "absolute") -> None:
     if not (tau > 0 and math.isfinite(tau)):
         raise ValueError(f"tau: must be positive and finite, got {tau} (the objective tends to the worst group's "
                          "mean as tau grows; a large finite tau approaches it)")
+    if temperature not in TEMPERATURES:
+        raise ValueError(f"temperature: expected one of {', '.join(TEMPERATURES)}, got {temperature!r}")
 
 
-def dro_from_group_sums(sums: Tensor, counts: Tensor, tau: float) -> Tensor:
+def _group_means(sums: Tensor, counts: Tensor, tau: float,
+                 temperature: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | float]:
+    """The present groups' mask and count, their means (0 where absent), their mean, and the
+    effective temperature (``tau``, or for ``"relative"`` a tensor: ``tau`` over the detached
+    mean; no tensor is made from a number, which a CUDA graph's capture would refuse)."""
+    _check_tau(tau, temperature)
+    present = counts > 0
+    if _host_checks(counts) and not present.any():
+        raise ValueError("group DRO: no group has a sample")
+    n = present.sum().to(sums.dtype)
+    means = torch.where(present, sums / counts.clamp_min(1), 0)
+    centre = means.sum() / n
+    tau_eff: Tensor | float = tau
+    if temperature == "relative":  # (a mean of 0: every group at 0, the deviations are 0 too)
+        tau_eff = tau / centre.detach().clamp_min(torch.finfo(sums.dtype).tiny)
+    return present, n, means, centre, tau_eff
+
+
+def dro_from_group_sums(sums: Tensor, counts: Tensor, tau: float, temperature: str = "absolute") -> Tensor:
     """Log-sum-exp group DRO from group sums and counts; empty groups are left out of ``|G|``.
 
     Computed with masks, not by selecting the present groups, so that no value is read on the
@@ -103,24 +137,30 @@ def dro_from_group_sums(sums: Tensor, counts: Tensor, tau: float) -> Tensor:
     Where every deviation ``tau * (mean_g - centre)`` is below 1 in magnitude, the log of the
     mean of exponentials is taken through ``expm1``/``log1p``, free of the cancellation of
     ``logsumexp - log |G|``; otherwise through ``logsumexp``. With no group present the result
-    is NaN (on CPU tensors, an error).
+    is NaN (on CPU tensors, an error). ``temperature``: see `TEMPERATURES` (the module's text).
     """
-    _check_tau(tau)
-    present = counts > 0
-    if _host_checks(counts) and not present.any():
-        raise ValueError("group DRO: no group has a sample")
-    n = present.sum().to(sums.dtype)
-    means = torch.where(present, sums / counts.clamp_min(1), 0)
-    centre = means.sum() / n
-    dev = torch.where(present, tau * (means - centre), 0)
+    present, n, means, centre, tau_eff = _group_means(sums, counts, tau, temperature)
+    dev = torch.where(present, tau_eff * (means - centre), 0)
     # both forms are computed and one is kept: the other's inputs are kept finite (clamped,
     # masked with -inf for logsumexp only), so that it passes no NaN into the gradient
     near = torch.log1p(torch.where(present, torch.expm1(dev.clamp(-1, 1)), 0).sum() / n)
     far = torch.logsumexp(torch.where(present, dev, -math.inf), 0) - torch.log(n)
-    return centre + torch.where(dev.abs().amax() < 1, near, far) / tau
+    return centre + torch.where(dev.abs().amax() < 1, near, far) / tau_eff
 
 
-def group_dro_loss(per_sample_loss: Tensor, groups: Tensor, tau: float) -> Tensor:
+@torch.no_grad()
+def dro_group_weights(sums: Tensor, counts: Tensor, tau: float, temperature: str = "absolute") -> Tensor:
+    r"""The weight of each group in the gradient of `dro_from_group_sums`, in units of the
+    plain mean's: $|G|\,\partial \mathcal{L} / \partial \bar\ell_g$, ``|G| * softmax(tau_eff * means)``
+    over the present groups, 0 for the absent ones. All ones is the plain mean over groups; the
+    largest and smallest present weights tell how much the objective favours the worst groups.
+    Reads no value on the host."""
+    present, n, means, _, tau_eff = _group_means(sums, counts, tau, temperature)
+    logits = torch.where(present, tau_eff * means, -math.inf)
+    return torch.where(present, torch.softmax(logits, 0) * n, 0)
+
+
+def group_dro_loss(per_sample_loss: Tensor, groups: Tensor, tau: float, temperature: str = "absolute") -> Tensor:
     r"""Group DRO loss of one batch (see the module docstring).
 
     Parameters
@@ -131,9 +171,13 @@ def group_dro_loss(per_sample_loss: Tensor, groups: Tensor, tau: float) -> Tenso
         Group id of each sample.
     tau : float
         Temperature, positive and finite.
+    temperature : {"absolute", "relative"}
+        ``"absolute"`` (default): the paper's formula, ``tau`` in units of the inverse loss;
+        ``"relative"``: ``tau`` divided by the batch's mean group loss (held constant in the
+        gradient), the same emphasis on the worst groups at any loss scale.
     """
     sums, counts = group_sums(per_sample_loss, groups)
-    return dro_from_group_sums(sums, counts, tau)
+    return dro_from_group_sums(sums, counts, tau, temperature)
 
 
 def bin_parameters(theta: Tensor, edges: Sequence[Sequence[float]], boundary_type: Tensor | None = None,
@@ -188,7 +232,9 @@ class Curriculum:
     """The paper's two-stage curriculum (Algorithm 1): the objective of each epoch.
 
     For ``warmup_epochs`` epochs the loss is the plain mean of the per-sample losses (MSE),
-    then group DRO with temperature ``tau``. The training loop runs this object (from
+    then group DRO with temperature ``tau``, read as ``temperature`` says (default
+    ``"relative"``, as the training loop's ``trainer.dro.temperature``: in units of the inverse
+    mean group loss; ``"absolute"`` is the paper's formula as written). The training loop runs this object (from
     ``trainer.curriculum`` and ``trainer.dro``); its batches, each of one boundary
     configuration visited in turn, come from `gno_ext.training.CurriculumBatchSampler`, and on
     several processes it computes `loss` over the global batch
@@ -200,15 +246,18 @@ class Curriculum:
         ``P`` (paper: 70 of 100).
     tau : float
         DRO temperature.
+    temperature : {"relative", "absolute"}
+        How ``tau`` is read (`TEMPERATURES`).
     """
 
     warmup_epochs: int
-    tau: float = 1.0
+    tau: float = 2.0
+    temperature: str = "relative"
 
     def __post_init__(self) -> None:
         if not is_integer(self.warmup_epochs) or self.warmup_epochs < 0:
             raise ValueError(f"warmup_epochs: must be an integer >= 0, got {self.warmup_epochs!r}")
-        _check_tau(self.tau)
+        _check_tau(self.tau, self.temperature)
 
     def uses_dro(self, epoch: int) -> bool:
         """Whether epoch ``epoch`` (counted from 0) trains with group DRO."""
@@ -217,5 +266,5 @@ class Curriculum:
     def loss(self, per_sample_loss: Tensor, groups: Tensor, epoch: int) -> Tensor:
         """The objective of epoch ``epoch`` for one batch (in one process)."""
         if self.uses_dro(epoch):
-            return group_dro_loss(per_sample_loss, groups, self.tau)
+            return group_dro_loss(per_sample_loss, groups, self.tau, self.temperature)
         return per_sample_loss.mean()

@@ -252,6 +252,7 @@ def result_from_run(run: Run, cfg: dict[str, Any], report: dict[str, Any], run_d
         "mse_mean": report["mse"]["mean"], "mse_std": report["mse"]["std"],
         "rollout_steps": report["steps"], "test_trajectories": report["trajectories"],
         "paper_nmse": run.paper_nmse, "groups": report.get("groups", []),
+        "dro": {k: cfg["trainer"]["dro"][k] for k in ("tau", "temperature")},
     }
 
 
@@ -323,19 +324,55 @@ def per_process_batch(run: Run, args: list[str], processes: int) -> int:
 
 def same_run(run: Run, extra: list[str], results: Path = RESULTS) -> Path | None:
     """A result of another table that is this run: the same recipe, model config, row overrides,
-    seed, size and computing overrides (the ablation's full GNO is the joint table's GNO), itself
-    trained rather than taken from a third table. None if there is none."""
-    want = _computes(merge_overrides(run.budget, extra))
+    seed, size, computing overrides and DRO temperature, however set (the ablation's full GNO is
+    the joint table's GNO; a row that sets the paper's temperature is a result that predates the
+    setting), itself trained rather than taken from a third table. None if there is none."""
+    want = (run.model, _without_dro(run.overrides), run.seed, run.size,
+            _without_dro(_computes(merge_overrides(run.budget, extra))),
+            _dro_key([*run.budget, *extra, *run.overrides], dro_of_overrides([*run.budget, *extra, *run.overrides])))
     for path in sorted(results.glob(f"*/{run.recipe}/*-seed{run.seed}.json")):
         if path.parent.parent.name == run.table:
             continue
         other = json.loads(path.read_text())
         if other.get("same_run_as"):  # itself taken from another table: name the original
             continue
-        if (other.get("model_config"), tuple(other.get("overrides", ())), other.get("seed"), other.get("size")) \
-                == (run.model, run.overrides, run.seed, run.size) and _computes(other.get("extra", [])) == want:
+        if (other.get("model_config"), _without_dro(other.get("overrides", ())), other.get("seed"), other.get("size"),
+                _without_dro(_computes(other.get("extra", []))),
+                _dro_key([*other.get("extra", []), *other.get("overrides", [])], dro_of_result(other))) == want:
             return path
     return None
+
+
+def _without_dro(overrides: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(o for o in overrides if not o.lstrip("+").startswith("trainer.dro."))
+
+
+def _dro_key(overrides: list[str], dro: tuple[float, str]) -> tuple[float, str] | None:
+    """``dro``, or None where the curriculum never reaches DRO (its MSE phase takes every epoch:
+    the temperature changes nothing)."""
+    fractions = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("trainer.curriculum.warmup_fraction=")]
+    return None if fractions and float(fractions[-1]) >= 1 else dro
+
+
+PAPER_DRO = (1.0, "absolute")
+"""The DRO temperature of results that record none: the paper's formula with tau = 1, the
+training default until the relative temperature replaced it."""
+
+
+def dro_of_result(result: dict[str, Any]) -> tuple[float, str]:
+    """The DRO temperature a result was trained with: ``(tau, temperature)``."""
+    dro = result.get("dro")
+    return (float(dro["tau"]), dro["temperature"]) if dro else PAPER_DRO
+
+
+def dro_of_overrides(overrides: list[str] | tuple[str, ...]) -> tuple[float, str]:
+    """The DRO temperature a run with ``overrides`` trains with (the last override of a key wins;
+    the training defaults otherwise)."""
+    from gno_ext.training.settings import DROSettings
+
+    given = dict(o.lstrip("+").split("=", 1) for o in overrides if o.lstrip("+").startswith("trainer.dro."))
+    default = DROSettings()
+    return (float(given.get("trainer.dro.tau", default.tau)), given.get("trainer.dro.temperature", default.temperature))
 
 
 def adopt(run: Run, source: Path, results: Path = RESULTS) -> Path:

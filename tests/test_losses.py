@@ -8,6 +8,7 @@ from gno_ext.losses import (
     Curriculum,
     bin_parameters,
     dro_from_group_sums,
+    dro_group_weights,
     group_dro_loss,
     group_sums,
     mse_per_sample,
@@ -35,6 +36,67 @@ def test_group_dro_limits():
     taus = [0.1, 1.0, 10.0]
     values = [group_dro_loss(loss, groups, t).item() for t in taus]
     assert values == sorted(values)
+
+
+def _decade(scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eight groups of two samples each, whose means span a decade from ``scale`` (log-spaced),
+    the worst group last."""
+    means = scale * torch.logspace(0, 1, 8, dtype=torch.float64)
+    return means.repeat_interleave(2), torch.arange(8).repeat_interleave(2)
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 50.0])
+def test_relative_temperature_acts_at_any_loss_scale(scale):
+    """Group losses spanning a decade: with the relative temperature (the training default,
+    tau = 2) the objective lies at least a third of the way from the mean to the worst group,
+    at 1e-3 (normalised MSEs) as at 50, and the gradient weighs the worst group most and the
+    best least; with the paper's absolute form and tau = 1 at scale 1e-3 it is the mean to
+    within 1% of that distance (the inert objective this setting replaces)."""
+    loss, groups = _decade(scale)
+    means = loss[::2]
+    x = loss.clone().requires_grad_(True)
+    got = group_dro_loss(x, groups, 2.0, "relative")
+    (grad,) = torch.autograd.grad(got, x)
+    way = float((got.detach() - means.mean()) / (means.max() - means.mean()))
+    assert 1 / 3 <= way < 1
+    per_group = grad.reshape(8, 2).sum(1)
+    assert int(per_group.argmax()) == 7 and int(per_group.argmin()) == 0
+    assert bool((per_group[1:] > per_group[:-1]).all())
+    assert float(per_group.sum()) == pytest.approx(1.0)  # the objective of equal losses moves with them
+    sums, counts = group_sums(loss, groups, 8)
+    weights = dro_group_weights(sums, counts, 2.0, "relative")
+    torch.testing.assert_close(weights / 8, per_group)  # the logged weights are the gradient's
+    assert float(weights.max() / weights.min()) > 10
+    if scale == 1e-3:
+        inert = group_dro_loss(loss, groups, 1.0)  # the paper's formula with tau = 1
+        assert float((inert - means.mean()) / (means.max() - means.mean())) < 0.01
+        w = dro_group_weights(sums, counts, 1.0)
+        assert float(w.max() / w.min()) < 1.01
+
+
+def test_relative_temperature_is_scale_free_and_handles_zero_losses():
+    """Scaling every loss scales the relative objective by the same factor (the absolute one
+    does not); all-zero losses give 0 and finite gradients."""
+    loss, groups = _decade(1.0)
+    one = group_dro_loss(loss, groups, 2.0, "relative")
+    torch.testing.assert_close(group_dro_loss(1e-4 * loss, groups, 2.0, "relative"), 1e-4 * one)
+    assert not torch.isclose(group_dro_loss(1e-4 * loss, groups, 2.0), 1e-4 * group_dro_loss(loss, groups, 2.0))
+    zero = torch.zeros(6, requires_grad=True)
+    value = group_dro_loss(zero, torch.tensor([0, 0, 1, 1, 2, 2]), 2.0, "relative")
+    value.backward()
+    assert float(value) == 0 and torch.isfinite(zero.grad).all()
+    with pytest.raises(ValueError, match="temperature: expected one of relative, absolute, got 'Relative'"):
+        group_dro_loss(loss, groups, 2.0, "Relative")
+
+
+def test_group_dro_weights_of_absent_groups_are_zero_and_present_ones_average_one():
+    loss = torch.tensor([1.0, 3.0, 0.5, 4.0, 2.0])
+    groups = torch.tensor([0, 0, 2, 5, 5])
+    sums, counts = group_sums(loss, groups, 6)
+    for temperature in ("absolute", "relative"):
+        w = dro_group_weights(sums, counts, 0.7, temperature)
+        assert w[[1, 3, 4]].tolist() == [0, 0, 0]
+        assert float(w.sum()) == pytest.approx(3.0) and float(w[5]) > float(w[0]) > float(w[2])
 
 
 def test_group_dro_gradient_weights_the_worse_groups_more():
@@ -143,11 +205,15 @@ def test_curriculum_switches_to_dro_after_warmup():
     loss, groups = torch.tensor([1.0, 1.0, 5.0]), torch.tensor([0, 0, 1])
     assert [cur.uses_dro(e) for e in range(4)] == [False, False, True, True]
     assert torch.isclose(cur.loss(loss, groups, 0), loss.mean())
-    assert torch.isclose(cur.loss(loss, groups, 2), group_dro_loss(loss, groups, 1.0))
+    assert torch.isclose(cur.loss(loss, groups, 2), group_dro_loss(loss, groups, 1.0, "relative"))
+    paper = Curriculum(warmup_epochs=2, tau=1.0, temperature="absolute")
+    assert torch.isclose(paper.loss(loss, groups, 2), group_dro_loss(loss, groups, 1.0))
     assert Curriculum(warmup_epochs=np.int64(2)).uses_dro(2)
     for kwargs, match in [(dict(warmup_epochs=1.5), r"warmup_epochs: must be an integer >= 0, got 1.5"),
                           (dict(warmup_epochs=-1), r"warmup_epochs: must be an integer >= 0, got -1"),
-                          (dict(warmup_epochs=1, tau=0.0), r"tau")]:
+                          (dict(warmup_epochs=1, tau=0.0), r"tau"),
+                          (dict(warmup_epochs=1, temperature="kelvin"),
+                           r"temperature: expected one of relative, absolute, got 'kelvin'")]:
         with pytest.raises(ValueError, match=match):
             Curriculum(**kwargs)
 

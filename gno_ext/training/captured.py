@@ -173,8 +173,8 @@ class CapturedSteps:
         Over ``flat.param_groups``, capturable (``capturable=True``), with tensor learning
         rates; its state must exist (run one eager step first).
     objective : callable
-        ``objective(batch, groups, dro) -> (loss, backward_loss)``: the forward pass and the
-        loss, as the eager loop computes them.
+        ``objective(batch, groups, dro) -> (values to log, backward_loss)``: the forward pass
+        and the loss, as the eager loop computes them (`gno_ext.training.steps.Objective`).
     clip : float or None
         Maximum gradient norm (clipped inside the graph), or None.
     stream : torch.cuda.Stream
@@ -208,9 +208,9 @@ class CapturedSteps:
 
     def forward_backward(self, batch: PDEBatch, groups: Tensor, dro: bool, last_micro: bool = True) -> Tensor:
         """Replay (capturing it first for a new signature) the forward and backward passes on
-        ``batch``, which leave the gradients, clipped, in the flat buffers. Returns the loss: a
-        device tensor that the next replay overwrites, as is the gradient norm it keeps for
-        `gradient_norm`. (``last_micro``: always, the captured steps accumulate no gradients.)"""
+        ``batch``, which leave the gradients, clipped, in the flat buffers. Returns the values to
+        log (the loss first): a device tensor that the next replay overwrites, as is the
+        gradient norm it keeps for `gradient_norm`. (``last_micro``: always, the captured steps accumulate no gradients.)"""
         key = (signature(batch), signature(groups), dro)
         if key not in self.graphs:
             static, static_groups = _clone(batch), groups.clone()

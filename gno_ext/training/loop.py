@@ -244,7 +244,8 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     say(f"run {run_dir}: {name} ({sum(p.numel() for p in raw.parameters()) / 1e6:.2f} M parameters), "
         f"{len(train_ds)} training windows, {len(binner.configurations)} boundary configuration(s), "
         f"{binner.n_groups} DRO groups, {world} process(es) on {device.type}{averaged}, precision {precision}, "
-        f"{total_steps} steps (MSE for {settings.warmup_epochs} epochs, then DRO)")
+        f"{total_steps} steps (MSE for {settings.warmup_epochs} epochs, then DRO with tau = {tr.dro.tau}, "
+        f"{tr.dro.temperature})")
 
     valid_ds = None
     try:
@@ -253,9 +254,9 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
         say("no validation split: skipping validation")
 
     # ---- the epochs
-    curriculum = Curriculum(settings.warmup_epochs, tr.dro.tau)
+    curriculum = Curriculum(settings.warmup_epochs, tr.dro.tau, tr.dro.temperature)
     objective = make_objective(training.model, raw, accelerator.autocast, scale, binner.n_groups, curriculum.tau,
-                               world, settings.balance_weight, settings.physics_weight, problem)
+                               world, settings.balance_weight, settings.physics_weight, problem, curriculum.temperature)
     steps = EagerSteps(training.model, objective, accelerator, training.optimizer, training.flat, training.average,
                        tr.clip_grad, tr.grad_accum)
     loop = EpochLoop(cfg, settings, training, curriculum, steps, objective, sampler, loader, binner, valid_ds,
@@ -355,17 +356,19 @@ class EpochLoop:
                    disable=not (self.main and tr.progress), leave=False)
         batch_index = self.sampler.start
         loss_value = float("nan")
+        weights = [0.0, 0.0, 0]  # the DRO group weights of the epoch's batches: largest, smallest summed; batches
         for micro, batch in enumerate(_timed(self.loader, self._data_wait)):
             # the groups from the batch still on the host: on the device their computation would
             # copy the boundary types back, and wait for all the work queued before
             groups = self.problem.groups(self.binner, batch).to(self.device, non_blocking=True)
             batch = self.problem.to(batch, self.device)
             last_micro = (micro + 1) % tr.grad_accum == 0 or micro == n_batches - 1
-            loss = self.steps.forward_backward(batch, groups, dro, last_micro)
+            logged = self.steps.forward_backward(batch, groups, dro, last_micro)
             # checked once the backward pass is queued (the check waits for the GPU): a non-finite
             # loss in any micro-batch skips the whole update, whose gradients it has reached
-            loss_value = float(loss)  # the one wait for the device per micro-batch (the gradient norm's aside)
-            self.guard.check(loss_value, "loss")
+            loss_value, largest, smallest = logged.tolist()  # the one wait for the device per micro-batch
+            if self.guard.check(loss_value, "loss") and dro:
+                weights = [weights[0] + largest, weights[1] + smallest, weights[2] + 1]
             batch_index += 1
             progress.seen += self.problem.size(batch) * self.world
             self._window_seen += self.problem.size(batch) * self.world
@@ -381,11 +384,19 @@ class EpochLoop:
             if progress.step >= self.total_steps:
                 break
         bar.close()
+        values, said = {}, f"epoch {epoch + 1}: loss {loss_value:.4e}"
+        if weights[2]:  # DRO acting: how far the groups' weights in the gradient spread (1 = the plain mean)
+            values = {"train/dro_weight_max": weights[0] / weights[2], "train/dro_weight_min": weights[1] / weights[2]}
+            said += (f", DRO group weights {values['train/dro_weight_min']:.3g} to "
+                     f"{values['train/dro_weight_max']:.3g} of the mean's (batch average)")
         if self.valid_ds is not None and (epoch + 1) % tr.val_every == 0:
             v = _validate(self.training.model, self.valid_ds, self.problem, self.device, tr.batch_size,
                           tr.val_batches, self.rank, self.world, self.training.accelerator.autocast)
-            self._log({"valid/nmse_one_step": v})
-            self.say(f"epoch {epoch + 1}: loss {loss_value:.4e}, one-step validation nMSE {v:.4e}")
+            values["valid/nmse_one_step"] = v
+            said += f", one-step validation nMSE {v:.4e}"
+        if values:
+            self._log(values)
+            self.say(said)
         finished = batch_index >= len(self.sampler.global_batches(epoch))
         self._checkpoint(epoch + 1 if finished else epoch, 0 if finished else batch_index)
 

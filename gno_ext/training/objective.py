@@ -13,14 +13,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gno_ext.losses import dro_from_group_sums, group_sums
+from gno_ext.losses import dro_from_group_sums, dro_group_weights, group_sums
 
-__all__ = ["global_objective", "NonFiniteGuard", "NonFiniteLossError", "choose_precision"]
+__all__ = ["global_objective", "GlobalObjective", "NonFiniteGuard", "NonFiniteLossError", "choose_precision"]
 
 
 def _all_reduce_sum(t: Tensor) -> Tensor:
@@ -29,9 +30,24 @@ def _all_reduce_sum(t: Tensor) -> Tensor:
     return out
 
 
+class GlobalObjective(NamedTuple):
+    """What `global_objective` gives: the objective for logging, what to call ``backward`` on,
+    and the groups' weights in its gradient."""
+
+    loss: Tensor
+    """The global objective (equal on every process), detached."""
+    backward_loss: Tensor
+    """What to call ``backward`` on under DDP (gradient averaging included)."""
+    weights: Tensor
+    """Shape ``(n_groups,)``: each group's weight in the gradient in units of the plain mean's
+    (`gno_ext.losses.dro_group_weights`), 0 for groups without a sample; with ``dro=False``
+    all ones (the plain mean of samples: no group favoured), detached."""
+
+
 def global_objective(per_sample_loss: Tensor, groups: Tensor, n_groups: int, dro: bool, tau: float,
                      world_size: int | None = None,
-                     all_reduce: Callable[[Tensor], Tensor] | None = None) -> tuple[Tensor, Tensor]:
+                     all_reduce: Callable[[Tensor], Tensor] | None = None,
+                     temperature: str = "absolute") -> GlobalObjective:
     """The objective of the global batch, from this process's samples.
 
     Parameters
@@ -49,25 +65,30 @@ def global_objective(per_sample_loss: Tensor, groups: Tensor, n_groups: int, dro
         Number of processes (default: from ``torch.distributed`` when initialised, else 1).
     all_reduce : callable, optional
         Sum over processes (default: ``torch.distributed.all_reduce``).
+    temperature : {"absolute", "relative"}
+        How ``tau`` is read (`gno_ext.losses.TEMPERATURES`); with ``"relative"`` the mean group
+        loss it is divided by is the global batch's, so N processes still optimise the
+        objective of one.
 
     Returns
     -------
-    loss : Tensor
-        The global objective (equal on every process), for logging.
-    backward_loss : Tensor
-        What to call ``backward`` on under DDP (gradient averaging included).
+    GlobalObjective
+        ``(loss, backward_loss, weights)``.
     """
     if world_size is None:
         world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     all_reduce = all_reduce or _all_reduce_sum
-    if not dro:
-        groups, n_groups = torch.zeros_like(groups), 1
-    sums, counts = group_sums(per_sample_loss.float(), groups, n_groups)
+    n = n_groups if dro else 1
+    sums, counts = group_sums(per_sample_loss.float(), groups if dro else torch.zeros_like(groups), n)
     if world_size > 1:
         sums = sums + (all_reduce(sums) - sums.detach())  # value: global sums; gradient: local part
         counts = all_reduce(counts)
-    loss = dro_from_group_sums(sums, counts, tau) if dro else sums.sum() / counts.sum()
-    return loss.detach(), loss * world_size
+    if not dro:
+        loss = sums.sum() / counts.sum()
+        return GlobalObjective(loss.detach(), loss * world_size, torch.ones_like(sums).expand(n_groups))
+    loss = dro_from_group_sums(sums, counts, tau, temperature)
+    weights = dro_group_weights(sums.detach(), counts, tau, temperature)
+    return GlobalObjective(loss.detach(), loss * world_size, weights)
 
 
 class NonFiniteLossError(RuntimeError):

@@ -62,9 +62,12 @@ class CurriculumSettings:
 
 @dataclass(frozen=True)
 class DROSettings:
-    """``trainer.dro``: the log-sum-exp temperature and the bins per parameter of the groups."""
+    """``trainer.dro``: the log-sum-exp temperature, how it is read (``relative``: in units of the
+    inverse mean group loss, scale-free; ``absolute``: the paper's formula as written) and the
+    bins per parameter of the groups."""
 
-    tau: float = _number(1.0, "> 0")
+    tau: float = _number(2.0, "> 0")
+    temperature: str = _choice("relative", "relative", "absolute")
     bins: int = _number(8, 1, integer=True)
 
 

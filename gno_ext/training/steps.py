@@ -26,7 +26,10 @@ from gno_ext.training.problem import Batch, GridProblem, Problem
 __all__ = ["EagerSteps", "Objective", "Steps", "make_objective"]
 
 Objective = Callable[[Batch, Tensor, bool], tuple[Tensor, Tensor]]
-"""``objective(batch, groups, dro) -> (loss to log, loss to differentiate)``."""
+"""``objective(batch, groups, dro) -> (values to log, loss to differentiate)``; the values to log
+are a detached tensor ``(3,)``: the objective, and the largest and smallest group weights in its
+gradient in units of the plain mean's (`gno_ext.losses.dro_group_weights`; 1 and 1 for the plain
+mean), read by the loop in one transfer."""
 
 
 class Steps(Protocol):
@@ -35,7 +38,8 @@ class Steps(Protocol):
     replayed: bool  # whether the steps are CUDA graph replays
 
     def forward_backward(self, batch: Batch, groups: Tensor, dro: bool, last_micro: bool) -> Tensor:
-        """The forward and backward passes of one micro-batch; returns the loss (a device tensor)."""
+        """The forward and backward passes of one micro-batch; returns the values to log (a device
+        tensor ``(3,)``: the loss, the largest and the smallest group weight; see `Objective`)."""
 
     def gradient_norm(self, clean: bool) -> float:
         """After the last micro-batch: the gradients into the flat buffers (averaged where the
@@ -51,10 +55,10 @@ class Steps(Protocol):
 
 def make_objective(model: nn.Module, raw: nn.Module, autocast: Callable[[], Any], scale: Tensor, n_groups: int,
                    tau: float, world: int, balance_weight: float = 0.0, physics_weight: float = 0.0,
-                   problem: Problem | None = None) -> Objective:
+                   problem: Problem | None = None, temperature: str = "relative") -> Objective:
     """The training objective: the per-sample MSE of the next frame on fields divided by
     ``scale``, reduced to the plain mean or the group-DRO loss over ``n_groups`` groups
-    (`global_objective`), plus the load-balance terms of the gates and routers that ran
+    (`global_objective`, ``tau`` read as ``temperature`` says), plus the load-balance terms of the gates and routers that ran
     (`gno_ext.layers.balance_losses`) and a physics-informed model's residual (``raw``'s
     ``physics_loss``), where their weights are set. ``problem`` (default: grids) runs the model
     on a batch and reduces the error per sample (`gno_ext.training.problem`)."""
@@ -68,12 +72,14 @@ def make_objective(model: nn.Module, raw: nn.Module, autocast: Callable[[], Any]
         with balance_losses() as balance, autocast():
             pred = problem.predict(model, batch)
         per_sample = problem.mse(pred.float() / scale, problem.target(batch).float() / scale, batch)
-        loss, backward_loss = global_objective(per_sample, groups, n_groups, dro, tau, world)
+        loss, backward_loss, weights = global_objective(per_sample, groups, n_groups, dro, tau, world,
+                                                        temperature=temperature)
         if balance_weight and balance:
             backward_loss = backward_loss + balance_weight * torch.stack(balance).sum()
         if physics is not None:  # PINO's residual term
             backward_loss = backward_loss + physics_weight * physics(batch, pred)
-        return loss, backward_loss
+        smallest = torch.where(weights > 0, weights, math.inf).amin()  # of the groups present
+        return torch.stack([loss, weights.amax(), smallest]), backward_loss
 
     return objective
 

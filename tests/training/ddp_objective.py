@@ -31,7 +31,8 @@ per = GLOBAL // world
 sl = slice(rank * per, (rank + 1) * per)
 pred = model(u_in[sl], theta=theta[sl], bc=BoundarySpec.periodic(2, per))
 per_sample = (pred - u_out[sl]).pow(2).flatten(1).mean(1)
-loss, backward_loss = global_objective(per_sample, groups[sl], 4, dro=True, tau=2.0)
+# the relative temperature (the training default): its mean group loss must be the global batch's
+loss, backward_loss, _ = global_objective(per_sample, groups[sl], 4, dro=True, tau=2.0, temperature="relative")
 accelerator.backward(backward_loss)
 if rank == 0:
     grads = {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from gno_ext.losses import group_dro_loss
+from gno_ext.losses import dro_group_weights, group_dro_loss, group_sums
 from gno_ext.training.recipe_data import CurriculumBatchSampler, GroupBinner
 from gno_ext.training.objective import (
     NonFiniteGuard,
@@ -18,7 +18,8 @@ from gno_ext.training.objective import (
 from .conftest import ROOT, env_with_cache, torchrun
 
 
-def _simulated_processes(losses: torch.Tensor, groups: torch.Tensor, world: int, dro: bool):
+def _simulated_processes(losses: torch.Tensor, groups: torch.Tensor, world: int, dro: bool,
+                         temperature: str = "absolute"):
     """Run `global_objective` as ``world`` processes would: an all-reduce returns the sum of what
     every process passes to its k-th call; the per-process gradients are summed and divided by
     ``world``, as DDP does."""
@@ -26,7 +27,7 @@ def _simulated_processes(losses: torch.Tensor, groups: torch.Tensor, world: int,
     shards = list(zip(x.chunk(world), groups.chunk(world)))
     calls: list[list[torch.Tensor]] = [[] for _ in shards]
     for k, (s, g) in enumerate(shards):  # pass 1: record what each process would reduce
-        global_objective(s.detach(), g, 5, dro, tau=3.0, world_size=world,
+        global_objective(s.detach(), g, 5, dro, tau=3.0, world_size=world, temperature=temperature,
                          all_reduce=lambda t, k=k: calls[k].append(t.detach().clone()) or t.detach())
     values = []
     for k, (s, g) in enumerate(shards):  # pass 2: reduce across the recorded calls
@@ -36,26 +37,35 @@ def _simulated_processes(losses: torch.Tensor, groups: torch.Tensor, world: int,
             out = sum(c[n_call[0]] for c in calls)
             n_call[0] += 1
             return out
-        loss, backward = global_objective(s, g, 5, dro, tau=3.0, world_size=world, all_reduce=reduce)
+        loss, backward, weights = global_objective(s, g, 5, dro, tau=3.0, world_size=world, all_reduce=reduce,
+                                                   temperature=temperature)
         (backward / world).backward()
-        values.append(float(loss))
+        values.append((float(loss), weights))
     return values, x.grad
 
 
-@pytest.mark.parametrize("dro", [True, False])
-def test_sharded_objective_equals_one_process(dro):
+@pytest.mark.parametrize("dro,temperature,scale", [(True, "absolute", 3.0), (False, "absolute", 3.0),
+                                                   (True, "relative", 3.0), (True, "relative", 3e-3)])
+def test_sharded_objective_equals_one_process(dro, temperature, scale):
+    """Two processes (an all-reduce simulated) compute the objective, its gradient and the group
+    weights of one process holding the global batch; with the relative temperature too, whose
+    mean group loss must be the global batch's, not a process's own."""
     torch.manual_seed(0)
-    losses = torch.rand(8) * 3
+    losses = torch.rand(8) * scale
     groups = torch.tensor([0, 4, 1, 1, 4, 4, 0, 2])
     ref = losses.clone().requires_grad_(True)
-    expected = group_dro_loss(ref, groups, 3.0) if dro else ref.mean()
+    expected = group_dro_loss(ref, groups, 3.0, temperature) if dro else ref.mean()
     expected.backward()
-    values, grad = _simulated_processes(losses, groups, world=2, dro=dro)
-    assert values == pytest.approx([float(expected.detach())] * 2, rel=1e-6)
-    torch.testing.assert_close(grad, ref.grad, rtol=1e-6, atol=1e-7)
+    values, grad = _simulated_processes(losses, groups, world=2, dro=dro, temperature=temperature)
+    assert [v for v, _ in values] == pytest.approx([float(expected.detach())] * 2, rel=1e-6)
+    torch.testing.assert_close(grad, ref.grad, rtol=1e-5, atol=1e-7 * scale)
+    sums, counts = group_sums(losses, groups, 5)
+    want = dro_group_weights(sums, counts, 3.0, temperature) if dro else torch.ones(5)
+    for _, weights in values:
+        torch.testing.assert_close(weights, want, rtol=1e-5, atol=1e-6)
     # without the reduction, each process's own DRO differs from the global objective
-    own = group_dro_loss(losses[:4], groups[:4], 3.0) if dro else losses[:4].mean()
-    assert abs(float(own) - float(expected)) > 1e-3
+    own = group_dro_loss(losses[:4], groups[:4], 3.0, temperature) if dro else losses[:4].mean()
+    assert abs(float(own) - float(expected)) > 1e-3 * scale
 
 
 @pytest.mark.slow
@@ -168,7 +178,9 @@ def test_the_training_objective_adds_the_gates_balance_terms_with_their_weight()
     terms = sum(g(batch.theta).balance_loss for g in model.gates)
     runs = {w: make_objective(model, model, nullcontext, scale, 1, 1.0, 1, balance_weight=w)(batch, groups, False)
             for w in (0.0, 0.5)}
-    assert torch.equal(runs[0.0][0], runs[0.5][0]) and torch.equal(runs[0.0][0], runs[0.0][1])
+    # what is logged ([loss, largest, smallest group weight]) leaves the balance term out
+    assert torch.equal(runs[0.0][0], runs[0.5][0]) and torch.equal(runs[0.0][0][0], runs[0.0][1])
+    assert runs[0.0][0][1:].tolist() == [1.0, 1.0]  # the plain mean favours no group
     torch.testing.assert_close(runs[0.5][1] - runs[0.0][1], 0.5 * terms)
     with pytest.raises(ValueError, match="model.physics_weight=1.0: Gated has no physics residual"):
         make_objective(model, model, nullcontext, scale, 1, 1.0, 1, physics_weight=1.0)
