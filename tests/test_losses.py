@@ -219,31 +219,34 @@ def test_curriculum_switches_to_dro_after_warmup():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_gpu_training_objective_does_not_synchronise_and_can_be_captured():
-    """On a GPU the training objective and its gradient, MSE and DRO phases, run with no
-    host synchronisation (`torch.cuda.set_sync_debug_mode("error")` raises on any), and the
-    DRO objective captured in a CUDA graph gives, on new data, what eager mode gives."""
+@pytest.mark.parametrize("temperature", ["absolute", "relative"])
+def test_gpu_training_objective_does_not_synchronise_and_can_be_captured(temperature):
+    """On a GPU the training objective, its gradient and the group weights, MSE and DRO phases,
+    run with no host synchronisation (`torch.cuda.set_sync_debug_mode("error")` raises on any),
+    and the DRO objective captured in a CUDA graph gives, on new data, what eager mode gives."""
     from gno_ext.training.captured import capture_step
     from gno_ext.training.objective import global_objective
 
     torch.manual_seed(3)
     loss = torch.rand(64, device="cuda", requires_grad=True)
     groups = torch.randint(0, 6, (64,), device="cuda") * 2  # the odd groups empty
+    run = lambda dro: global_objective(loss, groups, 12, dro, 2.0, world_size=1, temperature=temperature)
     torch.cuda.set_sync_debug_mode("error")
     try:
         for dro in (False, True):
-            torch.autograd.grad(global_objective(loss, groups, 12, dro, 2.0, world_size=1)[1], loss)
+            torch.autograd.grad(run(dro).backward_loss, loss)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     out = {}
 
     def step():
-        value = global_objective(loss, groups, 12, True, 2.0, world_size=1)[1]
-        out["value"], out["grad"] = value.detach(), torch.autograd.grad(value, loss)[0]
+        value, weights = run(True)[1:]
+        out["value"], out["weights"], out["grad"] = value.detach(), weights, torch.autograd.grad(value, loss)[0]
 
     replay = capture_step(step, warmup=2)
     with torch.no_grad():
         loss.copy_(torch.rand(64, device="cuda") * 3)
     replay()
-    value = global_objective(loss, groups, 12, True, 2.0, world_size=1)[1]
+    value, weights = run(True)[1:]
     assert torch.allclose(out["value"], value) and torch.allclose(out["grad"], torch.autograd.grad(value, loss)[0])
+    assert torch.allclose(out["weights"], weights)
