@@ -29,9 +29,13 @@ def test_every_table_names_existing_recipes_and_models_and_the_papers_values():
     assert param["rows"]["unisolver"]["paper"][param["recipes"].index("advection-param")] == 4.53
     assert tables["joint"]["rows"]["vit-2"]["paper"] == [26.0, 0.333]
     assert tables["ablation"]["rows"]["gno_no_dro"]["overrides"] == ["trainer.curriculum.warmup_fraction=1.0"]
+    dro = tables["dro"]["rows"]  # each model with DRO, with MSE alone, and with the paper's temperature
+    assert {"gno", "gno_erm", "gno_absolute", "gno_fno_soft", "gno_fno_soft_erm", "gno_fno_soft_absolute"} == set(dro)
+    assert dro["gno_erm"]["overrides"] == dro["gno_fno_soft_erm"]["overrides"] == ["trainer.curriculum.warmup_fraction=1.0"]
     # the rows the paper lacks, in every table of the paper's (heat-paper, a supplement, holds the
-    # rows that fit its budget; the mesh table has no grid models)
-    for name in set(tables) - {"mesh", "heat-paper"}:
+    # rows that fit its budget; the mesh table has no grid models; the dro table compares two
+    # objectives on the same two models)
+    for name in set(tables) - {"mesh", "heat-paper", "dro"}:
         assert {"fno", "gated_fno", "persistence"} <= set(tables[name]["rows"]), name
     # Appendix F: the four conditionings at the encoder and before every attention layer ("Attn")
     conditioning = tables["conditioning"]
