@@ -158,9 +158,14 @@ def _n_params(model_dir: Path) -> int:
         return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
 
 
+def _model_extra(model_dir: Path) -> dict[str, Any]:
+    """What the training loop recorded beside the saved model (step, EMA, training seconds)."""
+    return json.loads((model_dir / "config.json").read_text()).get("extra", {})
+
+
 def _steps(model_dir: Path) -> int:
     """Optimizer steps the saved model was trained for (0: a reference such as persistence)."""
-    return int(json.loads((model_dir / "config.json").read_text()).get("extra", {}).get("step", 0))
+    return int(_model_extra(model_dir).get("step", 0))
 
 
 def _visible_gpus() -> list[str]:
@@ -253,7 +258,24 @@ def result_from_run(run: Run, cfg: dict[str, Any], report: dict[str, Any], run_d
         "rollout_steps": report["steps"], "test_trajectories": report["trajectories"],
         "paper_nmse": run.paper_nmse, "groups": report.get("groups", []),
         "dro": {k: cfg["trainer"]["dro"][k] for k in ("tau", "temperature")},
+        "train_s": _model_extra(run_dir / "model").get("train_s"),
+        "at_epochs": tested_epochs(run_dir / "metrics.jsonl"),
     }
+
+
+def tested_epochs(metrics: Path) -> list[dict[str, Any]]:
+    """The test rollouts a run made during training (``eval.at_epochs``), from its
+    ``metrics.jsonl``: per epoch (the last row of an epoch, where a resumption repeated it) its
+    mean and worst-group nMSE, relative L2 and the seconds of training before it."""
+    rows: dict[int, dict[str, Any]] = {}
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            row = json.loads(line)
+            if "test/nmse_mean" in row:
+                rows[int(row["epoch"])] = {"epoch": int(row["epoch"]), "nmse_mean": row["test/nmse_mean"],
+                                           "nmse_worst_group": row["test/nmse_worst_group"],
+                                           "rel_l2_mean": row["test/rel_l2_mean"], "train_s": row["train_s"]}
+    return [rows[e] for e in sorted(rows)]
 
 
 def execute(run: Run, extra: list[str], results: Path = RESULTS, output_root: Path | None = None,
@@ -585,6 +607,100 @@ def _shown(found: list[dict[str, Any]], recipe: str, metric: str = "nmse") -> li
     return [x for x in ranked if x[0] == "gno"] + others + [x for x in ranked if x[0] == "persistence"]
 
 
+MODEL_COLOURS = {"gno": "#d62728", "gno_fno": "#ff7f0e", "gno_fno_soft": "#2ca02c", "gno_conv": "#9467bd",
+                 "fno": "#1f77b4", "gated_fno": "#17becf", "unisolver": "#8c564b", "moe_pot": "#e377c2",
+                 "vit-2": "#bcbd22", "vit-5": "#aec7e8", "vit-10": "#ffbb78", "concat": "#98df8a",
+                 "pino": "#c5b0d5", "persistence": "#7f7f7f"}
+"""The colour of each row on every figure of the site; other rows take one from a fixed cycle
+by their name."""
+_OTHER_COLOURS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354",
+                  "#756bb1", "#636363", "#9c9ede", "#cedb9c", "#e7ba52", "#e7969c", "#de9ed6")
+
+
+def model_colour(row: str) -> str:
+    """The colour of ``row`` on every figure (`MODEL_COLOURS`, else one of a fixed cycle chosen
+    by a checksum of the name, so that it is the same on every page and every run)."""
+    import zlib
+
+    return MODEL_COLOURS.get(row) or _OTHER_COLOURS[zlib.crc32(row.encode()) % len(_OTHER_COLOURS)]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _worst_section(name: str, table: dict[str, Any], found: list[dict[str, Any]]) -> list[str]:
+    """For a table with ``worst: true``: the worst group's nMSE of every cell (mean ± std over
+    seeds) and the group, beside the mean of the main table."""
+    if not table.get("worst") or not found:
+        return []
+    out = ["The worst group's rollout nMSE of each cell (the boundary configuration and parameter bin with "
+           "the highest mean error; mean ± std over seeds, the group of the first seed):\n",
+           "| model | " + " | ".join(table["recipes"]) + " |", "| --- |" + " --- |" * len(table["recipes"])]
+    for row in table["rows"]:
+        cells = []
+        for recipe in table["recipes"]:
+            rs = [r for r in found if r["recipe"] == recipe and r["model"] == row and r.get("nmse_worst_group")]
+            worst = [r["nmse_worst_group"]["nmse_mean"] for r in rs]
+            cells.append(f"{_cell(worst)} ({rs[0]['nmse_worst_group']['label']})" if rs else "—")
+        out.append(f"| `{row}` | " + " | ".join(cells) + " |")
+    return ["\n".join(out) + "\n"]
+
+
+def _tested(found: list[dict[str, Any]], recipe: str, row: str, epoch: int) -> list[dict[str, Any]]:
+    """The test rollouts after ``epoch`` of every seed of one cell (``eval.at_epochs``)."""
+    return [e for r in found if r["recipe"] == recipe and r["model"] == row for e in r.get("at_epochs") or []
+            if e["epoch"] == epoch]
+
+
+def _epochs_section(name: str, table: dict[str, Any], found: list[dict[str, Any]]) -> list[str]:
+    """For results with test rollouts during training: their nMSE after each epoch tested and
+    the GPU minutes of training to it (means over seeds), and the figures of error against
+    GPU minutes."""
+    epochs = sorted({e["epoch"] for r in found for e in r.get("at_epochs") or []})
+    if not epochs:
+        return []
+    out = ["Test rollout nMSE during training (`eval.at_epochs`), after each epoch shown, with the minutes of "
+           "GPU time spent training to it (compilation and capture included, the test rollouts not; means "
+           "over seeds):\n",
+           "| model | " + " | ".join(f"{recipe}, epoch {e}" for recipe in table["recipes"] for e in epochs) + " |",
+           "| --- |" + " --- |" * (len(epochs) * len(table["recipes"]))]
+    for row in table["rows"]:
+        cells = []
+        for recipe in table["recipes"]:
+            for e in epochs:
+                at = _tested(found, recipe, row, e)
+                cells.append(f"{_mean([a['nmse_mean'] for a in at]):.2e} ({_mean([a['train_s'] for a in at]) / 60:.1f} "
+                             "min)" if at else "—")
+        if any(c != "—" for c in cells):
+            out.append(f"| `{row}` | " + " | ".join(cells) + " |")
+    out.append("")
+    out += [f"![{name} {recipe}: test nMSE against GPU minutes]({FIGURES}/{name}-{recipe}-vs_gpu_minutes.png)"
+            for recipe in table["recipes"] if any(r["recipe"] == recipe and r.get("at_epochs") for r in found)]
+    return ["\n".join(out) + "\n"]
+
+
+def _plot_epochs(table: dict[str, Any], found: list[dict[str, Any]], recipe: str, plt: Any):
+    """Test nMSE against GPU minutes of training, one line per row (mean over seeds at each
+    epoch tested), in the row's colour; None where no result of the column has such points."""
+    rows = [row for row in table["rows"] if any(r["recipe"] == recipe and r["model"] == row and r.get("at_epochs")
+                                                for r in found)]
+    if not rows:
+        return None
+    epochs = sorted({e["epoch"] for r in found for e in r.get("at_epochs") or []})
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for row in rows:
+        points = [(_mean([a["train_s"] for a in at]) / 60, _mean([a["nmse_mean"] for a in at]), e)
+                  for e in epochs if (at := _tested(found, recipe, row, e))]
+        ax.loglog([p[0] for p in points], [p[1] for p in points], marker="o", color=model_colour(row), label=row)
+        for x, y, e in points:
+            ax.annotate(str(e), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xlabel("GPU minutes of training (labels: epochs)")
+    ax.set_ylabel("test rollout nMSE")
+    ax.grid(True, which="both", alpha=0.3)
+    return fig, ax
+
+
 def _tick_label(label: str, wrap: bool) -> str:
     """A group's label for a figure's axis: one boundary type on every face said once
     (``dirichlet/dirichlet/dirichlet/dirichlet`` as ``all dirichlet``), wrapped into lines
@@ -628,7 +744,7 @@ def write_figures(tables: dict[str, Any], results: Path, folder: Path) -> list[P
             fig, ax = plt.subplots(figsize=(5.5, 3.6))
             for row, rs in shown:
                 curve = np.mean([r["per_step_nmse"] for r in rs], axis=0)
-                ax.semilogy(np.arange(1, len(curve) + 1), curve, marker="o", ms=3,
+                ax.semilogy(np.arange(1, len(curve) + 1), curve, marker="o", ms=3, color=model_colour(row),
                             ls="--" if row == "persistence" else "-", label=f"{row} ({len(rs)} seed{'s' * (len(rs) > 1)})")
             ax.set_xlabel("rollout step")
             ax.set_ylabel("nMSE of the step")
@@ -643,13 +759,16 @@ def write_figures(tables: dict[str, Any], results: Path, folder: Path) -> list[P
                 for k, (row, rs) in enumerate(grouped):
                     by_label = [np.mean([next((g["nmse_mean"] for g in r["groups"] if g["label"] == lab), np.nan)
                                          for r in rs]) for lab in labels]
-                    ax.bar(np.arange(len(labels)) + k * width, by_label, width, label=row)
+                    ax.bar(np.arange(len(labels)) + k * width, by_label, width, label=row, color=model_colour(row))
                 ax.set_yscale("log")
                 slant = {"rotation": 0, "ha": "center"} if wrap else {"rotation": 60, "ha": "right"}
                 ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, [_tick_label(lab, wrap) for lab in labels],
                               fontsize=7, **slant)
                 ax.set_ylabel("rollout nMSE")
                 save(fig, ax, f"{name}: {recipe}, error per group", f"{name}-{recipe}-groups")
+            plotted = _plot_epochs(table, found, recipe, plt)
+            if plotted:
+                save(*plotted, f"{name}: {recipe}, error against training time", f"{name}-{recipe}-vs_gpu_minutes")
     runtime = _runtime_results(results)
     if runtime:
         module, found = runtime
@@ -735,6 +854,7 @@ def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
                 figures.append(f"![{name} {recipe}: per-step error of {rows}]({FIGURES}/{name}-{recipe}-per_step.png)")
                 if all(r.get("groups") for _, rs in shown for r in rs):
                     figures.append(f"![{name} {recipe}: error per group]({FIGURES}/{name}-{recipe}-groups.png)")
+        out += _worst_section(name, table, found) + _epochs_section(name, table, found)
         if figures:
             out.append("Per-step error of the rollout (mean over seeds) for the GNO, the two best other rows and "
                        "persistence" + (", and their error per group (boundary configuration and parameter bin)"

@@ -310,11 +310,21 @@ def test_a_cell_that_is_another_tables_run_takes_its_result(tmp_path):
     joint = {"table": "joint", "recipe": "advection-joint", "model": "gno", "model_config": "gno", "overrides": [],
              "seed": 0, "size": "bench", "epochs": 10, "batch_size": 64, "lr": 3e-4, "precision": "bf16",
              "extra": [*budget, "trainer.capture=true"], "steps": 3150, "gpu": "NVIDIA H200", "commit": "0" * 40,
-             "nmse_mean": 0.36, "paper_nmse": 7.97e-2}
+             "nmse_mean": 0.36, "paper_nmse": 7.97e-2, "dro": {"tau": 2.0, "temperature": "relative"}}
     folder = tmp_path / "joint" / "advection-joint"
     folder.mkdir(parents=True)
     (folder / "gno-seed0.json").write_text(json.dumps(joint))
     runs = {r.row: r for r in bench.plan(tables, "ablation", [0], ["advection-joint"])}
+    # a result that records no DRO temperature was made with the paper's tau = 1 (the default then):
+    # not the run of today's default, but the run of a row that sets the paper's temperature
+    old = {k: v for k, v in joint.items() if k != "dro"}
+    (tmp_path / "bc" / "advection-joint").mkdir(parents=True)
+    (tmp_path / "bc" / "advection-joint" / "gno-seed0.json").write_text(json.dumps(old))
+    dro = {r.row: r for r in bench.plan(tables, "dro", [0], ["advection-joint"])}
+    assert bench.same_run(dro["gno_absolute"], [], tmp_path) == tmp_path / "bc" / "advection-joint" / "gno-seed0.json"
+    assert bench.same_run(dro["gno"], [], tmp_path) == folder / "gno-seed0.json"
+    (tmp_path / "bc" / "advection-joint" / "gno-seed0.json").unlink()
+    assert bench.same_run(dro["gno_absolute"], [], tmp_path) is None
     # the same model, overrides, seed, size and budget; a speed-only override differs: the same run
     assert bench.same_run(runs["gno"], ["trainer.capture=false"], tmp_path) == folder / "gno-seed0.json"
     assert bench.same_run(runs["gno_no_dro"], [], tmp_path) is None  # the same model with a row override
@@ -356,6 +366,50 @@ def test_figures_show_the_gno_the_two_best_rows_and_persistence(tmp_path):
     # results without the groups (older files): no group figure is promised
     (folder / "fno-seed0.json").write_text(json.dumps(result("fno", 0.1, groups=False)))
     assert "groups.png" not in bench.render(bench.load_tables(), tmp_path)
+
+
+def test_tables_show_the_worst_group_and_the_error_against_training_time(tmp_path):
+    """A table with ``worst: true`` (dro) shows each cell's worst group beside its mean; results
+    with test rollouts during training (the long table) give a table of the error after each
+    epoch with the GPU minutes to it and a figure of error against GPU minutes, the rows in
+    their site-wide colours; `tested_epochs` reads them from a run's metrics (the last row of
+    an epoch that a resumption repeated)."""
+    def result(table, recipe, model, seed, nmse, at=None):
+        return {"table": table, "recipe": recipe, "model": model, "seed": seed, "size": "bench", "epochs": 100,
+                "batch_size": 64, "lr": 3e-4, "precision": "bf16", "extra": [], "steps": 9, "gpu": "NVIDIA H100",
+                "commit": "0" * 40, "nmse_mean": nmse, "per_step_nmse": [nmse],
+                "nmse_worst_group": {"label": "dirichlet, speed in [1, 2]", "nmse_mean": 3 * nmse},
+                **({"at_epochs": at} if at else {})}
+
+    for seed, worst in ((0, 0.3), (1, 0.5)):
+        folder = tmp_path / "dro" / "advection-bc"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"gno_erm-seed{seed}.json").write_text(json.dumps(result("dro", "advection-bc", "gno_erm", seed, worst / 3)))
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [{"step": 10, "epoch": 10, "test/nmse_mean": 0.9, "test/nmse_worst_group": 2.0, "test/rel_l2_mean": 0.5,
+             "train_s": 60.0}, {"step": 5, "train/loss": 1.0},
+            {"step": 10, "epoch": 10, "test/nmse_mean": 0.4, "test/nmse_worst_group": 1.0, "test/rel_l2_mean": 0.3,
+             "train_s": 120.0},
+            {"step": 30, "epoch": 30, "test/nmse_mean": 0.2, "test/nmse_worst_group": 0.5, "test/rel_l2_mean": 0.2,
+             "train_s": 360.0}]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    at = bench.tested_epochs(metrics)
+    assert [(a["epoch"], a["nmse_mean"], a["train_s"]) for a in at] == [(10, 0.4, 120.0), (30, 0.2, 360.0)]
+    assert bench.tested_epochs(tmp_path / "absent.jsonl") == []
+    folder = tmp_path / "long" / "heat-param"
+    folder.mkdir(parents=True)
+    for model in ("gno", "fno"):
+        (folder / f"{model}-seed0.json").write_text(json.dumps(result("long", "heat-param", model, 0, 0.2, at)))
+    page = bench.render(bench.load_tables(), tmp_path)
+    dro = page.split("## `dro`")[1].split("\n## ")[0]
+    assert "| `gno_erm` | — | — | 4.00e-01 ± 1.4e-01 (dirichlet, speed in [1, 2]) |" in dro  # advection-bc: 3rd
+    long = page.split("## `long`")[1].split("\n## ")[0]
+    assert "| `gno` | 4.00e-01 (2.0 min) | 2.00e-01 (6.0 min) | — | — |" in long  # heat-param's epochs 10, 30
+    assert "](results/long-heat-param-vs_gpu_minutes.png)" in long and "`unisolver`" not in long.split("nMSE during")[1]
+    written = bench.write_figures(bench.load_tables(), tmp_path, tmp_path / "figures")
+    assert tmp_path / "figures" / "long-heat-param-vs_gpu_minutes.png" in written
+    assert bench.model_colour("gno") != bench.model_colour("fno") and bench.model_colour("gno_erm") == \
+        bench.model_colour("gno_erm")
 
 
 def test_group_labels_are_shortened_for_the_figures_axes():

@@ -89,7 +89,7 @@ from gno_ext.training.steps import (
     unwrap_optimizer,
 )
 
-__all__ = ["EpochLoop", "Progress", "run_dir_of", "train"]
+__all__ = ["EpochLoop", "Progress", "run_dir_of", "test_epochs", "train"]
 
 # keys that may change between a run and its resumption
 RESUME_FREE = ("resume", "overwrite", "run_dir", "trainer.epochs", "trainer.max_steps", "trainer.progress",
@@ -159,6 +159,7 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     data_cfg["root"] = resolved_root(data_cfg)
     settings = Settings.from_config(cfg)  # every setting checked before anything is generated or overwritten
     tr = settings.trainer
+    test_epochs(cfg, tr.epochs)
     problem = problem_for(data_cfg)
     takes = getattr(model_class(cfg["model"]["name"]), "data_kind", "grid")
     if takes != problem.name:
@@ -229,7 +230,7 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     if checkpoint is not None:
         st = load_training_checkpoint(checkpoint, raw, training.optimizer, training.scheduler, training.ema)
         set_lr_type(training.optimizer.param_groups, device, tr.capture)  # as this run needs them, whatever was saved
-        progress = Progress(st["step"], st["epoch"], st["batch"], st.get("samples", 0))
+        progress = Progress(st["step"], st["epoch"], st["batch"], st.get("samples", 0), st.get("train_s", 0.0))
         guard.skipped = st.get("skipped", 0)
         say(f"resumed from {checkpoint} (step {progress.step}, epoch {progress.epoch}, batch {progress.batch})")
 
@@ -266,7 +267,8 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     # ---- final model and evaluation
     final = training.ema.module if training.ema is not None else raw
     if main:
-        save_checkpoint(final, run_dir / "model", extra={"step": progress.step, "ema": training.ema is not None})
+        save_checkpoint(final, run_dir / "model", extra={"step": progress.step, "ema": training.ema is not None,
+                                                         "train_s": round(progress.train_s, 3)})
     _wait_for_everyone(accelerator)
     report = _final_evaluation(cfg, final, binner, run_dir, device, precision, say) if main else None
     _wait_for_everyone(accelerator)
@@ -299,12 +301,16 @@ def _resumed_or_replaced(cfg: Mapping[str, Any], run_dir: Path) -> tuple[Path | 
 @dataclass
 class Progress:
     """Where training stands: optimizer steps taken, the epoch and the batch within it to
-    continue from, and the training samples seen (over all processes)."""
+    continue from, the training samples seen (over all processes) and the seconds spent
+    training (compilation, capture and one-step validation included; the data's preparation,
+    the checkpoints' writing and the test rollouts of ``eval.at_epochs`` not), summed over the
+    run's resumptions."""
 
     step: int = 0
     epoch: int = 0
     batch: int = 0
     seen: int = 0
+    train_s: float = 0.0
 
 
 class EpochLoop:
@@ -329,6 +335,7 @@ class EpochLoop:
         self.main, self.rank, self.world, self.device = main, rank, world, device
         self.total_steps, self.say = total_steps, say
         self.stream: torch.cuda.Stream | None = None
+        self.at_epochs = test_epochs(cfg, settings.trainer.epochs)
 
     def run(self, progress: Progress) -> None:
         """Train from ``progress`` (updated in place) to the last epoch or ``trainer.max_steps``."""
@@ -339,6 +346,7 @@ class EpochLoop:
         with torch.cuda.stream(self.stream) if self.tr.capture else nullcontext():
             self.training.model.train()
             self._since_log, self._window_seen, self._data_wait = time.perf_counter(), 0, [0.0]
+            self._clock = time.perf_counter()
             first = progress.epoch
             for epoch in range(first, self.tr.epochs):
                 if progress.step >= self.total_steps:
@@ -398,6 +406,8 @@ class EpochLoop:
             self._log(values)
             self.say(said)
         finished = batch_index >= len(self.sampler.global_batches(epoch))
+        if finished and epoch + 1 in self.at_epochs:  # before the checkpoint: a resumption never skips it
+            self._test(epoch + 1)
         self._checkpoint(epoch + 1 if finished else epoch, 0 if finished else batch_index)
 
     def _update(self) -> tuple[bool, float]:
@@ -436,14 +446,56 @@ class EpochLoop:
             with open(self.run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({"step": self.progress.step, **values}) + "\n")
 
+    def _tick(self) -> None:
+        """Add the time since the clock was last read to the training time."""
+        now = time.perf_counter()
+        self.progress.train_s += now - self._clock
+        self._clock = now
+
+    def _test(self, epoch: int) -> None:
+        """The test rollouts of the model as it stands after ``epoch`` (``eval.at_epochs``), into
+        ``eval/epoch_NNN/`` without figures, logged with the training time so far (main process
+        evaluates; all meet). Its own time is not training time."""
+        self._tick()
+        t = self.training
+        if self.main:
+            model = t.ema.module if t.ema is not None else t.raw
+            cfg = {**self.cfg, "eval": {**self.cfg.get("eval", {}), "figures": 0}}
+            report = evaluate_run(cfg, model, self.binner, self.run_dir / "eval" / f"epoch_{epoch:03d}", self.device,
+                                  self.precision)
+            worst = report["nmse"]["worst_group"]["nmse_mean"]
+            self._log({"epoch": epoch, "test/nmse_mean": report["nmse"]["mean"], "test/nmse_worst_group": worst,
+                       "test/rel_l2_mean": report["rel_l2"]["mean"], "train_s": round(self.progress.train_s, 3)})
+            self.say(f"epoch {epoch}: test rollout nMSE {report['nmse']['mean']:.4e} (worst group {worst:.4e}) "
+                     f"after {self.progress.train_s:.0f} s of training")
+        t.model.train()
+        _wait_for_everyone(t.accelerator)
+        self._clock = time.perf_counter()
+
     def _checkpoint(self, epoch: int, batch: int) -> None:
-        """A training checkpoint to resume from at ``batch`` of ``epoch`` (main process; all meet)."""
+        """A training checkpoint to resume from at ``batch`` of ``epoch`` (main process; all meet).
+        Its writing is not training time."""
         t, p = self.training, self.progress
+        self._tick()
         if self.main:
             save_training_checkpoint(self.run_dir, p.step, t.raw, t.optimizer, t.scheduler,
-                                     {"epoch": epoch, "batch": batch, "skipped": self.guard.skipped, "samples": p.seen},
+                                     {"epoch": epoch, "batch": batch, "skipped": self.guard.skipped, "samples": p.seen,
+                                      "train_s": round(p.train_s, 3)},
                                      self.cfg, ema=t.ema, keep=self.tr.keep_checkpoints)
         _wait_for_everyone(t.accelerator)
+        self._clock = time.perf_counter()
+
+
+def test_epochs(cfg: Mapping[str, Any], epochs: int) -> frozenset[int]:
+    """``eval.at_epochs``: the epochs (counted from 1) after which the test rollouts run during
+    training, checked: integers from 1 to ``trainer.epochs``."""
+    given = (cfg.get("eval") or {}).get("at_epochs") or []
+    if isinstance(given, (str, bytes)) or not isinstance(given, (list, tuple)):
+        raise ValueError(f"eval.at_epochs: expected a list of epochs, e.g. [10,30,100], got {given!r}")
+    for e in given:
+        if isinstance(e, bool) or not isinstance(e, int) or not 1 <= e <= epochs:
+            raise ValueError(f"eval.at_epochs: expected epochs from 1 to trainer.epochs = {epochs}, got {e!r}")
+    return frozenset(given)
 
 
 def _evaluate_only(cfg: dict[str, Any], model: nn.Module, binner: GroupBinner, run_dir: Path, device: torch.device,

@@ -83,6 +83,30 @@ def test_heat_param_smoke_end_to_end(train_module, tmp_path):
     assert sorted(p.name for p in other.iterdir()) == ["config.json", "model.safetensors"]
 
 
+def test_test_rollouts_during_training_are_logged_with_the_training_time(train_module, tmp_path):
+    """``eval.at_epochs``: the test rollouts after the chosen epochs, logged with the seconds of
+    training so far (summed into the final model's record); the last equals the final report."""
+    common = ["--recipe", "heat-param", "size=smoke", "trainer.progress=false", "trainer.epochs=3"]
+    result = train_module.main([*common, f"output_root={tmp_path}", "eval.at_epochs=[1,3]"])
+    run = Path(result["run_dir"])
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    tested = [r for r in rows if "test/nmse_mean" in r]
+    assert [r["epoch"] for r in tested] == [1, 3]
+    assert 0 < tested[0]["train_s"] < tested[1]["train_s"]
+    assert tested[1]["test/nmse_mean"] == pytest.approx(result["report"]["nmse"]["mean"], rel=1e-6)
+    assert tested[1]["test/nmse_worst_group"] == pytest.approx(result["report"]["nmse"]["worst_group"]["nmse_mean"])
+    assert (run / "eval" / "epoch_001" / "report.json").is_file() and not list(run.glob("eval/epoch_001/*.png"))
+    assert json.loads((run / "model" / "config.json").read_text())["extra"]["train_s"] >= tested[1]["train_s"]
+    state = json.loads((latest_checkpoint(run) / "trainer_state.json").read_text())
+    assert state["train_s"] >= tested[1]["train_s"]  # resumed runs go on counting from here
+    for bad, match in (("eval.at_epochs=[0]", "expected epochs from 1 to trainer.epochs = 3, got 0"),
+                       ("eval.at_epochs=[4]", "expected epochs from 1 to trainer.epochs = 3, got 4"),
+                       ("eval.at_epochs=3", "expected a list of epochs")):
+        with pytest.raises(ValueError, match=rf"eval.at_epochs: {match}"):
+            train_module.main([*common, f"output_root={tmp_path / 'bad'}", bad])
+        assert not (tmp_path / "bad").exists()  # refused before anything was written
+
+
 def test_an_ood_test_split_is_reported_in_groups_outside_the_training_range(train_module, tmp_path):
     """advection-ood's test speeds lie below and above the training range [0.5, 1.5]: the report's
     groups say so and give their speeds, instead of the outermost training bins' names."""
