@@ -80,6 +80,9 @@ def test_gpu_captured_training_reaches_the_weights_of_the_eager_loop(train_modul
     losses = [logged(tmp_path / run, "train/loss") for run in ("eager", "captured")]
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)
     assert len(losses[1]) >= 4
+    # the DRO epoch's group weights, read from the replayed graph's output, are the eager loop's
+    weights = [logged(tmp_path / run, "train/dro_weight_max") for run in ("eager", "captured")]
+    assert len(weights[0]) == 1 and weights[0][0] > 1 and weights[0] == pytest.approx(weights[1], rel=1e-3)
     # a longer captured run resumes from the checkpoint of the first (tensor learning rates saved)
     done = train_module.main([*common, "trainer.capture=true", "trainer.epochs=3", "resume=auto",
                               f"run_dir={tmp_path / 'captured'}"])
