@@ -27,33 +27,113 @@ from torch import Tensor, nn
 
 from gno_ext.layers.gate import ParameterGate
 from gno_ext.layers.mixture import dispatch
+from gno_ext.layers.modes import contract_modes, from_modes, to_modes
 
-__all__ = ["FullPrecisionSpectralConv", "GatedSpectralConv", "condition_on"]
+__all__ = ["FullPrecisionSpectralConv", "GatedSpectralConv", "TRANSFORMS", "condition_on"]
+
+TRANSFORMS = ("dft", "fft")
+"""How a spectral convolution of this package reaches its retained modes: ``"dft"`` (default),
+the kept modes only, by dense matrix products (`gno_ext.layers.modes`); ``"fft"``, the full
+FFT and its zero-filled inverse, as neuraloperator's ``SpectralConv`` does."""
 
 
 class FullPrecisionSpectralConv(SpectralConv):
-    """neuraloperator's ``SpectralConv`` that runs under autocast: with its default
-    ``fno_block_precision="full"`` it takes a bf16 or float16 input in float32.
+    """neuraloperator's ``SpectralConv`` (the same weights and function), with its transforms
+    restricted to the retained modes, and usable under autocast.
 
-    Under autocast the layers before a spectral convolution hand it bf16 (or float16)
-    activations, and cuFFT has no bf16 transform (``RuntimeError: Unsupported dtype
+    ``fourier="dft"`` (default) computes the retained modes alone and the output from them
+    by matrix products (`gno_ext.layers.modes`) instead of a full FFT and the inverse of a
+    zero-filled spectrum: most of an FFT's work is discarded when 12 of 128 modes are kept.
+    Under autocast the transforms run in its type (bf16 on tensor cores), the contraction with
+    the weights in float32; without autocast everything is float32. It applies where the output
+    has the input's size; elsewhere (resolution scaling, another ``output_shape``, complex
+    data, separable kernels, ``fno_block_precision`` other than ``"full"``, and an odd size on an
+    axis but the last, where ``SpectralConv`` shifts its spectrum back with ``fftshift`` rather
+    than its inverse and so offsets its frequencies by one) the layer takes the FFT path, as with
+    ``fourier="fft"``, and computes what ``SpectralConv`` computes.
+
+    On the FFT path, with its default ``fno_block_precision="full"`` it takes a bf16 or float16
+    input in float32: cuFFT has no bf16 transform (``RuntimeError: Unsupported dtype
     BFloat16``) and float16 ones only for power-of-two sizes. The transforms and the spectral
     product then run in float32 (complex64), as ``"full"`` means; the output is float32, and the
     layers after it return to the autocast type. ``"half"`` and ``"mixed"`` keep neuraloperator's
     own handling. The FNO-based models of this package build their convolutions from it.
     """
 
+    def __init__(self, *args: Any, fourier: str = "dft", **kwargs: Any) -> None:
+        if fourier not in TRANSFORMS:
+            raise ValueError(f"fourier: expected one of {', '.join(TRANSFORMS)}, got {fourier!r}")
+        super().__init__(*args, **kwargs)
+        self.fourier = fourier
+
     def forward(self, x: Tensor, output_shape: Any = None) -> Tensor:
+        if takes_dft(self, x, output_shape):
+            weights = torch.view_as_real(self.weight.to_tensor())[(slice(None),) * 2 + kept_slices(self, x)]
+            y = from_kept(self, contract_in_float32(to_modes(x, weights.shape[2:-1], self.fft_norm), weights[None])[:, 0],
+                          x.shape[2:])
+            return y if self.bias is None else y + self.bias
         if self.fno_block_precision == "full" and x.dtype in (torch.bfloat16, torch.float16):
             x = x.float()
         return super().forward(x, output_shape=output_shape)
 
 
+def _output_sizes(conv: SpectralConv, sizes: Any, output_shape: Any) -> list[int]:
+    """The output's sizes: ``output_shape``, or the input's scaled by the resolution factor."""
+    if output_shape is not None:
+        return list(output_shape)
+    if conv.resolution_scaling_factor is not None:
+        return [round(s * r) for s, r in zip(sizes, conv.resolution_scaling_factor)]
+    return list(sizes)
+
+
+def takes_dft(conv: SpectralConv, x: Tensor, output_shape: Any = None) -> bool:
+    """Whether ``conv`` (a `FullPrecisionSpectralConv`) computes ``x`` through the kept modes
+    alone (``fourier="dft"`` and a case it covers: see the class)."""
+    return (getattr(conv, "fourier", "fft") == "dft" and not conv.separable and not conv.complex_data
+            and conv.fno_block_precision == "full" and all(n % 2 == 0 for n in x.shape[2:-1])
+            and _output_sizes(conv, x.shape[2:], output_shape) == list(x.shape[2:]))
+
+
+def kept_slices(conv: SpectralConv, x: Tensor) -> tuple[slice, ...]:
+    """The slices of ``conv``'s weights' mode axes that an input ``x`` uses: all of them, or
+    where ``x`` has fewer frequencies than ``max_n_modes`` those closest to frequency 0, as
+    ``SpectralConv`` picks them."""
+    sizes = x.shape[2:]
+    fft_size = [*sizes[:-1], sizes[-1] // 2 + 1]
+    starts = [top - min(size, n) for size, n, top in zip(fft_size, conv.n_modes, conv.max_n_modes)]
+    cut = [slice(a // 2, -a // 2) if a else slice(None) for a in starts[:-1]]  # (-a // 2: SpectralConv's rounding)
+    cut.append(slice(None, -starts[-1]) if starts[-1] else slice(None))
+    return tuple(cut)
+
+
+def _float32(device: torch.device) -> Any:
+    """A block in float32 whatever autocast says (where autocast exists for the device)."""
+    return torch.autocast(device.type, enabled=False) if device.type in ("cpu", "cuda") else contextlib.nullcontext()
+
+
+def contract_in_float32(modes: Tensor, weights: Tensor, probs: Tensor | None = None,
+                        index: Tensor | None = None) -> Tensor:
+    """`contract_modes` in float32 whatever autocast says (the products are small, and the
+    kernels' weights are float32): ``(B, K, O, *kept, 2)``, or with ``index`` (B,) each sample's
+    kernel's result, with ``probs`` (B, K) their weighted sum, ``(B, O, *kept, 2)``."""
+    with _float32(modes.device):
+        every = contract_modes(modes.float(), weights.float())
+        if index is not None:
+            return every[torch.arange(every.shape[0], device=every.device), index]
+        return every if probs is None else torch.einsum("bk,bk...->b...", probs.float(), every)
+
+
+def from_kept(conv: SpectralConv, modes: Tensor, sizes: Any) -> Tensor:
+    """The field of the spectrum ``modes`` (the retained modes, `gno_ext.layers.modes`)."""
+    return from_modes(modes, list(sizes), conv.fft_norm)
+
+
 class GatedSpectralConv(BaseSpectralConv):
     r"""``K`` ``SpectralConv`` kernels selected per sample by a `ParameterGate` on $\theta$.
 
-    The input's Fourier transform is taken once for the whole batch; each sample's retained
-    modes are then multiplied by its own kernel's weights (gathered per sample, so only the
+    The input's retained modes are computed once for the whole batch (by the kernels'
+    transforms, `FullPrecisionSpectralConv`) and contracted with every kernel's weights, a few
+    small products per mode; each sample keeps its own kernel's result (a gather, so only the
     selected kernel's weights enter a sample's output and gradient), and one inverse transform
     follows. The shapes are static and nothing is read on the host, so the layer compiles into
     CUDA graphs and a training step with it can be captured. It computes what each sample's
@@ -175,48 +255,66 @@ class GatedSpectralConv(BaseSpectralConv):
         ``probs[b]``-weighted sum of the kernels): the steps of ``SpectralConv.forward`` (its
         transforms, mode selection and bias) with the contraction done per sample.
 
-        Between the transforms the data moves (stack, gather, slicing, the shift, the scatter
-        into the output's spectrum) on real views of the complex tensors: inductor's GPU code
-        generation has no complex types and failed to compile a gather of complex weights.
-        Only the transforms and the contraction see complex numbers."""
+        The input's retained modes are contracted with every kernel (``K`` small products per
+        mode, `gno_ext.layers.modes.contract_modes`), and each sample keeps its kernel's result
+        (a gather: only that kernel's weights reach its gradient) or the ``probs``-weighted sum
+        of them, which the linearity of the convolution makes the convolution with the mixed
+        kernel. No per-sample copy of the weights is formed.
+
+        The modes are reached by the kept-mode transforms (``fourier="dft"``, the kernels'
+        default, `FullPrecisionSpectralConv`) or by the full FFT. On the FFT path the data move
+        (slicing, the shift, the scatter into the output's spectrum) on real views of the complex
+        tensors: inductor's GPU code generation has no complex types."""
         first = self.kernels[0]
-        if x.dtype in (torch.bfloat16, torch.float16):  # cuFFT has no bf16 transform (FullPrecisionSpectralConv)
-            x = x.float()
-        batch, _, *sizes = x.shape
-        dims = list(range(-first.order, 0))
-        shifted = [d - 1 for d in dims[:-1]]  # the same axes of the real views, whose last axis is (real, imag)
-        fft_size = [*sizes[:-1], sizes[-1] // 2 + 1]
-        spectrum = torch.view_as_real(torch.fft.rfftn(x, norm=first.fft_norm, dim=dims))
-        if first.order > 1:
-            spectrum = torch.fft.fftshift(spectrum, dim=shifted)
-        # the retained modes, centred on frequency 0 after the shift, as SpectralConv picks them
-        starts = [top - min(size, n) for size, n, top in zip(fft_size, first.n_modes, first.max_n_modes)]
-        cut = [slice(a // 2, -a // 2) if a else slice(None) for a in starts[:-1]]  # (-a // 2: SpectralConv's rounding)
-        cut.append(slice(None, -starts[-1]) if starts[-1] else slice(None))
+        sizes = list(x.shape[2:])
+        cut = kept_slices(first, x)
         weights = torch.stack([torch.view_as_real(k.weight.to_tensor()) for k in self.kernels])
-        if self.shared is not None:  # W_0 + W_k, added before the gather: K additions, not B
+        if self.shared is not None:  # W_0 + W_k, added once per kernel
             weights = weights + torch.view_as_real(self.shared.weight.to_tensor())
-        weights = weights[(slice(None),) * 3 + tuple(cut)]  # (K, in, out, *modes, 2)
-        modes = [slice(size // 2 - kept // 2, size // 2 + kept // 2 + kept % 2)
-                 for size, kept in zip(fft_size[:-1], weights.shape[3:-2])]
-        modes.append(slice(None, weights.shape[-2]))
-        region = (slice(None), slice(None), *modes)
-        axes = "xyzw"[:first.order]
-        product = torch.einsum(f"bi{axes},bio{axes}->bo{axes}", torch.view_as_complex(spectrum[region].contiguous()),
-                               torch.view_as_complex(self._sample_parameters(weights, index, probs).contiguous()))
-        out = spectrum.new_zeros(batch, first.out_channels, *fft_size, 2)
-        out[region] = torch.view_as_real(product)
-        if first.order > 1:
-            out = torch.fft.fftshift(out, dim=shifted)
-        if output_shape is not None:
-            sizes = list(output_shape)
-        elif first.resolution_scaling_factor is not None:
-            sizes = [round(s * r) for s, r in zip(sizes, first.resolution_scaling_factor)]
-        y = torch.fft.irfftn(torch.view_as_complex(out), s=sizes, dim=dims, norm=first.fft_norm)
+        weights = weights[(slice(None),) * 3 + cut]  # (K, in, out, *modes, 2)
+        kept = weights.shape[3:-1]
+        dft = takes_dft(first, x, output_shape)
+        if dft:
+            modes = to_modes(x, kept, first.fft_norm)
+        else:
+            modes, region, fft_size = _fft_modes(first, x, kept)
+        product = contract_in_float32(modes, weights, probs, index if probs is None else None)
+        if dft:
+            y = from_kept(first, product, sizes)
+        else:
+            y = _fft_field(first, product, region, fft_size, _output_sizes(first, sizes, output_shape))
         if first.bias is not None:
             bias = torch.stack([k.bias for k in self.kernels])
             y = y + self._sample_parameters(bias if self.shared is None else bias + self.shared.bias, index, probs)
         return y
+
+
+def _fft_modes(conv: SpectralConv, x: Tensor, kept: Any) -> tuple[Tensor, tuple[slice, ...], list[int]]:
+    """The retained modes of ``x`` by the full FFT, as ``SpectralConv`` takes them (``(B, C,
+    *kept, 2)``), with the region of the shifted spectrum they fill and its size."""
+    if x.dtype in (torch.bfloat16, torch.float16):  # cuFFT has no bf16 transform (FullPrecisionSpectralConv)
+        x = x.float()
+    sizes = x.shape[2:]
+    dims = list(range(-conv.order, 0))
+    fft_size = [*sizes[:-1], sizes[-1] // 2 + 1]
+    spectrum = torch.view_as_real(torch.fft.rfftn(x, norm=conv.fft_norm, dim=dims))
+    if conv.order > 1:
+        spectrum = torch.fft.fftshift(spectrum, dim=[d - 1 for d in dims[:-1]])  # (the real view's axes)
+    # the retained modes, centred on frequency 0 after the shift, as SpectralConv picks them
+    modes = [slice(size // 2 - n // 2, size // 2 + n // 2 + n % 2) for size, n in zip(fft_size[:-1], kept[:-1])]
+    region = (slice(None), slice(None), *modes, slice(None, kept[-1]))
+    return spectrum[region], region, fft_size
+
+
+def _fft_field(conv: SpectralConv, modes: Tensor, region: tuple[slice, ...], fft_size: list[int],
+               sizes: list[int]) -> Tensor:
+    """The field of the retained ``modes`` by the inverse FFT of the zero-filled spectrum."""
+    dims = list(range(-conv.order, 0))
+    out = modes.new_zeros(modes.shape[0], modes.shape[1], *fft_size, 2)
+    out[region] = modes
+    if conv.order > 1:
+        out = torch.fft.fftshift(out, dim=[d - 1 for d in dims[:-1]])
+    return torch.fft.irfftn(torch.view_as_complex(out), s=sizes, dim=dims, norm=conv.fft_norm)
 
 
 def _per_sample(weight: Tensor, ndim: int) -> Tensor:

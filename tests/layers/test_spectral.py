@@ -17,6 +17,7 @@ from gno_ext.layers import (  # noqa: E402
     ParameterGate,
     condition_on,
 )
+from gno_ext.layers.spectral import takes_dft  # noqa: E402
 
 
 def test_mixture_accepts_spectral_conv_kernels():
@@ -70,7 +71,7 @@ def test_spectral_transforms_run_in_float32_under_autocast(monkeypatch):
     torch.manual_seed(0)
     x = torch.randn(2, 3, 16, 16, dtype=torch.bfloat16)
     assert _fft_input_types(monkeypatch, SpectralConv(3, 3, (4, 4)), x) == {torch.bfloat16}
-    conv = FullPrecisionSpectralConv(3, 3, (4, 4))
+    conv = FullPrecisionSpectralConv(3, 3, (4, 4), fourier="fft")
     assert _fft_input_types(monkeypatch, conv, x) == {torch.float32}
     with torch.autocast("cpu", torch.bfloat16):
         assert torch.equal(conv(x), conv(x.float()))  # the same function, in float32
@@ -80,8 +81,67 @@ def test_spectral_transforms_run_in_float32_under_autocast(monkeypatch):
             "n_modes": [4, 4], "in_channels": 1, "out_channels": 1, "hidden_channels": 8, "n_layers": 1}
         model = get_model(name, **kwargs)
         convs = [m for m in model.modules() if isinstance(m, SpectralConv)]
-        assert convs and all(isinstance(m, FullPrecisionSpectralConv) for m in convs), name
+        assert convs and all(isinstance(m, FullPrecisionSpectralConv) and m.fourier == "dft" for m in convs), name
+        # the kept-mode transforms (matrix products) by default: no bf16 FFT (cape_fno has its own)
+        assert _fft_input_types(monkeypatch, model, u, theta=theta) <= {torch.float32}, name
+        for m in convs:
+            m.fourier = "fft"
         assert _fft_input_types(monkeypatch, model, u, theta=theta) == {torch.float32}, name
+
+
+@pytest.mark.parametrize("modes,shape,n_modes_now", [
+    ((6, 6), (16, 16), None),
+    ((5, 7), (16, 18), None),          # odd mode counts
+    ((12, 12), (32, 32), None),
+    ((8, 8), (20, 20), (5, 6)),        # fewer modes than the weights hold, an odd number on the first axis
+    ((16, 16), (16, 30), None),        # every frequency of the first axis
+    ((6, 14), (12, 12), None),         # the last axis's Nyquist frequency kept
+    ((6,), (21,), None),               # 1-D (odd size: the last axis may have one)
+    ((4, 5, 4), (10, 8, 9), None),     # 3-D
+])
+def test_kept_mode_transforms_compute_what_spectral_conv_computes(modes, shape, n_modes_now):
+    """`FullPrecisionSpectralConv` with its default kept-mode transforms (``fourier="dft"``) is
+    neuraloperator's ``SpectralConv`` with the same weights: the same output and gradients in
+    float32 (to 1e-5), odd and even mode counts, 1-, 2- and 3-D; under bf16 autocast (the
+    transforms on bf16 matrix products, the contraction in float32) within 2e-2 of the
+    float32 output, relative to its largest value."""
+    torch.manual_seed(0)
+    reference = SpectralConv(3, 4, modes)
+    conv = FullPrecisionSpectralConv(3, 4, modes)
+    with torch.no_grad():
+        reference.weight.tensor.normal_(0, 0.3), reference.bias.normal_()
+    conv.load_state_dict(reference.state_dict())
+    if n_modes_now:
+        conv.n_modes = reference.n_modes = n_modes_now
+    x = torch.randn(2, 3, *shape, requires_grad=True)
+    assert takes_dft(conv, x)
+    y, want = conv(x), reference(x)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+    probe = torch.randn_like(y)
+    params = [x, conv.weight.tensor, conv.bias]
+    got = torch.autograd.grad((y * probe).sum(), params)
+    expected = torch.autograd.grad((want * probe).sum(), [x, reference.weight.tensor, reference.bias])
+    for g, w in zip(got, expected):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        low = conv(x.detach().bfloat16())
+    assert float((low.float() - want.detach()).abs().max() / want.detach().abs().max()) < 2e-2
+
+
+def test_kept_mode_transforms_leave_the_cases_they_do_not_cover_to_the_fft():
+    """Another output grid, resolution scaling and an odd size on an axis but the last (where
+    ``SpectralConv`` shifts its spectrum back by ``fftshift``, not its inverse) take the FFT
+    path, and so compute what ``SpectralConv`` computes; ``fourier`` is checked."""
+    torch.manual_seed(0)
+    reference = SpectralConv(3, 4, (6, 6))
+    conv = FullPrecisionSpectralConv(3, 4, (6, 6))
+    conv.load_state_dict(reference.state_dict())
+    for shape, output_shape in (((16, 16), (24, 20)), ((15, 16), None)):
+        x = torch.randn(2, 3, *shape)
+        assert not takes_dft(conv, x, output_shape)
+        torch.testing.assert_close(conv(x, output_shape=output_shape), reference(x, output_shape=output_shape))
+    with pytest.raises(ValueError, match="fourier: expected one of dft, fft, got 'fast'"):
+        FullPrecisionSpectralConv(3, 4, (6, 6), fourier="fast")
 
 
 
@@ -251,7 +311,10 @@ def test_soft_routing_convolves_each_sample_with_the_probability_weighted_kernel
     grads = torch.autograd.grad(out, [*(k.weight.tensor for k in conv.kernels), *conv.gate.parameters()])
     assert all(bool(g.abs().sum() > 0) for g in grads)
     # under bf16 autocast the mixed weights stay float32, as the gathered ones do (the gate's
-    # scores are bf16 there: the reference takes the probabilities of that pass)
+    # scores are bf16 there: the reference takes the probabilities of that pass); with the FFT's
+    # float32 transforms the paths agree to float32 precision
+    for kernel in [*conv.kernels, *([conv.shared] if shared else [])]:
+        kernel.fourier = "fft"
     with condition_on(conv, theta), torch.no_grad():
         with torch.autocast("cpu", torch.bfloat16):
             y_bf16 = conv(x.bfloat16())
@@ -259,6 +322,8 @@ def test_soft_routing_convolves_each_sample_with_the_probability_weighted_kernel
         expected = sum(k(xf) * p[:, i, None, None, None] for i, k in enumerate(conv.kernels))
         expected = expected if conv.shared is None else expected + conv.shared(xf)
         torch.testing.assert_close(y_bf16, expected, rtol=1e-5, atol=1e-5)
+    for kernel in [*conv.kernels, *([conv.shared] if shared else [])]:
+        kernel.fourier = "dft"
     # the hard choice of the same layer is another function
     conv.soft_routing = False
     with condition_on(conv, theta), torch.no_grad():
