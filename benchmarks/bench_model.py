@@ -68,7 +68,7 @@ import torch
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
-from gno_ext.layers import AttentionKernel, AttentionKernelBank, BoundaryTransfer
+from gno_ext.layers import AttentionKernel, AttentionKernelBank, BoundaryTransfer, FullPrecisionSpectralConv
 from gno_ext.models import GNO, get_model
 from gno_ext.schema import BoundarySpec
 from gno_ext.training import FlatParameters, capture_step, compile_model
@@ -128,7 +128,7 @@ def timed(fn, repeats: int, device: str, warmup: int = 3, warmup_s: float = 2.0)
 
 def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: str,
           chunk: int | None, boundary: str = "fused", capturable: bool = False,
-          optimizer: str = "flat", attention: str = "fused"
+          optimizer: str = "flat", attention: str = "fused", fourier: str = "dft"
           ) -> tuple[GNO, dict, torch.optim.Optimizer, FlatParameters | None]:
     """The model (normalisation fitted, mixture chunk, boundary and attention paths set), its inputs, a
     fused AdamW (``capturable`` for a step captured in a CUDA graph) and, for ``optimizer="flat"``
@@ -152,6 +152,8 @@ def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: 
             module.fused_attention = attention == "fused"
         if isinstance(module, BoundaryTransfer):
             module.fused = boundary == "fused"
+        if isinstance(module, FullPrecisionSpectralConv):
+            module.fourier = fourier
     x = make_inputs(batch, shape, channels, device)
     x["target"] = x["u"] + 0.01
     cuda = device == "cuda"
@@ -191,6 +193,40 @@ def count_flops(model: torch.nn.Module, x: dict, device: str) -> tuple[int, set[
     return counter.get_total_flops(), {str(op) for ops in counter.get_flop_counts().values() for op in ops}
 
 
+def traffic_floor(model: torch.nn.Module, x: dict, device: str) -> int:
+    """A floor on the bytes a training step moves through memory: every tensor the forward
+    pass saves for the backward (distinct storages, counted in full) written once and read
+    once, the input read and the output written once, and the optimizer's update of the
+    parameters (fused AdamW reads the weights, gradients and both moments and writes weights
+    and moments: 7 float32 numbers per parameter, plus writing the gradients). A step that did
+    nothing but this traffic would take ``bytes / bandwidth``: `bench` prints that time beside
+    the measured one."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast(device, dtype=torch.bfloat16):
+        out = model(x["u"], theta=x["theta"], bc=x["bc"])
+    n_params = sum(p.numel() for p in model.parameters())
+    del out
+    model.zero_grad(set_to_none=True)
+    return 2 * sum(seen.values()) + 2 * x["u"].nbytes + 8 * 4 * n_params
+
+
+def copy_bandwidth(device: str, nbytes: int = 2**30) -> float:
+    """Bytes per second of a device-to-device copy of ``nbytes`` (read and written), the
+    memory's practical bandwidth (median of 10); NaN off CUDA."""
+    if device != "cuda":
+        return float("nan")
+    a = torch.empty(nbytes // 4, device=device)
+    b = torch.empty_like(a)
+    seconds = timed(lambda: b.copy_(a), 10, device)
+    return 2 * nbytes / seconds
+
+
 def paths_taken(ops: set[str], boundary_transfer: bool) -> dict:
     """The paths that the attention and the boundary operator took in a step that ran the
     operators ``ops`` (from `count_flops`): ``fused`` where gno_ext's Triton operator ran, the
@@ -203,12 +239,13 @@ def paths_taken(ops: set[str], boundary_transfer: bool) -> dict:
 
 def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int,
           chunk: int | None = None, options: dict | None = None, boundary: str = "fused",
-          optimizer: str = "flat", attention: str = "fused") -> dict:
+          optimizer: str = "flat", attention: str = "fused", fourier: str = "dft", bandwidth: float = float("nan")
+          ) -> dict:
     whole = mode == "whole-graph"
     if whole and device != "cuda":
         raise SystemExit("--modes whole-graph needs a CUDA device")
     model, x, opt, flat = setup(name, batch, shape, channels, device, chunk, boundary, capturable=whole,
-                                optimizer=optimizer, attention=attention)
+                                optimizer=optimizer, attention=attention, fourier=fourier)
     # a fresh compilation cache for every configuration: otherwise, after dynamo's recompilation
     # limit (8 by default), a later model of the same class silently runs eagerly
     torch._dynamo.reset()
@@ -222,6 +259,7 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
             net(x["u"], theta=x["theta"], bc=x["bc"])
 
     flops, ops = count_flops(model, x, device)
+    floor_bytes = traffic_floor(model, x, device)
     if hasattr(model, "blocks"):
         kernels_used = [len(set(b.mixture.last_routing.index.tolist())) if b.mixture is not None else 1
                         for b in model.blocks]
@@ -243,7 +281,9 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
             "peak_gib": memory, "kernels_used": kernels_used,
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "chunk": chunk,
             "boundary": boundary if has_boundary(model) else None, "compile_options": options or {},
-            "optimizer": optimizer, "attention": attention, "ran": paths_taken(ops, has_boundary(model))}
+            "optimizer": optimizer, "attention": attention, "ran": paths_taken(ops, has_boundary(model)),
+            "fourier": fourier if any(isinstance(m, FullPrecisionSpectralConv) for m in model.modules()) else None,
+            "traffic_floor_gib": floor_bytes / 2**30, "traffic_floor_ms": 1e3 * floor_bytes / bandwidth}
 
 
 def has_boundary(model: torch.nn.Module) -> bool:
@@ -333,6 +373,9 @@ def main() -> None:
     parser.add_argument("--attention", nargs="+", default=["fused"], choices=["fused", "sdpa"],
                         help="the attention kernels' attention as gno_ext's Triton kernels (attend_tokens, the "
                              "default on a GPU with Triton) or scaled_dot_product_attention")
+    parser.add_argument("--fourier", nargs="+", default=["dft"], choices=["dft", "fft"],
+                        help="the spectral convolutions' transforms (FNO-backbone models): the retained modes "
+                             "alone by matrix products (the default) or the full FFT")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--modes", nargs="+", choices=["eager", "compiled", "graphs", "whole-graph"],
                         help="default: eager compiled graphs, and whole-graph on a CUDA device")
@@ -353,26 +396,30 @@ def main() -> None:
                     args.chunk[0] or None, options, path, optimizer, attention)
         return
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    bandwidth = copy_bandwidth(args.device)
     meta = {"device": name, "torch": torch.__version__, "shape": args.shape, "channels": args.channels,
-            "compile_options": options}
+            "compile_options": options, "copy_bandwidth_gb_s": bandwidth / 1e9}
     rows = []
-    print(f"device: {name}, torch {torch.__version__}, grid {args.shape}, {args.channels} channels, bf16 autocast")
-    print(f"{'model':15s} {'batch':>5s} {'mode':>8s} {'fwd ms':>8s} {'step ms':>8s} {'TFLOP/s':>8s} "
+    print(f"device: {name}, torch {torch.__version__}, grid {args.shape}, {args.channels} channels, bf16 autocast, "
+          f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    print(f"{'model':15s} {'batch':>5s} {'mode':>8s} {'fwd ms':>8s} {'step ms':>8s} {'floor ms':>8s} {'TFLOP/s':>8s} "
           f"{'GFLOP':>8s} {'GiB':>6s}  kernels used per block")
     for batch in args.batch:
         for mode in args.modes:
             for model in args.models:
                 chunks = args.chunk if MODELS[model].get("n_kernels", 4) > 1 else [0]
                 paths = args.boundary if MODELS[model].get("boundary_transfer", True) else ["fused"]
-                for chunk, path, optimizer, attention in itertools.product(chunks, paths, args.optimizer,
-                                                                           args.attention):
+                fouriers = args.fourier if "model" in MODELS[model] and "fno" in MODELS[model]["model"] else ["dft"]
+                for chunk, path, optimizer, attention, fourier in itertools.product(
+                        chunks, paths, args.optimizer, args.attention, fouriers):
                     r = bench(model, batch, mode, tuple(args.shape), args.channels, args.device, args.repeats,
-                              chunk or None, options, path, optimizer, attention)
+                              chunk or None, options, path, optimizer, attention, fourier, bandwidth)
                     rows.append(r)
                     print(f"{model:15s} {batch:5d} {mode:>8s} {r['forward_ms']:8.3f} {r['step_ms']:8.3f} "
-                          f"{r['train_tflops']:8.1f} {r['step_gflop']:8.1f} {r['peak_gib']:6.2f}  {r['kernels_used']}"
-                          f"  chunk {chunk or 'auto'}, optimizer {optimizer}, ran: boundary {r['ran']['boundary']}, "
-                          f"attention {r['ran']['attention']}", flush=True)
+                          f"{r['traffic_floor_ms']:8.3f} {r['train_tflops']:8.1f} {r['step_gflop']:8.1f} "
+                          f"{r['peak_gib']:6.2f}  {r['kernels_used']}  chunk {chunk or 'auto'}, optimizer {optimizer}, "
+                          f"ran: boundary {r['ran']['boundary']}, attention {r['ran']['attention']}"
+                          f"{f', fourier {fourier}' if r['fourier'] else ''}", flush=True)
                 if args.out:
                     args.out.parent.mkdir(parents=True, exist_ok=True)
                     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -25,7 +25,23 @@ def test_bench_model_times_the_fno_backbones_on_the_cpu():
     assert gno_fno["params_m"] > fno["params_m"] and gno_fno["step_gflop"] > 0 and fno["step_gflop"] > 0
     soft = bench.bench("gno-fno-soft", 2, "eager", (32, 32), 1, "cpu", repeats=1)
     assert soft["kernels_used"] == [4] * 4 and soft["params_m"] == gno_fno["params_m"]
-    assert soft["step_gflop"] > gno_fno["step_gflop"]  # the mixed weights of every sample
+    assert soft["step_gflop"] > gno_fno["step_gflop"]  # the probability-weighted sum of the kernels' results
+
+
+def test_bench_model_times_both_spectral_transforms_with_a_traffic_floor():
+    """``--fourier``: the kept-mode transforms and the FFT on the same model, each row naming the
+    one it took; every row carries the floor on its memory traffic (more bytes at a larger
+    batch: the saved activations grow with it), its time NaN where no bandwidth was measured."""
+    bench = load_recipe("bench_model")
+    rows = {f: bench.bench("fno", 2, "eager", (32, 32), 1, "cpu", repeats=1, fourier=f) for f in ("dft", "fft")}
+    assert rows["dft"]["fourier"] == "dft" and rows["fft"]["fourier"] == "fft"
+    model, x, _, _ = bench.setup("fno", 2, (32, 32), 1, "cpu", None, fourier="fft")
+    assert {m.fourier for m in model.modules() if isinstance(m, bench.FullPrecisionSpectralConv)} == {"fft"}
+    small = bench.traffic_floor(model, x, "cpu")
+    model, x, _, _ = bench.setup("fno", 8, (32, 32), 1, "cpu", None)
+    assert bench.traffic_floor(model, x, "cpu") > small > 8 * 4 * sum(p.numel() for p in model.parameters())
+    assert rows["dft"]["traffic_floor_gib"] > 0 and rows["dft"]["traffic_floor_ms"] != rows["dft"]["traffic_floor_ms"]
+    assert bench.bench("vit-standin", 1, "eager", (32, 32), 1, "cpu", repeats=1)["fourier"] is None
 
 
 def test_whole_graph_mode_says_it_needs_a_gpu():

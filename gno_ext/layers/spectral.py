@@ -164,8 +164,11 @@ class GatedSpectralConv(BaseSpectralConv):
         of $\theta$, so that every kernel trains on every sample in proportion to its gate
         probability and the gate learns from the loss directly (no straight-through value).
         The convolution is linear in its weights, so this equals the gate-weighted sum of the
-        kernels' outputs; the gathered path forms each sample's mixed weights where the hard
-        choice gathers them, at the same cost. Default False: the paper's hard arg-max.
+        kernels' outputs; the gathered path sums the kernels' results per mode with the
+        probabilities where the hard choice gathers one, at the same cost. Default False: the
+        paper's hard arg-max.
+    fourier : {"dft", "fft"}
+        The kernels' transforms (`FullPrecisionSpectralConv`, `TRANSFORMS`).
     **spectral_kwargs
         Passed to every ``SpectralConv`` (``FNOBlocks`` passes its factorisation, precision...).
     """
@@ -174,9 +177,9 @@ class GatedSpectralConv(BaseSpectralConv):
 
     def __init__(self, in_channels: int, out_channels: int, n_modes: Any, n_kernels: int = 4,
                  n_params: int = 1, gate_hidden: int = 32, shared_kernel: bool = False,
-                 soft_routing: bool = False, **spectral_kwargs: Any) -> None:
+                 soft_routing: bool = False, fourier: str = "dft", **spectral_kwargs: Any) -> None:
         super().__init__(device=spectral_kwargs.get("device"))
-        make = functools.partial(FullPrecisionSpectralConv, in_channels, out_channels, n_modes)
+        make = functools.partial(FullPrecisionSpectralConv, in_channels, out_channels, n_modes, fourier=fourier)
         self.shared = None
         if shared_kernel:
             if str(spectral_kwargs.get("factorization") or "dense").lower() != "dense":

@@ -166,6 +166,9 @@ class GNOFNO(SchemaModel):
         Mix each layer's kernels by the gate's probabilities instead of selecting one per
         sample (`GatedSpectralConv`'s ``soft_routing``): each sample's kernel is then a smooth
         function of its parameters. Default False: the paper's hard choice.
+    fourier : {"dft", "fft"}
+        The spectral convolutions' transforms (`gno_ext.layers.spectral.TRANSFORMS`): the
+        retained modes alone (default) or the full FFT.
     """
 
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2, t_in: int = 1,
@@ -173,7 +176,7 @@ class GNOFNO(SchemaModel):
                  n_layers: int = 4, n_kernels: int = 4, gate_hidden: int = 32, boundary_transfer: bool = True,
                  boundary_patch: int = 16, boundary_depth: int = 4, parameter_channels: bool = True,
                  domain_padding: float = 0.0, shared_kernel: bool = False,
-                 periodic_boundary_layer: bool = True, soft_routing: bool = False) -> None:
+                 periodic_boundary_layer: bool = True, soft_routing: bool = False, fourier: str = "dft") -> None:
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
         from neuralop.models import FNO
 
@@ -192,7 +195,8 @@ class GNOFNO(SchemaModel):
         self.periodic_boundary_layer, self.soft_routing = bool(periodic_boundary_layer), bool(soft_routing)
         self.takes_parameter_channels = parameter_channels
         conv = functools.partial(GatedSpectralConv, n_kernels=n_kernels, n_params=max(self.gate_inputs, 1),
-                                 gate_hidden=gate_hidden, shared_kernel=shared_kernel, soft_routing=soft_routing)
+                                 gate_hidden=gate_hidden, shared_kernel=shared_kernel, soft_routing=soft_routing,
+                                 fourier=fourier)
         channels = t_in * in_channels + (n_params + field_channels if parameter_channels else 0)
         self.net = FNO((n_modes,) * ndim, channels, in_channels, hidden_channels, n_layers=n_layers, conv_module=conv)
         self.boundary = nn.ModuleList(BoundaryLayer(hidden_channels, ndim, boundary_patch, boundary_depth,

@@ -52,16 +52,19 @@ def boundary_channels(bc: BoundarySpec, grid: Grid, scale: Tensor | float = 1.0)
 
 
 def neuralop_fno(ndim: int, n_modes: int, in_channels: int, out_channels: int, hidden_channels: int,
-                 n_layers: int) -> nn.Module:
+                 n_layers: int, fourier: str = "dft") -> nn.Module:
     """neuraloperator's ``FNO`` (an optional dependency, imported here) with ``n_modes`` modes on
-    each of ``ndim`` axes, its spectral convolutions `FullPrecisionSpectralConv`s so that it
-    trains under bf16 autocast (cuFFT has no bf16 transform)."""
+    each of ``ndim`` axes, its spectral convolutions `FullPrecisionSpectralConv`s (their
+    transforms by ``fourier``: the retained modes alone, or the FFT) so that it trains under
+    bf16 autocast (cuFFT has no bf16 transform)."""
+    import functools
+
     from neuralop.models import FNO
 
     from gno_ext.layers.spectral import FullPrecisionSpectralConv
 
     return FNO((n_modes,) * ndim, in_channels, out_channels, hidden_channels, n_layers=n_layers,
-               conv_module=FullPrecisionSpectralConv)
+               conv_module=functools.partial(FullPrecisionSpectralConv, fourier=fourier))
 
 
 class TransformerBlock(nn.Module):

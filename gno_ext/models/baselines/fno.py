@@ -30,14 +30,17 @@ class ChannelFNO(SchemaModel):
         As `SchemaModel`.
     n_modes, hidden_channels, n_layers : int
         FNO sizes (the same number of modes on every axis).
+    fourier : {"dft", "fft"}
+        The spectral convolutions' transforms (`gno_ext.layers.spectral.TRANSFORMS`): the
+        retained modes alone (default) or the full FFT.
     """
 
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2, t_in: int = 1,
                  log_params: Sequence[bool] | None = None, n_modes: int = 12, hidden_channels: int = 64,
-                 n_layers: int = 4) -> None:
+                 n_layers: int = 4, fourier: str = "dft") -> None:
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
         channels = t_in * in_channels + n_params + field_channels + N_TYPES + 1
-        self.net = neuralop_fno(ndim, n_modes, channels, in_channels, hidden_channels, n_layers)
+        self.net = neuralop_fno(ndim, n_modes, channels, in_channels, hidden_channels, n_layers, fourier)
 
     def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
                 bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:
