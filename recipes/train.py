@@ -122,6 +122,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
 
 if __name__ == "__main__":
+    # --list, --print-config and the configuration's errors (a misspelled setting) are answered
+    # before torch is imported: seconds, not the half minute its import can take on a busy machine
+    cli, given = parse()
+    if cli.list or cli.print_config:
+        main()
+        sys.exit(0)
+    compose(cli.recipe, given)
     # Under torchrun or `accelerate launch` with several processes, `record` writes a failing
     # process's traceback to the error file that the launcher reads, so the launcher's summary
     # names the root cause (rank, exception, traceback) instead of an exit code only.

@@ -42,6 +42,19 @@ def test_list_describes_the_recipes_and_print_config_needs_no_recipe(capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("args,status,says", [(["--list"], 0, "recipes:"),
+                                              (["--print-config", "size=smoke"], 0, "recipe:"),
+                                              (["trainer.epoch=3"], 1, "did you mean trainer.epochs?")])
+def test_list_print_config_and_typos_are_answered_without_importing_torch(args, status, says):
+    """Before any training the command line imports neither torch nor gno_ext: its import takes
+    seconds, and on a busy shared machine half a minute, before a typo was reported."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", str(RECIPES / "train.py"), *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == status and says in proc.stdout + proc.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "difflib" in imported and not {"torch", "gno_ext"} & imported  # (difflib: the listing was read)
+
+
 def test_bad_paths_give_one_line(tmp_path, capsys):
     assert gno_data(["info", str(tmp_path / "nothing")]) == 2
     assert capsys.readouterr().err.strip() == f"gno-data: error: {tmp_path / 'nothing'}: no manifest.json (not a " \
