@@ -70,7 +70,7 @@ def compose(recipe: str, overrides: list[str] | None = None) -> dict[str, Any]:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
     if recipe not in available("recipe"):
@@ -78,14 +78,22 @@ def compose(recipe: str, overrides: list[str] | None = None) -> dict[str, Any]:
                          f"(available: {', '.join(available('recipe'))})")
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=[f"recipe={recipe}", *(overrides or [])])
+            cfg = hydra_compose(config_name="config", overrides=[f"recipe={recipe}", *(overrides or [])],
+                                return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as error:
         raise SystemExit(f"error: {_explain(error, recipe, list(overrides or []))}") from None
+    chosen = cfg.hydra.runtime.choices.get("model")
+    with open_dict(cfg):
+        del cfg["hydra"]
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise SystemExit(f"recipe {recipe}: no value for {', '.join(missing)} (pass it as an override, "
                          f"e.g. {missing[0]}=...)")
-    return OmegaConf.to_container(cfg, resolve=True)
+    out = OmegaConf.to_container(cfg, resolve=True)
+    if chosen and not out["model"].get("label") and chosen != out["model"].get("name"):
+        # a config that extends another (gno_fno_soft extends gno_fno) names its runs itself
+        out["model"]["label"] = chosen
+    return out
 
 
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:

@@ -55,6 +55,19 @@ def test_list_print_config_and_typos_are_answered_without_importing_torch(args, 
     assert "difflib" in imported and not {"torch", "gno_ext"} & imported  # (difflib: the listing was read)
 
 
+def test_a_config_that_extends_another_names_its_own_run_folder():
+    """``model=gno_fno_soft`` (which extends gno_fno) trains into ``gno_fno_soft-SIZE-seedN``, not
+    into the folder of a ``gno_fno`` run (before: it stopped there with "already holds a run")."""
+    from gno_ext.training.loop import run_dir_of
+
+    soft = train.compose("heat-param", ["size=smoke", "model=gno_fno_soft"])
+    assert soft["model"]["name"] == "gno_fno" and soft["model"]["label"] == "gno_fno_soft"
+    assert run_dir_of(soft).name == "gno_fno_soft-smoke-seed0"
+    assert run_dir_of(train.compose("heat-param", ["size=smoke", "model=gno_fno"])).name == "gno_fno-smoke-seed0"
+    assert run_dir_of(train.compose("heat-param", ["size=smoke"])).name == "gno-smoke-seed0"
+    assert run_dir_of(train.compose("heat-param", ["size=smoke", "model=vit-5"])).name == "vit-5-smoke-seed0"
+
+
 def test_bad_paths_give_one_line(tmp_path, capsys):
     assert gno_data(["info", str(tmp_path / "nothing")]) == 2
     assert capsys.readouterr().err.strip() == f"gno-data: error: {tmp_path / 'nothing'}: no manifest.json (not a " \

@@ -94,7 +94,7 @@ __all__ = ["EpochLoop", "Progress", "run_dir_of", "test_epochs", "train"]
 # keys that may change between a run and its resumption
 RESUME_FREE = ("resume", "overwrite", "run_dir", "trainer.epochs", "trainer.max_steps", "trainer.progress",
                "trainer.num_workers", "eval", "trainer.checkpoint_every", "data.root", "trainer.capture",
-               "trainer.grad_sync")
+               "trainer.grad_sync", "model.label")
 
 
 def _flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -110,7 +110,8 @@ def _flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def run_dir_of(cfg: Mapping[str, Any]) -> Path:
     """The run folder: ``run_dir`` if set, else ``output_root/RECIPE/MODEL-SIZE-seedN`` (MODEL is
-    ``model.label`` when set, e.g. ``vit-5``, else ``model.name``)."""
+    ``model.label`` when set, e.g. ``vit-5``, or ``gno_fno_soft`` where the chosen config extends
+    another, else ``model.name``)."""
     if cfg.get("run_dir"):
         return Path(cfg["run_dir"])
     label = cfg["model"].get("label") or cfg["model"]["name"]
