@@ -94,3 +94,16 @@ def test_ctrl_c_during_training_is_one_line_with_the_way_to_resume(tmp_path):
     assert err.strip().splitlines()[-1] == ("interrupted: the last checkpoint is kept; run the same command with "
                                             "resume=auto to continue")
     assert "Traceback" not in err
+
+
+def test_a_redirected_log_has_no_progress_bars(tmp_path):
+    """With the output going to a file (not a terminal) the progress bars of the generation and
+    of the epochs stay off, even with ``trainer.progress=true``: a log is not filled with their
+    updates. The epoch's own line is still written."""
+    env = {**os.environ, "GNO_EXT_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, str(RECIPES / "train.py"), "size=smoke", f"output_root={tmp_path}",
+                           "trainer.progress=true", "trainer.epochs=1", "eval.enabled=false"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "epoch 1: loss" in proc.stdout
+    assert "it/s]" not in proc.stderr and "traj/s]" not in proc.stderr and "\r" not in proc.stderr

@@ -164,7 +164,8 @@ def _generate(preset: Preset, size: str, root: Path, device: str, batch_size: in
     manifest.setdefault("files", {})
     todo = [(split, fname, trajs) for split in splits for fname, trajs in shards(preset, size, split, shard_size)]
     total = sum(len(t) for _, _, t in todo)
-    bar = tqdm(total=total, desc=f"{preset.name} ({size})", unit="traj", disable=not progress)
+    # disable=None: no bar where the output is not a terminal (a redirected log fills with its updates)
+    bar = tqdm(total=total, desc=f"{preset.name} ({size})", unit="traj", disable=True if not progress else None)
     times = torch.arange(preset.frames[size], dtype=torch.float64) * preset.frame_dt
     grid = Grid((preset.resolution[size],) * preset.ndim)
     for split, fname, trajs in todo:
