@@ -49,15 +49,16 @@ def _scale(n: int, norm: str, inverse: bool) -> float:
     return 1 / n if (norm == "forward") != inverse else 1.0
 
 
-def _cos_sin(n: int, frequencies: Sequence[int], like: Tensor) -> tuple[Tensor, Tensor]:
-    """``cos`` and ``sin`` of ``2 pi k n / N``, shape ``(N, m)``, on ``like``'s device, float64
-    for a float64 ``like`` and float32 otherwise (autocast lowers the products where it is on);
-    the product ``k n`` is reduced modulo ``N`` in integers first, so that the angle is exact
-    to the type's precision."""
+def _cos_sin(n: int, kept: int, last: bool, like: Tensor) -> tuple[Tensor, Tensor]:
+    """``cos`` and ``sin`` of ``2 pi k n / N`` for the ``kept`` frequencies ``k`` of an axis
+    (`kept_frequencies`), shape ``(N, kept)``, on ``like``'s device, float64 for a float64
+    ``like`` and float32 otherwise (autocast lowers the products where it is on). The product
+    ``k n`` is reduced modulo ``N`` in integers first, so that the angle is exact to the type's
+    precision. Made by device operations alone (no copy from the host), which a CUDA graph can
+    capture."""
     dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
-    grid = torch.arange(n, device=like.device)
-    k = torch.tensor(list(frequencies), device=like.device)
-    angle = (torch.outer(grid, k) % n).to(dtype) * (2 * math.pi / n)
+    k = torch.arange(kept, device=like.device) - (0 if last else kept // 2)
+    angle = (torch.outer(torch.arange(n, device=like.device), k) % n).to(dtype) * (2 * math.pi / n)
     return torch.cos(angle), torch.sin(angle)
 
 
@@ -75,12 +76,12 @@ def to_modes(x: Tensor, kept: Sequence[int], norm: str = "forward") -> Tensor:
     sizes = x.shape[2:]
     _check_kept(sizes, kept)
     n, m = sizes[-1], kept[-1]
-    cos, sin = _cos_sin(n, kept_frequencies(m, True), x)
+    cos, sin = _cos_sin(n, m, True, x)
     both = x @ (torch.cat([cos, -sin], 1) * _scale(n, norm, inverse=False))  # e^{-i theta} = cos - i sin
     re, im = both[..., :m], both[..., m:]
     for d in range(len(sizes) - 2, -1, -1):  # the other axes, complex to complex
         n, m = sizes[d], kept[d]
-        cos, sin = _cos_sin(n, kept_frequencies(m, False), x)
+        cos, sin = _cos_sin(n, m, False, x)
         s = _scale(n, norm, inverse=False)
         cos, sin, axis = cos * s, sin * s, 2 + d
         # (re + i im)(cos - i sin) = (re cos + im sin) + i (im cos - re sin)
@@ -98,13 +99,13 @@ def from_modes(modes: Tensor, sizes: Sequence[int], norm: str = "forward") -> Te
     re, im = modes[..., 0], modes[..., 1]
     for d in range(order - 1):  # complex to complex along the other axes: e^{+i theta}
         n, m = sizes[d], kept[d]
-        cos, sin = _cos_sin(n, kept_frequencies(m, False), modes)
+        cos, sin = _cos_sin(n, m, False, modes)
         s = _scale(n, norm, inverse=True)
         cos, sin = cos.T * s, sin.T * s  # (m, n)
         axis = 2 + d
         re, im = _along(re, axis, cos) - _along(im, axis, sin), _along(re, axis, sin) + _along(im, axis, cos)
     n, m = sizes[-1], kept[-1]
-    cos, sin = _cos_sin(n, kept_frequencies(m, True), modes)
+    cos, sin = _cos_sin(n, m, True, modes)
     twice = torch.full((m,), 2.0, device=modes.device, dtype=cos.dtype)
     twice[0] = 1.0
     if n % 2 == 0 and m == n // 2 + 1:  # the Nyquist frequency is its own conjugate
