@@ -69,8 +69,8 @@ class FullPrecisionSpectralConv(SpectralConv):
     def forward(self, x: Tensor, output_shape: Any = None) -> Tensor:
         if takes_dft(self, x, output_shape):
             weights = torch.view_as_real(self.weight.to_tensor())[(slice(None),) * 2 + kept_slices(self, x)]
-            y = from_kept(self, contract_in_float32(to_modes(x, weights.shape[2:-1], self.fft_norm), weights[None])[:, 0],
-                          x.shape[2:])
+            modes = to_modes(x, weights.shape[2:-1], self.fft_norm)
+            y = from_kept(self, contract_in_float32(modes, weights[None])[:, 0], x.shape[2:])
             return y if self.bias is None else y + self.bias
         if self.fno_block_precision == "full" and x.dtype in (torch.bfloat16, torch.float16):
             x = x.float()

@@ -361,8 +361,8 @@ class EpochLoop:
         dro = self.curriculum.uses_dro(epoch)
         self.sampler.set_epoch(epoch, start)
         n_batches = len(self.sampler)
-        bar = tqdm(total=n_batches, desc=f"epoch {epoch + 1}/{tr.epochs} ({'DRO' if dro else 'MSE'})",
-                   disable=True if not (self.main and tr.progress) else None, leave=False)  # None: off when not a terminal
+        bar = tqdm(total=n_batches, desc=f"epoch {epoch + 1}/{tr.epochs} ({'DRO' if dro else 'MSE'})",  # (None: off
+                   disable=True if not (self.main and tr.progress) else None, leave=False)  # when not a terminal)
         batch_index = self.sampler.start
         loss_value = float("nan")
         weights = [0.0, 0.0, 0]  # the DRO group weights of the epoch's batches: largest, smallest summed; batches

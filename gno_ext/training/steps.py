@@ -58,9 +58,9 @@ def make_objective(model: nn.Module, raw: nn.Module, autocast: Callable[[], Any]
                    problem: Problem | None = None, temperature: str = "relative") -> Objective:
     """The training objective: the per-sample MSE of the next frame on fields divided by
     ``scale``, reduced to the plain mean or the group-DRO loss over ``n_groups`` groups
-    (`global_objective`, ``tau`` read as ``temperature`` says), plus the load-balance terms of the gates and routers that ran
-    (`gno_ext.layers.balance_losses`) and a physics-informed model's residual (``raw``'s
-    ``physics_loss``), where their weights are set. ``problem`` (default: grids) runs the model
+    (`global_objective`, ``tau`` read as ``temperature`` says), plus the load-balance terms of the
+    gates and routers that ran (`gno_ext.layers.balance_losses`) and a physics-informed model's
+    residual (``raw``'s ``physics_loss``), where their weights are set. ``problem`` (default: grids) runs the model
     on a batch and reduces the error per sample (`gno_ext.training.problem`)."""
     if physics_weight and not hasattr(raw, "physics_loss"):
         raise ValueError(f"model.physics_weight={physics_weight}: {type(raw).__name__} has no physics residual "
