@@ -259,6 +259,7 @@ def result_from_run(run: Run, cfg: dict[str, Any], report: dict[str, Any], run_d
         "paper_nmse": run.paper_nmse, "groups": report.get("groups", []),
         "dro": {k: cfg["trainer"]["dro"][k] for k in ("tau", "temperature")},
         "train_s": _model_extra(run_dir / "model").get("train_s"),
+        "nmse_readings": report.get("readings"), "per_trajectory": report.get("per_trajectory"),
         "at_epochs": tested_epochs(run_dir / "metrics.jsonl"),
     }
 
@@ -496,7 +497,11 @@ How the GNO compares with the baselines, table by table as in the paper: the nor
 the 10-step autoregressive rollout (50 for Navier-Stokes) on the test split, $\\|\\hat u - u\\|^2 /
 \\|u - \\bar u\\|^2$ per trajectory, averaged over trajectories (± the standard deviation over
 seeds where there are several), beside the paper's value for the same cell (the `trl` table, as
-the paper, reports the plain MSE in the data's units). Every model of a
+the paper, reports the plain MSE in the data's units). The paper does not say how it pools the
+variance; result files written since the other readings were recorded also keep the pooled nMSE
+(summed errors over summed variances of the split), the per-step one (each frame's own
+variance) and the per-channel one (`nmse_readings`), and each trajectory's value with its
+parameters and boundary configuration (`per_trajectory`), so a cell can be re-read. Every model of a
 table is trained on the same data with the same epochs, batch size, optimizer settings and
 seeds; the budget is stated under each table. The rows `fno` (neuraloperator's FNO with the
 same inputs as channels), `gated_fno`, `gno_fno` (the GNO's gate and boundary operator on that

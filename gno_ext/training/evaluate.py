@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from gno_ext.losses import mse_per_sample, nmse, relative_l2
@@ -78,7 +78,8 @@ def evaluate_rollouts(model: nn.Module, dataset: Dataset, indices: list[int], st
     -------
     dict
         ``nmse``, ``rel_l2``, ``mse`` (per trajectory, numpy; ``mse`` in the data's units, the mean
-        over steps, channels and points), ``per_step`` and ``per_step_persistence``
+        over steps, channels and points), ``error_sum``, ``variance_sum`` and ``nmse_per_channel``
+        (per trajectory, for the other readings of the nMSE, `readings`), ``per_step`` and ``per_step_persistence``
         (trajectories x steps), ``theta``, ``group``, ``boundary`` (each trajectory's boundary
         types, a list of names), ``examples`` and ``steps``.
     """
@@ -94,10 +95,12 @@ def evaluate_rollouts(model: nn.Module, dataset: Dataset, indices: list[int], st
             yield batch, pred, batch.u_out[:, :steps].float()
 
     out: dict[str, list] = {"nmse": [], "rel_l2": [], "mse": [], "per_step": [], "per_step_persistence": [],
-                            "theta": [], "group": []}
+                            "theta": [], "group": [], "error_sum": [], "variance_sum": [], "nmse_per_channel": []}
     for batch, pred, truth in roll(indices):
         still = batch.u_in[:, -1:].float().expand_as(truth)  # persistence: the input frame copied forward
         out["nmse"].append(nmse(pred, truth).cpu())
+        for key, value in _readings(pred, truth).items():
+            out[key].append(value.cpu())
         out["rel_l2"].append(relative_l2(pred, truth).cpu())
         out["mse"].append(mse_per_sample(pred, truth).cpu())
         out["per_step"].append(torch.stack([nmse(pred[:, k], truth[:, k]) for k in range(steps)], 1).cpu())
@@ -123,8 +126,39 @@ def evaluate_rollouts(model: nn.Module, dataset: Dataset, indices: list[int], st
     return result
 
 
+def _readings(pred: Tensor, truth: Tensor) -> dict[str, Tensor]:
+    """What other readings of the nMSE need, per trajectory of a rollout ``(B, T, C, *S)``: the
+    squared error and the squared deviation from the trajectory's mean, summed over the rollout
+    (their sums over the split give the pooled nMSE), and the nMSE of each channel on its own
+    variance, averaged over the channels."""
+    centred = truth - truth.flatten(1).mean(1).view(-1, *[1] * (truth.ndim - 1))
+    error = (pred - truth).pow(2)
+    channels = error.transpose(1, 2).flatten(2).sum(2)  # (B, C)
+    spread = truth.transpose(1, 2).flatten(2)
+    spread = (spread - spread.mean(2, keepdim=True)).pow(2).sum(2)
+    return {"error_sum": error.flatten(1).sum(1), "variance_sum": centred.pow(2).flatten(1).sum(1),
+            "nmse_per_channel": (channels / spread.clamp_min(1e-12)).mean(1)}
+
+
+def readings(result: Mapping[str, Any]) -> dict[str, float]:
+    """The nMSE of `evaluate_rollouts`'s result read four ways (the paper does not say which it
+    uses): ``per_trajectory``, each trajectory's error over its own variance about its mean,
+    averaged (the tables' reading); ``pooled``, the split's summed squared error over its summed
+    variances; ``per_step``, each step's error over that frame's own variance, averaged over
+    steps and trajectories; ``per_channel``, each channel's error over its own variance,
+    averaged over channels and trajectories (for one channel the first reading)."""
+    out = {"per_trajectory": float(result["nmse"].mean())}
+    if "error_sum" in result:
+        out["pooled"] = float(result["error_sum"].sum() / max(float(result["variance_sum"].sum()), 1e-12))
+        out["per_channel"] = float(result["nmse_per_channel"].mean())
+    out["per_step"] = float(result["per_step"].mean())
+    return out
+
+
 def summarize(result: Mapping[str, Any], binner: GroupBinner) -> dict[str, Any]:
-    """Mean, std and worst group of the metrics of `evaluate_rollouts`."""
+    """Mean, std and worst group of the metrics of `evaluate_rollouts`, the other readings of
+    the nMSE (`readings`) and each trajectory's nMSE with its parameters and boundary
+    configuration (so that a cell can be re-read by any grouping)."""
     e, groups = result["nmse"], result["group"]
     per_group = []
     for g in np.unique(groups):
@@ -146,6 +180,11 @@ def summarize(result: Mapping[str, Any], binner: GroupBinner) -> dict[str, Any]:
         if "per_step_persistence" in result else [],
         "groups": per_group,
         "boundaries": per_boundary,
+        "readings": readings(result),
+        # columns, one entry per trajectory (5 significant digits)
+        "per_trajectory": {"nmse": [float(f"{v:.5g}") for v in e],
+                           "theta": [[float(f"{t:.5g}") for t in theta] for theta in result["theta"]],
+                           "boundary": list(result["boundary"])},
     }
 
 
@@ -270,6 +309,8 @@ def _figures(result: Mapping[str, Any], out: Path, log_theta: bool, parameter: s
 
 
 PRECISION_NAMES = {"no": "float32", "bf16": "bf16 autocast", "fp16": "fp16 autocast"}
+READINGS = {"per_trajectory": "per trajectory, averaged", "pooled": "pooled over the split",
+            "per_step": "per step on each frame's variance", "per_channel": "per channel on its own variance"}
 
 
 def write_report(result: Mapping[str, Any], binner: GroupBinner, out_dir: str | Path,
@@ -304,6 +345,9 @@ def write_report(result: Mapping[str, Any], binner: GroupBinner, out_dir: str | 
         lines += ["", "| boundary configuration | trajectories | nMSE | rel. L2 |", "|---|---|---|---|"]
         lines += [f"| {b['boundary']} | {b['n']} | {b['nmse_mean']:.4e} | {b['rel_l2_mean']:.4e} |"
                   for b in summary["boundaries"]]
+    reading = summary["readings"]
+    lines += ["", "The same errors read other ways (the tables use the first): "
+              + "; ".join(f"{READINGS[k]} {v:.4e}" for k, v in reading.items()) + "."]
     lines += ["", "Per-step nMSE: " + ", ".join(f"{x:.3e}" for x in summary["per_step_nmse"]), ""]
     if summary["per_step_nmse_persistence"]:
         lines += ["Persistence (the input frame copied forward): "

@@ -164,3 +164,37 @@ def test_the_rollout_mse_is_in_the_data_units(tmp_path):
                                keep_examples=0)
     np.testing.assert_allclose(scaled["mse"], 100 * np.asarray(want), rtol=1e-4)
     np.testing.assert_allclose(scaled["nmse"], result["nmse"], rtol=1e-4)
+
+
+def test_the_nmse_is_kept_in_every_reading_with_each_trajectorys_value(tmp_path):
+    """Besides the per-trajectory nMSE the report holds the pooled one (summed errors over summed
+    variances), the per-step one (each frame's own variance) and the per-channel one (each
+    channel's own variance), computed here by hand on a two-channel field whose channels differ
+    in scale, and each trajectory's nMSE with its parameter and boundary configuration."""
+    g = torch.Generator().manual_seed(2)
+    u = torch.randn(3, 4, 2, 6, 6, generator=g)
+    u[:, :, 1] *= 10  # a channel of larger variance: the readings differ
+    u = u.numpy()
+    theta = np.array([[0.0], [0.5], [0.2]], np.float32)
+    ds = ArrayDataset(u, theta=theta, n_steps_output=3)
+    binner = GroupBinner(torch.as_tensor(theta), np.zeros((3, 4), np.int64), 2, [False])
+    result = evaluate_rollouts(Scale(), ds, [0, 1, 2], 3, binner, keep_examples=0)
+    pred = np.stack([np.stack([u[i, 0] * (1 + theta[i, 0]) ** k for k in (1, 2, 3)]) for i in range(3)])
+    truth = u[:, 1:4]
+    err, var = (pred - truth) ** 2, (truth - truth.mean(axis=(1, 2, 3, 4), keepdims=True)) ** 2
+    per_trajectory = err.sum(axis=(1, 2, 3, 4)) / var.sum(axis=(1, 2, 3, 4))
+    step_var = (truth - truth.mean(axis=(2, 3, 4), keepdims=True)) ** 2
+    per_step = (err.sum(axis=(2, 3, 4)) / step_var.sum(axis=(2, 3, 4))).mean()
+    channel_var = (truth - truth.mean(axis=(1, 3, 4), keepdims=True)) ** 2
+    per_channel = (err.sum(axis=(1, 3, 4)) / channel_var.sum(axis=(1, 3, 4))).mean()
+    summary = write_report(result, binner, tmp_path, parameter="alpha", figures=False)
+    read = summary["readings"]
+    assert read["per_trajectory"] == pytest.approx(per_trajectory.mean(), rel=1e-5)
+    assert read["pooled"] == pytest.approx(err.sum() / var.sum(), rel=1e-5)
+    assert read["per_step"] == pytest.approx(per_step, rel=1e-5)
+    assert read["per_channel"] == pytest.approx(per_channel, rel=1e-5)
+    assert len({round(v, 4) for v in read.values()}) == 4  # four different numbers here
+    rows = summary["per_trajectory"]
+    assert rows["nmse"] == pytest.approx(per_trajectory, rel=1e-4) and rows["theta"] == [[0.0], [0.5], [0.2]]
+    assert len(rows["boundary"]) == 3
+    assert "pooled over the split" in (tmp_path / "report.md").read_text()
