@@ -49,6 +49,7 @@ def protocol(preset: Preset, size: str) -> dict[str, Any]:
                          "trajectories_sha256": _digest(trajectories)}
     return {"version": PROTOCOL_VERSION, "preset": preset.name, "size": size, "family": preset.family,
             "ndim": preset.ndim, "parameter": preset.parameter, "resolution": preset.resolution[size],
+            **({"extent": preset.extent} if preset.extent != 1 else {}),  # (the unit box's datasets stay valid)
             "frames": preset.frames[size], "frame_dt": preset.frame_dt,
             "value_ranges": preset.value_ranges, "test_value_ranges": preset.test_value_ranges,
             "solver": {"family": SOLVER_SETTINGS.get(preset.family, {}),

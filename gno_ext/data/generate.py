@@ -35,7 +35,7 @@ from gno_ext.data.fingerprint import check_protocol, fingerprint, protocol, prot
 from gno_ext.data.presets import SPLITS, Preset, Trajectory, get_preset
 from gno_ext.data.simulate import simulate
 from gno_ext.data.writer import write_well_file
-from gno_ext.schema import BoundarySpec, Grid
+from gno_ext.schema import BoundarySpec
 
 __all__ = ["generate", "dataset_info", "shards"]
 
@@ -167,7 +167,7 @@ def _generate(preset: Preset, size: str, root: Path, device: str, batch_size: in
     # disable=None: no bar where the output is not a terminal (a redirected log fills with its updates)
     bar = tqdm(total=total, desc=f"{preset.name} ({size})", unit="traj", disable=True if not progress else None)
     times = torch.arange(preset.frames[size], dtype=torch.float64) * preset.frame_dt
-    grid = Grid((preset.resolution[size],) * preset.ndim)
+    grid = preset.grid(size)
     for split, fname, trajs in todo:
         folder = root / "data" / split
         folder.mkdir(parents=True, exist_ok=True)

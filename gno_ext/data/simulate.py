@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from gno_ext.data.presets import Preset, Trajectory
-from gno_ext.schema import BCType, BoundarySpec, Grid
+from gno_ext.schema import BCType, BoundarySpec
 from gno_ext.solvers import (gaussian_random_field, random_velocity, solve_advection, solve_burgers, solve_heat,
                              solve_navier_stokes)
 from gno_ext.solvers.advection import CLOSURE_DEGREE
@@ -18,7 +18,8 @@ from gno_ext.solvers.advection import CLOSURE_DEGREE
 __all__ = ["Simulated", "simulate", "velocity_fields", "KIND_OF", "ROBIN_COEFFS", "SOLVER_SETTINGS"]
 
 # Everything besides the preset that fixes a trajectory: part of every dataset's fingerprint
-# (`gno_ext.data.fingerprint`), so a change here makes cached datasets stale.
+# (`gno_ext.data.fingerprint`), so a change here makes cached datasets stale. Lengths are in
+# units of the box's side (a preset's `extent`).
 SOLVER_SETTINGS = {
     "heat": {"initial_length_scale": 0.2, "time": "exact; etd2 with time-dependent data"},
     "advection": {"initial_length_scale": 0.2, "velocity_length_scale": 0.5, "velocity_rms": 1.0,
@@ -81,9 +82,10 @@ def velocity_fields(preset: Preset, trajs: Sequence[Trajectory], size: str, devi
     if any(t.field_seed is None for t in trajs):
         raise ValueError(f"{preset.name}: its trajectories have no velocity field")
     settings = SOLVER_SETTINGS["advection"]
-    grid = Grid((preset.resolution[size],) * preset.ndim)
+    grid = preset.grid(size)
     periodic = trajs[0].boundary == "periodic"
-    field = random_velocity(grid, [t.field_seed for t in trajs], length_scale=settings["velocity_length_scale"],
+    field = random_velocity(grid, [t.field_seed for t in trajs],
+                            length_scale=settings["velocity_length_scale"] * preset.extent,
                             speed=settings["velocity_rms"], periodic=periodic, device=device)
     speed = torch.tensor([t.theta for t in trajs], dtype=field.dtype, device=field.device)
     return field * speed.view(-1, *([1] * (grid.ndim + 1)))
@@ -96,8 +98,7 @@ def simulate(preset: Preset, trajs: Sequence[Trajectory], size: str, device: str
     """
     if len({t.boundary for t in trajs}) != 1:
         raise ValueError("simulate: a batch must share one boundary type")
-    n_cells = preset.resolution[size]
-    grid = Grid((n_cells,) * preset.ndim)
+    grid = preset.grid(size)
     times = torch.arange(preset.frames[size], dtype=torch.float64) * preset.frame_dt
     seeds = [t.seed for t in trajs]
     theta = torch.tensor([t.theta for t in trajs], dtype=torch.float64)
@@ -106,26 +107,23 @@ def simulate(preset: Preset, trajs: Sequence[Trajectory], size: str, device: str
     bc_dev = BoundarySpec(bc.kind, bc.values[:, :, :1], bc.coeffs).to(device)
     field = None
     settings = SOLVER_SETTINGS.get(preset.family, {})
+    length = settings.get("initial_length_scale", 0.0) * preset.extent  # the initial fields' correlation length
     if preset.family == "heat":
-        u0 = gaussian_random_field(grid, seeds, length_scale=settings["initial_length_scale"], periodic=periodic,
-                                   device=device)
+        u0 = gaussian_random_field(grid, seeds, length_scale=length, periodic=periodic, device=device)
         u = solve_heat(u0, theta.float().to(device), bc_dev, times, grid=grid, boundary_fn=boundary_fn)
         names = ["u"]
     elif preset.family == "advection":
         field = velocity_fields(preset, trajs, size, device)
-        u0 = gaussian_random_field(grid, seeds, length_scale=settings["initial_length_scale"], periodic=periodic,
-                                   device=device)
+        u0 = gaussian_random_field(grid, seeds, length_scale=length, periodic=periodic, device=device)
         u = solve_advection(u0, field, bc_dev, times, grid=grid, boundary_fn=boundary_fn, scheme=settings["scheme"],
                             cfl=settings["cfl"], compile=device.startswith("cuda"))
         names = ["u"]
     elif preset.family == "burgers":
-        u0 = gaussian_random_field(grid, seeds, channels=2, length_scale=settings["initial_length_scale"],
-                                   device=device)
+        u0 = gaussian_random_field(grid, seeds, channels=2, length_scale=length, device=device)
         u = solve_burgers(u0, theta.float().to(device), times, grid=grid, compile=device.startswith("cuda"))
         names = ["velocity_x", "velocity_y"]
     elif preset.family == "ns":
-        w0 = gaussian_random_field(grid, seeds, length_scale=settings["initial_length_scale"],
-                                   sigma=settings["initial_sigma"], device=device)
+        w0 = gaussian_random_field(grid, seeds, length_scale=length, sigma=settings["initial_sigma"], device=device)
         u = solve_navier_stokes(w0, (1.0 / theta).float().to(device), times, grid=grid, output="velocity")
         names = ["velocity_x", "velocity_y"]
     else:
