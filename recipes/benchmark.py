@@ -260,8 +260,23 @@ def result_from_run(run: Run, cfg: dict[str, Any], report: dict[str, Any], run_d
         "dro": {k: cfg["trainer"]["dro"][k] for k in ("tau", "temperature")},
         "train_s": _model_extra(run_dir / "model").get("train_s"),
         "nmse_readings": report.get("readings"), "per_trajectory": report.get("per_trajectory"),
+        "dro_weights": dro_weights(run_dir / "metrics.jsonl"),
         "at_epochs": tested_epochs(run_dir / "metrics.jsonl"),
     }
+
+
+def dro_weights(metrics: Path) -> list[dict[str, Any]]:
+    """The group weights of a run's DRO epochs, from its ``metrics.jsonl``: per epoch the largest
+    and smallest group weight in the gradient in units of the plain mean's (batch averages; the
+    last row of an epoch that a resumption repeated)."""
+    rows: dict[int, dict[str, Any]] = {}
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            row = json.loads(line)
+            if "train/dro_weight_max" in row:
+                rows[int(row["epoch"])] = {"epoch": int(row["epoch"]), "max": row["train/dro_weight_max"],
+                                           "min": row["train/dro_weight_min"]}
+    return [rows[e] for e in sorted(rows)]
 
 
 def tested_epochs(metrics: Path) -> list[dict[str, Any]]:

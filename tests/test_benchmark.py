@@ -396,6 +396,9 @@ def test_tables_show_the_worst_group_and_the_error_against_training_time(tmp_pat
             {"step": 30, "epoch": 30, "test/nmse_mean": 0.2, "test/nmse_worst_group": 0.5, "test/rel_l2_mean": 0.2,
              "train_s": 360.0}]
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    metrics.write_text(metrics.read_text() + json.dumps({"step": 40, "epoch": 8, "train/dro_weight_max": 4.5,
+                                                         "train/dro_weight_min": 0.13}) + "\n")
+    assert bench.dro_weights(metrics) == [{"epoch": 8, "max": 4.5, "min": 0.13}]
     at = bench.tested_epochs(metrics)
     assert [(a["epoch"], a["nmse_mean"], a["train_s"]) for a in at] == [(10, 0.4, 120.0), (30, 0.2, 360.0)]
     assert bench.tested_epochs(tmp_path / "absent.jsonl") == []
@@ -516,3 +519,19 @@ def test_a_table_of_the_mse_shows_and_ranks_the_mse(tmp_path):
                                                     "rows": {"gno": {}}}}}))
     with pytest.raises(ValueError, match=r"table t: metric 'mae', not one of \['mse', 'nmse'\]"):
         bench.load_tables(bad)
+
+
+def test_the_dro_notes_quote_their_result_files():
+    """The figures the dro table's notes give are the result files' (rounded as written)."""
+    notes = " ".join((bench.RESULTS.parent / "notes" / "dro.md").read_text().split())
+    folder = bench.RESULTS / "dro" / "heat-joint"
+    dro, erm, paper = (json.loads((folder / f"{row}-seed0.json").read_text())
+                       for row in ("gno_fno_soft", "gno_fno_soft_erm", "gno_fno_soft_absolute"))
+    worst = [r["nmse_worst_group"]["nmse_mean"] for r in (erm, dro)]
+    assert f"fell from {worst[0]:.3f} to {worst[1]:.3f} ({1 - worst[1] / worst[0]:.0%})" in notes
+    assert f"the mean from {erm['nmse_mean']:.4f} to {dro['nmse_mean']:.4f} ({1 - dro['nmse_mean'] / erm['nmse_mean']:.0%})" in notes
+    better = sum(a["nmse_mean"] < b["nmse_mean"] for a, b in zip(dro["groups"], erm["groups"]))
+    assert f"in {better} of the {len(dro['groups'])} groups" in notes
+    assert f"scored {paper['nmse_worst_group']['nmse_mean']:.3f} and {paper['nmse_mean']:.4f}" in notes
+    low, high = min(w["min"] for w in dro["dro_weights"]), max(w["max"] for w in dro["dro_weights"])
+    assert f"from {low:.2f} to {high:.1f} times" in notes

@@ -395,7 +395,8 @@ class EpochLoop:
         bar.close()
         values, said = {}, f"epoch {epoch + 1}: loss {loss_value:.4e}"
         if weights[2]:  # DRO acting: how far the groups' weights in the gradient spread (1 = the plain mean)
-            values = {"train/dro_weight_max": weights[0] / weights[2], "train/dro_weight_min": weights[1] / weights[2]}
+            values = {"epoch": epoch + 1, "train/dro_weight_max": weights[0] / weights[2],
+                      "train/dro_weight_min": weights[1] / weights[2]}
             said += (f", DRO group weights {values['train/dro_weight_min']:.3g} to "
                      f"{values['train/dro_weight_max']:.3g} of the mean's (batch average)")
         if self.valid_ds is not None and (epoch + 1) % tr.val_every == 0:

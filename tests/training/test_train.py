@@ -34,7 +34,7 @@ def test_heat_param_smoke_end_to_end(train_module, tmp_path):
     assert any("valid/nmse_one_step" in r for r in rows)
     # the DRO epoch (the second) logs how its groups were weighed: the worst above the mean's weight
     weighed = [r for r in rows if "train/dro_weight_max" in r]
-    assert len(weighed) == 1 and weighed[0]["step"] == 8
+    assert len(weighed) == 1 and weighed[0]["step"] == 8 and weighed[0]["epoch"] == 2
     assert weighed[0]["train/dro_weight_max"] > 1 > weighed[0]["train/dro_weight_min"] > 0
     assert all(0 <= r["train/data_wait"] <= 1 for r in train_rows)
     assert list((run / "tb").rglob("events.out.tfevents*")), "no TensorBoard log"
