@@ -352,12 +352,16 @@ def write_report(result: Mapping[str, Any], binner: GroupBinner, out_dir: str | 
     if summary["per_step_nmse_persistence"]:
         lines += ["Persistence (the input frame copied forward): "
                   + ", ".join(f"{x:.3e}" for x in summary["per_step_nmse_persistence"]), ""]
-    lines += ["Each rollout starts from a trajectory's initial condition, so its first step is the one-step "
-              "prediction from frame 0. Training and the one-step validation draw windows from every start "
-              "frame, and for decaying or smoothing dynamics (heat) the step from the rough initial "
-              "condition is much harder than the later ones: a first step well above the one-step "
-              "validation error is expected there, not a defect of the rollout. The rollouts shown are "
-              "those of the worst, the median and the best trajectory.", ""]
+    if summary.get("start_frame"):
+        lines += [f"Each rollout starts from frame {summary['start_frame']} of its trajectory (eval.start_frame). "
+                  "The rollouts shown are those of the worst, the median and the best trajectory.", ""]
+    else:
+        lines += ["Each rollout starts from a trajectory's initial condition, so its first step is the one-step "
+                  "prediction from frame 0. Training and the one-step validation draw windows from every start "
+                  "frame, and for decaying or smoothing dynamics (heat) the step from the rough initial "
+                  "condition is much harder than the later ones: a first step well above the one-step "
+                  "validation error is expected there, not a defect of the rollout. The rollouts shown are "
+                  "those of the worst, the median and the best trajectory.", ""]
     lines += [f"![{f}]({f})" for f in summary["figures"]]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     return summary
@@ -445,13 +449,18 @@ def evaluate_run(cfg: Mapping[str, Any], model: nn.Module, binner: GroupBinner, 
     t_in = int(data_cfg.get("n_steps_input", 1))
     steps = int(ev.get("steps", 10))
     split = ev.get("split", "test")
+    start = int(ev.get("start_frame", 0) or 0)
     longest = max(trajectory_lengths(open_split(data_cfg, split, t_in, 1, metadata_only=True)))
-    if steps > longest - t_in:
-        print(f"eval.steps={steps} but the {split} trajectories have {longest} frames: rolling out {longest - t_in}")
-        steps = longest - t_in
+    if steps > longest - t_in - start:
+        print(f"eval.steps={steps} but the {split} trajectories have {longest} frames"
+              f"{f' (the rollouts start at frame {start})' if start else ''}: rolling out {longest - t_in - start}")
+        steps = longest - t_in - start
+    if steps < 1:
+        raise ValueError(f"eval.start_frame={start}: the {split} trajectories have {longest} frames, {t_in} of them "
+                         "input: no step is left to roll out from there")
     ds = open_split(data_cfg, split, t_in, steps)
     binner = binner.covering(parameter_values(ds))  # held-out values outside the training range: groups of their own
-    indices = rollout_indices(ds)
+    indices = rollout_indices(ds, start)
     if ev.get("max_trajectories"):
         indices = [indices[i] for i in spread(len(indices), int(ev["max_trajectories"]))]
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
@@ -463,7 +472,7 @@ def evaluate_run(cfg: Mapping[str, Any], model: nn.Module, binner: GroupBinner, 
     result = rollouts(model, ds, indices, steps, binner, device, int(ev.get("batch_size", 16)), dtype,
                       keep_examples=int(ev.get("figures", 3)))
     info = {"recipe": cfg["recipe"]["name"], "model": cfg["model"]["name"], "size": cfg.get("size"), "split": split,
-            "precision": precision, **({"checkpoint": checkpoint} if checkpoint else {})}
+            "precision": precision, "start_frame": start, **({"checkpoint": checkpoint} if checkpoint else {})}
     log_theta = bool(binner.log and binner.log[0])
     return write_report(result, binner, out_dir, info, log_theta=log_theta, figures=int(ev.get("figures", 3)) > 0,
                         metrics=metrics)

@@ -490,23 +490,39 @@ class CurriculumBatchSampler:
         return len(self.global_batches(self.epoch)) - self.start
 
 
-def rollout_indices(ds: Dataset) -> list[int]:
-    """Indices of the windows that start at a trajectory's first frame (one rollout per
-    trajectory), in order."""
+def rollout_indices(ds: Dataset, start: int = 0) -> list[int]:
+    """Indices of the windows that start at frame ``start`` of a trajectory (one rollout per
+    trajectory, from its first frame by default), in order. A trajectory too short to hold a
+    window from ``start`` raises a `ValueError` that says how many windows it has."""
     if isinstance(ds, ConcatDataset):
         out, offset = [], 0
         for d in ds.datasets:
-            out += [offset + i for i in rollout_indices(d)]
+            out += [offset + i for i in rollout_indices(d, start)]
             offset += len(d)
         return out
     if hasattr(ds, "segment_kinds"):  # MeshDataset
-        return [t * ds.starts for t in range(ds.n_trajectories)]
+        _check_start(start, ds.starts)
+        return [t * ds.starts + start for t in range(ds.n_trajectories)]
     windows = getattr(ds, "windows", None)
     if windows is not None:
-        return [int(o) for o, n in zip(windows._offsets[:-1], windows._per) if n > 0]
+        per = [int(n) for n in windows._per if n > 0]
+        _check_start(start, min(per, default=0))
+        return [int(o) + start for o, n in zip(windows._offsets[:-1], windows._per) if n > 0]
     if hasattr(ds, "locate"):  # WellAdapter
-        return [i for i in range(len(ds)) if ds.locate(i)[2] == 0]
+        found = [i for i in range(len(ds)) if ds.locate(i)[2] == start]
+        if start and not found:
+            _check_start(start, 0)
+        return found
+    if start:
+        raise ValueError(f"eval.start_frame={start}: this dataset ({type(ds).__name__}) has one window per "
+                         "trajectory; only a start at frame 0 is possible")
     return list(range(len(ds)))
+
+
+def _check_start(start: int, windows: int) -> None:
+    if not 0 <= start < windows:
+        raise ValueError(f"eval.start_frame={start}: the shortest trajectory holds {windows} rollout window(s) "
+                         f"of this length (starts 0 to {windows - 1}); choose an earlier start or fewer eval.steps")
 
 
 def trajectory_lengths(ds: Dataset) -> list[int]:

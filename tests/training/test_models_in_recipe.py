@@ -83,3 +83,31 @@ def test_the_rollouts_first_step_is_the_one_step_prediction_from_frame_0(train_m
     first = float(nmse(pred, batch.u_out[:, :1]).mean())
     assert abs(result["report"]["per_step_nmse"][0] - first) < 1e-5 * first
     assert "first step is the one-step prediction from frame 0" in (run / "eval" / "report.md").read_text()
+
+
+def test_rollouts_can_start_from_a_later_frame(train_module, tmp_path):
+    """``eval.start_frame``: persistence rolled out from frame 2 scores the error of copying frame
+    2 forward (computed here from the trajectories themselves), with the rollout shortened to the
+    frames left; a start past the last window names the setting and what the data allow."""
+    import torch
+    import yaml
+
+    from gno_ext.adapters import GeneratedDataset
+    from gno_ext.losses import nmse
+    from gno_ext.training.evaluate import evaluate_saved
+    from gno_ext.training.recipe_data import rollout_indices
+
+    result = train_module.main(["--recipe", "heat-param", "size=smoke", "model=persistence", "eval.figures=0",
+                                "trainer.progress=false", "trainer.tensorboard=false", f"output_root={tmp_path}"])
+    run = Path(result["run_dir"])
+    report = evaluate_saved(run, overrides={"start_frame": 2, "figures": 0}, out_dir=tmp_path / "late", device="cpu")
+    assert report["start_frame"] == 2 and report["steps"] == 3  # smoke trajectories: 6 frames, 1 of them input
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    whole = GeneratedDataset(Path(cfg["data"]["root"]) / "datasets" / "heat-param", n_steps_output=5, split="test")
+    starts = [whole[i] for i in rollout_indices(whole)]
+    frames = [torch.cat([s.u_in, s.u_out]) for s in starts]  # each trajectory's 6 frames
+    errors = torch.cat([nmse(f[2:3].expand(3, *f.shape[1:])[None], f[3:6][None]) for f in frames])
+    assert report["nmse"]["mean"] == pytest.approx(float(errors.mean()), rel=1e-5)
+    assert "starts from frame 2" in (tmp_path / "late" / "report.md").read_text()
+    with pytest.raises(ValueError, match=r"eval.start_frame=5: the test trajectories have 6 frames, 1 of them input"):
+        evaluate_saved(run, overrides={"start_frame": 5}, out_dir=tmp_path / "later", device="cpu")
