@@ -76,6 +76,7 @@ from gno_ext.training.recipe_data import (
 from gno_ext.training.settings import Settings
 from gno_ext.training.setup import (
     Training,
+    compile_cache_dir,
     fresh_accelerate_state,
     resolve_grad_sync,
     set_lr_type,
@@ -94,7 +95,7 @@ __all__ = ["EpochLoop", "Progress", "run_dir_of", "test_epochs", "train"]
 # keys that may change between a run and its resumption
 RESUME_FREE = ("resume", "overwrite", "run_dir", "trainer.epochs", "trainer.max_steps", "trainer.progress",
                "trainer.num_workers", "eval", "trainer.checkpoint_every", "data.root", "trainer.capture",
-               "trainer.grad_sync", "model.label")
+               "trainer.grad_sync", "model.label", "trainer.compile_cache")
 
 
 def _flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -161,6 +162,8 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     settings = Settings.from_config(cfg)  # every setting checked before anything is generated or overwritten
     tr = settings.trainer
     test_epochs(cfg, tr.epochs)
+    if tr.compile:  # the cache setting checked before anything is generated
+        compile_cache_dir(tr.compile_cache, torch.device("cpu"))
     problem = problem_for(data_cfg)
     takes = getattr(model_class(cfg["model"]["name"]), "data_kind", "grid")
     if takes != problem.name:
@@ -347,7 +350,8 @@ class EpochLoop:
         with torch.cuda.stream(self.stream) if self.tr.capture else nullcontext():
             self.training.model.train()
             self._since_log, self._window_seen, self._data_wait = time.perf_counter(), 0, [0.0]
-            self._clock = time.perf_counter()
+            self._clock = self._started = time.perf_counter()
+            self._startup: set[str] = set()  # the startup times logged so far (`_log_startup`)
             first = progress.epoch
             for epoch in range(first, self.tr.epochs):
                 if progress.step >= self.total_steps:
@@ -427,11 +431,24 @@ class EpochLoop:
                 t.ema.update_parameters(t.raw)
             self.progress.step += 1
         self.steps.zero_grad()
+        if finite:
+            self._log_startup("first_step_s" if not self.steps.replayed else "first_captured_step_s")
         if finite and self.tr.capture and not self.steps.replayed:  # the optimizer's state exists: replay from now on
             clip = self.tr.clip_grad
             self.steps = CapturedSteps(t.flat, unwrap_optimizer(t.optimizer), self.objective, clip, self.stream,
                                        average=t.average)
         return finite, grad_norm
+
+    def _log_startup(self, name: str) -> None:
+        """Log, once per process, the seconds from the loop's start to the end of its first
+        optimizer step (``startup/first_step_s``: compilation included) and of its first step
+        replayed from CUDA graphs (``startup/first_captured_step_s``: the capture included)."""
+        if name in self._startup:
+            return
+        self._startup.add(name)
+        seconds = time.perf_counter() - self._started
+        self._log({f"startup/{name}": seconds})
+        self.say(f"{name.replace('_s', '').replace('_', ' ')} done {seconds:.1f} s after the loop started")
 
     def _log_training(self, loss_value: float, grad_norm: float, dro: bool) -> None:
         elapsed = max(time.perf_counter() - self._since_log, 1e-9)

@@ -98,6 +98,7 @@ class TrainerSettings:
     capture: bool = _flag(False)
     grad_sync: str = _choice("auto", "auto", "ddp", "flat")
     compile_options: Mapping[str, Any] = field(default_factory=lambda: {"combo_kernels": False})
+    compile_cache: str = "auto"  # auto | off | a folder (checked by gno_ext.training.setup.compile_cache_dir)
     dist_timeout_minutes: float = _number(120, "> 0")
     find_unused_parameters: bool | str = _choice("auto", "auto", True, False)
     tensorboard: bool = _flag(True)

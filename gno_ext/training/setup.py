@@ -9,6 +9,8 @@ several processes).
 from __future__ import annotations
 
 import math
+import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +24,7 @@ from gno_ext.layers.mixture import has_dispatch
 from gno_ext.training.flat import FlatParameters
 from gno_ext.training.settings import Settings
 
-__all__ = ["Training", "compile_model", "resolve_grad_sync", "set_up"]
+__all__ = ["Training", "compile_cache_dir", "compile_model", "resolve_grad_sync", "set_up", "use_compile_cache"]
 
 
 def compile_model(model: nn.Module, mode: bool | str = True, options: Mapping[str, Any] | None = None) -> nn.Module:
@@ -58,6 +60,49 @@ def compile_model(model: nn.Module, mode: bool | str = True, options: Mapping[st
     if unknown:
         raise ValueError(f"compile options: {unknown} are not inductor options (torch._inductor.config)")
     return torch.compile(model, options={**list_mode_options(name), **dict(options)})
+
+
+def compile_cache_dir(setting: str, device: torch.device) -> Path | None:
+    """Where ``torch.compile`` keeps its compiled graphs and kernels for later runs
+    (``trainer.compile_cache``), or None for ``off``.
+
+    ``auto``: ``$TORCHINDUCTOR_CACHE_DIR`` where it is set, else ``compile/torch-VERSION-DEVICE``
+    under the gno_ext cache folder (``$GNO_EXT_CACHE`` or ``~/.cache/gno_ext``): kept across
+    sessions, unlike inductor's default under ``/tmp``. A folder: that folder, also per torch
+    version and device (a shared folder on a cluster serves every node). Inductor keys each entry
+    by the graph, its shapes and the compiler settings, so a cache never stands in for another
+    model or shape; the folder's name keeps torch versions and devices apart as well."""
+    if setting == "off":
+        return None
+    slug = re.sub(r"[^A-Za-z0-9.]+", "_", torch.cuda.get_device_name(device) if device.type == "cuda" else device.type)
+    key = f"torch-{torch.__version__.split('+')[0]}-{slug}"
+    if setting == "auto":
+        if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+            return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        from gno_ext.training.recipe_data import default_cache
+
+        return default_cache() / "compile" / key
+    if not isinstance(setting, str) or not setting:
+        raise ValueError(f"trainer.compile_cache: expected auto, off or a folder, got {setting!r}")
+    folder = Path(setting).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"trainer.compile_cache={setting}: is a file, not a folder")
+    return folder / key
+
+
+def use_compile_cache(setting: str, device: torch.device) -> Path | None:
+    """Point ``torch.compile``'s caches (inductor's compiled graphs, AOT autograd's and Triton's
+    kernels) at `compile_cache_dir` before the first compilation, and turn them on; ``off``
+    turns them off for this process. Returns the folder."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    folder = compile_cache_dir(setting, device)
+    inductor_config.fx_graph_cache = functorch_config.enable_autograd_cache = folder is not None
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)  # read at every use; Triton's cache goes below it
+    return folder
 
 
 GRAD_SYNC = ("auto", "ddp", "flat")
@@ -118,6 +163,8 @@ def set_up(raw: nn.Module, settings: Settings, precision: str, use_cpu: bool, ru
     from accelerate.utils import DistributedDataParallelKwargs
 
     tr, opt = settings.trainer, settings.optimizer
+    if tr.compile:
+        use_compile_cache(tr.compile_cache, device)
     model = compile_model(raw, tr.compile, tr.compile_options) if tr.compile else raw  # the weights stay raw's
     find_unused = has_dispatch(raw) if tr.find_unused_parameters == "auto" else tr.find_unused_parameters
     accelerator = Accelerator(
