@@ -107,3 +107,27 @@ def test_a_redirected_log_has_no_progress_bars(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "epoch 1: loss" in proc.stdout
     assert "it/s]" not in proc.stderr and "traj/s]" not in proc.stderr and "\r" not in proc.stderr
+
+
+def test_gno_data_generates_where_the_recipes_read_and_says_so(tmp_path, monkeypatch, capsys):
+    """Without ``--out`` a dataset goes to the recipes' cache folder, and the command prints where
+    and the recipe line that trains on it; ``info`` takes a preset's name; a bad size of shard
+    or batch is refused before anything is written."""
+    monkeypatch.setenv("GNO_EXT_CACHE", str(tmp_path / "cache"))
+    assert gno_data(["generate", "heat-param", "--size", "smoke", "--device", "cpu"]) == 0
+    root = tmp_path / "cache" / "data" / "smoke" / "datasets" / "heat-param"
+    out = capsys.readouterr().out
+    assert f"written to {root}; train on it with: python recipes/train.py --recipe heat-param size=smoke" in out
+    from gno_ext.training.recipe_data import resolved_root
+
+    assert resolved_root({"kind": "generated", "preset": "heat-param", "size": "smoke"}) == str(root.parent.parent)
+    assert gno_data(["info", "heat-param", "--size", "smoke"]) == 0
+    assert "dataset heat-param: preset heat-param, size smoke, complete" in capsys.readouterr().out
+    assert gno_data(["info", "heat-bc", "--size", "smoke"]) == 2
+    assert "heat-bc at size smoke: not generated yet" in capsys.readouterr().err
+    for option in ("--shard-size", "--batch-size"):
+        with pytest.raises(SystemExit) as error:
+            gno_data(["generate", "heat-bc", "--size", "smoke", "--out", str(tmp_path / "bad"), option, "-2"])
+        assert error.value.code == 2
+        assert f"argument {option}: expected an integer of at least 1, got '-2'" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

@@ -1,9 +1,12 @@
 """``gno-data``: generate and inspect datasets.
 
     gno-data list
-    gno-data generate heat-param --size small --out data [--device cuda]
-    gno-data info data/datasets/heat-param
+    gno-data generate heat-param --size small [--out DIR] [--device cuda]
+    gno-data info heat-param --size small         (or a dataset's folder: gno-data info DIR/datasets/heat-param)
     gno-data grid-form ~/.cache/gno_ext/data/small/mesh/heat-square square.h5
+
+Without ``--out`` a dataset goes where the recipes look for it (``$GNO_EXT_CACHE/data/SIZE``,
+by default ``~/.cache/gno_ext/data/SIZE``), so ``recipes/train.py`` uses it as it is.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ import argparse
 import os
 import sys
 
-from gno_ext.data.generate import dataset_info, generate
+from pathlib import Path
+
+from gno_ext.data.generate import dataset_info, default_root, generate
 from gno_ext.data.presets import PRESETS, SIZES
 
 
@@ -35,13 +40,15 @@ def _main(argv: list[str] | None = None) -> int:
     gen = sub.add_parser("generate", help="generate (or resume generating) a preset")
     gen.add_argument("preset", choices=sorted(PRESETS))
     gen.add_argument("--size", default="small", choices=SIZES)
-    gen.add_argument("--out", default="data", help="base folder (will hold datasets/PRESET)")
+    gen.add_argument("--out", default=None, help="base folder, which will hold datasets/PRESET (default: where the "
+                                                  "recipes read it, $GNO_EXT_CACHE/data/SIZE)")
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    gen.add_argument("--batch-size", type=int, default=64)
-    gen.add_argument("--shard-size", type=int, default=256)
+    gen.add_argument("--batch-size", type=_positive("--batch-size"), default=64)
+    gen.add_argument("--shard-size", type=_positive("--shard-size"), default=256)
     gen.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="storage type of the fields")
     info = sub.add_parser("info", help="summarise a generated dataset")
-    info.add_argument("path")
+    info.add_argument("path", help="a dataset's folder, or a preset's name (looked up where the recipes keep it)")
+    info.add_argument("--size", default="small", choices=SIZES, help="with a preset's name: its size (default small)")
     grid = sub.add_parser("grid-form", help="write a square-domain mesh dataset as one grid file (custom recipe)")
     grid.add_argument("folder", help="the mesh dataset's folder (train.h5, valid.h5, test.h5 of the square)")
     grid.add_argument("out", help="the grid file to write (.h5)")
@@ -51,9 +58,13 @@ def _main(argv: list[str] | None = None) -> int:
             counts = ", ".join(f"{s}: {len(p.plan(s, 'train'))}" for s in SIZES)
             print(f"{name:22s} {p.family:10s} {p.ndim}-D, train trajectories ({counts})")
     elif args.command == "generate":
-        root = generate(args.preset, args.size, args.out, args.device, args.batch_size, args.shard_size,
+        out = args.out if args.out is not None else default_root(args.size)
+        root = generate(args.preset, args.size, out, args.device, args.batch_size, args.shard_size,
                         dtype=args.dtype)
         print(dataset_info(root))
+        where = "" if args.out is None else f" data.root={out}"
+        print(f"written to {root}; train on it with: python recipes/train.py --recipe {args.preset} size={args.size}{where}"
+              if args.preset in _recipes() else f"written to {root}")
     elif args.command == "grid-form":
         from gno_ext.data.mesh import grid_form
 
@@ -62,8 +73,34 @@ def _main(argv: list[str] | None = None) -> int:
               f"grid model on them with: python recipes/train.py --recipe custom data.root={args.out} "
               f"data.split_fractions=[{','.join(map(str, counts))}]")
     else:
-        print(dataset_info(args.path))
+        path = Path(args.path)
+        if not path.exists() and args.path in PRESETS:
+            path = default_root(args.size) / "datasets" / args.path
+            if not path.exists():
+                raise FileNotFoundError(f"{args.path} at size {args.size}: not generated yet (no {path}); "
+                                        f"gno-data generate {args.path} --size {args.size} makes it")
+        print(dataset_info(path))
     return 0
+
+
+def _positive(name: str):
+    """An argparse type for option ``name``: an integer of at least 1, else argparse's one-line
+    error, which names the option."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expected an integer of at least 1, got {text!r}")
+        return value
+    return parse
+
+
+def _recipes() -> set[str]:
+    """The recipes of a source checkout (``recipes/conf/recipe``), where there is one."""
+    folder = Path(__file__).resolve().parents[2] / "recipes" / "conf" / "recipe"
+    return {p.stem for p in folder.glob("*.yaml")}
 
 
 if __name__ == "__main__":

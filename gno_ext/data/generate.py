@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,7 +38,7 @@ from gno_ext.data.simulate import simulate
 from gno_ext.data.writer import write_well_file
 from gno_ext.schema import BoundarySpec
 
-__all__ = ["generate", "dataset_info", "shards"]
+__all__ = ["generate", "dataset_info", "default_cache", "default_root", "shards"]
 
 
 def _sha256(path: Path) -> str:
@@ -63,6 +64,18 @@ def shards(preset: Preset, size: str, split: str, shard_size: int) -> list[tuple
         for k in range(0, len(trajs), shard_size):
             out.append((f"{preset.name}_{kind}_{k // shard_size:04d}.hdf5", trajs[k : k + shard_size]))
     return out
+
+
+def default_cache() -> Path:
+    """Where generated datasets go unless told otherwise (the recipes' ``data.root`` unset,
+    ``gno-data generate`` without ``--out``): ``$GNO_EXT_CACHE`` or ``~/.cache/gno_ext``."""
+    return Path(os.environ.get("GNO_EXT_CACHE", Path.home() / ".cache" / "gno_ext"))
+
+
+def default_root(size: str) -> Path:
+    """The base folder of generated datasets of ``size`` that the recipes read and generate into
+    when ``data.root`` is unset: ``default_cache()/data/SIZE`` (it holds ``datasets/PRESET``)."""
+    return default_cache() / "data" / str(size)
 
 
 def generate(name: str, size: str = "small", out: str | Path = "data", device: str | None = None,

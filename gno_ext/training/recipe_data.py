@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import inspect
 import math
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import ConcatDataset, Dataset
 
+from gno_ext.data.generate import default_cache, default_root  # noqa: F401 (default_cache: part of this module's API)
 from gno_ext.losses import bin_parameters
 from gno_ext.schema import PDEBatch
 from gno_ext.training.settings import Settings
@@ -41,16 +41,10 @@ TRL_HELP = ("The Well's turbulent_radiative_layer_2D is not on this machine. Dow
             "and pass data.root=/path/to/the_well (the folder that holds datasets/).")
 
 
-def default_cache() -> Path:
-    """Where generated datasets go when ``data.root`` is not set: ``$GNO_EXT_CACHE`` or
-    ``~/.cache/gno_ext``."""
-    return Path(os.environ.get("GNO_EXT_CACHE", Path.home() / ".cache" / "gno_ext"))
-
-
 def _generated_root(cfg: Mapping[str, Any]) -> Path:
     if cfg.get("root"):
         return Path(cfg["root"])
-    return default_cache() / "data" / str(cfg["size"])
+    return default_root(cfg["size"])
 
 
 def prepare_data(cfg: Mapping[str, Any], progress: bool = True) -> None:

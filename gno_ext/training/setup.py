@@ -79,7 +79,7 @@ def compile_cache_dir(setting: str, device: torch.device) -> Path | None:
     if setting == "auto":
         if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
             return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-        from gno_ext.training.recipe_data import default_cache
+        from gno_ext.data.generate import default_cache
 
         return default_cache() / "compile" / key
     if not isinstance(setting, str) or not setting:
