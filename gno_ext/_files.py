@@ -1,13 +1,59 @@
-"""Whole-or-nothing file writes: a file is written under a temporary name beside its target and
-renamed onto it only when the write ends without an error, so a reader (or a resumed job) never
-sees a half-written dataset, manifest or result."""
+"""Whole-or-nothing file writes, and one writer at a time.
+
+A file is written under a temporary name beside its target and renamed onto it only when the
+write ends without an error, so a reader (or a resumed job) never sees a half-written dataset,
+manifest or result. `held` gives a folder one writing process (an advisory lock that the
+operating system releases when the process ends, however it ends)."""
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import fcntl
 import os
-from collections.abc import Iterator
+import socket
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+
+class Busy(RuntimeError):
+    """Another process holds the lock; ``holder`` is what it recorded (pid, host, since when)."""
+
+    def __init__(self, lock: Path, holder: str) -> None:
+        super().__init__(f"{lock}: held by {holder or 'another process'}")
+        self.lock, self.holder = lock, holder
+
+
+@contextlib.contextmanager
+def held(lock: str | Path, wait: bool = False, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive advisory lock on the file ``lock`` for the block, with this process's
+    pid, host and start time written in it. Where another process holds it: wait for it
+    (``wait``, after calling ``on_wait`` with the holder's record) or raise `Busy` naming the
+    holder. The lock goes with the process, also when it is killed."""
+    lock = Path(lock)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+") as handle:  # (not truncated: a holder's record stays readable)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip()
+            if not wait:
+                raise Busy(lock, holder) from None
+            if on_wait is not None:
+                on_wait(holder)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since "
+                     f"{datetime.datetime.now().isoformat(timespec='seconds')}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.seek(0)
+            handle.truncate()
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def temporary_name(path: Path) -> Path:

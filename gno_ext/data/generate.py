@@ -16,7 +16,6 @@ temporary files never count. The same trajectory index always gives the same tra
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -31,7 +30,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from gno_ext._files import written_whole
+from gno_ext._files import held, written_whole
 from gno_ext.data.fingerprint import check_protocol, fingerprint, protocol, protocol_digest
 from gno_ext.data.presets import SPLITS, Preset, Trajectory, get_preset
 from gno_ext.data.simulate import simulate
@@ -132,17 +131,13 @@ TEMPORARY = re.compile(r"^\..+\.(hdf5|json)\.tmp-\d+$")  # what an interrupted w
 def _locked(root: Path, progress: bool) -> Iterator[None]:
     """Hold ``root/.generate.lock`` (an advisory lock, released when the process ends): a second
     process that generates into the same folder waits here, then resumes what the first left."""
-    with open(root / ".generate.lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if progress:
-                print(f"{root}: another process is generating this dataset; waiting for it to finish", flush=True)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    def say(holder: str) -> None:
+        if progress:
+            print(f"{root}: another process ({holder or 'unknown'}) is generating this dataset; waiting for it to "
+                  "finish", flush=True)
+
+    with held(root / ".generate.lock", wait=True, on_wait=say):
+        yield
 
 
 def _remove_temporaries(root: Path) -> None:

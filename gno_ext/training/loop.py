@@ -33,6 +33,7 @@ Only the main process writes.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -52,6 +53,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 
+from gno_ext._files import Busy, held
 from gno_ext.losses import Curriculum
 from gno_ext.models.registry import get_model, model_class, save_checkpoint
 from gno_ext.training.captured import CapturedSteps, check_capture_settings
@@ -140,7 +142,8 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     dict
         ``run_dir``, ``step``, ``skipped`` and the evaluation summary (``report``).
     """
-    accelerator, result = _run(cfg)
+    with contextlib.ExitStack() as held_locks:  # the run folder's lock, held by the main process to the end
+        accelerator, result = _run(cfg, held_locks)
     # The process group goes last, once `_run`'s frame, and with it the DDP model, is gone
     # (`free_memory` drops the accelerator's own references). Destroyed before the model, gloo's
     # group lost its last reference in DDP's reducer, whose destructor holds the GIL while it
@@ -151,7 +154,7 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+def _run(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None = None) -> tuple[Any, dict[str, Any]]:
     """`train` up to the destruction of the process group: the accelerator and the result."""
     from accelerate import PartialState
     from accelerate.utils import set_seed
@@ -181,7 +184,9 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     state = PartialState(cpu=use_cpu, timeout=datetime.timedelta(minutes=tr.dist_timeout_minutes))
     precision = choose_precision(tr.precision, state.device.type, state.num_processes)
     run_dir = run_dir_of(cfg)
-    checkpoint, replace = _resumed_or_replaced(cfg, run_dir)
+    if state.is_main_process and locks is not None:  # one job writes a run folder at a time
+        locks.enter_context(_run_lock(run_dir))
+    checkpoint, replace = _resumed_or_replaced(cfg, run_dir, say=state.print)
     _wait_for_everyone(state)
     if checkpoint is not None:
         saved = yaml.safe_load((checkpoint / "config.yaml").read_text())
@@ -279,20 +284,54 @@ def _run(cfg: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     return accelerator, {"run_dir": str(run_dir), "step": progress.step, "skipped": guard.skipped, "report": report}
 
 
-def _resumed_or_replaced(cfg: Mapping[str, Any], run_dir: Path) -> tuple[Path | None, bool]:
+@contextlib.contextmanager
+def _run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold the lock of ``run_dir`` (the hidden file ``.NAME.lock`` beside it, so that replacing
+    the folder leaves it in place): a second job on the same folder stops with a message that
+    names the job that holds it."""
+    try:
+        with held(run_dir.parent / f".{run_dir.name}.lock"):
+            yield
+    except Busy as busy:
+        raise FileExistsError(f"{run_dir}: another training job ({busy.holder or 'unknown'}) is writing this run; "
+                              "wait for it to end, or train into another folder (run_dir=...)") from None
+
+
+def _resumed_or_replaced(cfg: Mapping[str, Any], run_dir: Path,
+                         say: Callable[[str], None] = print) -> tuple[Path | None, bool]:
     """The checkpoint this run resumes from (``resume=auto`` or a path), if any, and whether it
     replaces an earlier run in its folder (``overwrite=true``; the old run is deleted when this
-    one first writes, so an error before then loses nothing)."""
+    one first writes, so an error before then loses nothing).
+
+    ``resume=auto`` without a complete checkpoint says that it starts afresh, and moves the
+    abandoned run's logged rows aside (``metrics.abandoned-TIME.jsonl``). ``resume=PATH`` to a
+    checkpoint of this folder older than its newest is refused: training on from it would replace
+    the newer checkpoints and the final model (branch into another folder instead)."""
     resume = cfg.get("resume", False)
     resume = "false" if resume in (False, None, "false", "False") else str(resume)
     overwrite = bool(cfg.get("overwrite", False))
     _check_run_dir(run_dir, resume, overwrite)
     if resume == "auto":
-        return latest_checkpoint(run_dir), False
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is None and (run_dir / "metrics.jsonl").is_file():
+            moved = run_dir / f"metrics.abandoned-{datetime.datetime.now():%Y%m%d-%H%M%S}.jsonl"
+            (run_dir / "metrics.jsonl").rename(moved)
+            say(f"resume=auto: {run_dir} holds no complete checkpoint; starting afresh (the earlier rows moved to "
+                f"{moved.name})")
+        elif checkpoint is None:
+            say(f"resume=auto: no checkpoint in {run_dir} yet; starting afresh")
+        return checkpoint, False
     if resume != "false":
         checkpoint = Path(resume)
         if not (checkpoint / "trainer_state.json").is_file():
             raise FileNotFoundError(f"resume={resume}: not a complete training checkpoint folder")
+        newest = latest_checkpoint(run_dir)
+        if newest is not None and checkpoint.resolve().parent == (run_dir / "checkpoints").resolve() \
+                and checkpoint.resolve() != newest.resolve():
+            raise FileExistsError(f"resume={resume}: {run_dir} holds a newer checkpoint ({newest.name}), which "
+                                  "training on from this one would replace with the final model and report. Continue "
+                                  f"the newest with resume=auto, or branch into another folder: run_dir=NEW "
+                                  f"resume={resume}")
         return checkpoint, False
     if run_dir.exists() and any(run_dir.iterdir()):
         if not overwrite:

@@ -254,6 +254,53 @@ def test_kill_and_resume_reaches_the_samerun_weights(tmp_path, cache):
         assert torch.equal(a[key], b[key]), key
 
 
+def test_a_run_folder_has_one_writing_job(tmp_path, cache):
+    """Two real processes on one run folder: while the first trains, a second with resume=auto
+    stops at once with a message naming the first (its pid); once the first is killed (SIGKILL:
+    the lock goes with the process) the folder resumes."""
+    common = [PYTHON, str(TRAIN_PY), "--recipe", "heat-param", "size=smoke", "trainer.epochs=400", "eval.enabled=false",
+              f"run_dir={tmp_path / 'run'}", *QUIET]
+    env = env_with_cache(cache)
+    first = subprocess.Popen(common, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in first.stdout:  # the lock is held from before this line on
+            if line.startswith("run "):
+                break
+        second = subprocess.run([*common, "resume=auto"], env=env, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2 and first.poll() is None
+        assert f"another training job (pid {first.pid} on " in second.stderr and "is writing this run" in second.stderr
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    resumed = subprocess.run([*common, "resume=auto", "trainer.epochs=2"], env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+
+def test_resume_never_replaces_newer_work_and_says_when_it_starts_afresh(train_module, tmp_path, capsys):
+    """resume=PATH to an older checkpoint of the same folder is refused (it would replace the
+    newer ones and the final model), and runs when branched into another folder; resume=auto
+    without a checkpoint says that it starts afresh and moves the abandoned rows aside."""
+    common = ["--recipe", "heat-param", "size=smoke", "eval.enabled=false", "trainer.progress=false",
+              "trainer.tensorboard=false", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=10"]
+    run = tmp_path / "run"
+    train_module.main([*common, f"run_dir={run}"])
+    older = list_checkpoints(run)[0]
+    with pytest.raises(FileExistsError, match=rf"resume={older}: {run} holds a newer checkpoint \(step_\d+\)"):
+        train_module.main([*common, f"run_dir={run}", f"resume={older}", "trainer.epochs=3"])
+    branch = train_module.main([*common, f"run_dir={tmp_path / 'branch'}", f"resume={older}", "trainer.epochs=3"])
+    assert branch["step"] > json.loads((older / "trainer_state.json").read_text())["step"]
+    abandoned = tmp_path / "abandoned"
+    abandoned.mkdir()
+    (abandoned / ".gno_ext_run").write_text("{}")
+    (abandoned / "metrics.jsonl").write_text('{"step": 1, "train/loss": 9.0}\n')
+    capsys.readouterr()
+    train_module.main([*common, f"run_dir={abandoned}", "resume=auto", "trainer.max_steps=1"])
+    assert f"resume=auto: {abandoned} holds no complete checkpoint; starting afresh" in capsys.readouterr().out
+    moved = list(abandoned.glob("metrics.abandoned-*.jsonl"))
+    assert len(moved) == 1 and "9.0" in moved[0].read_text() and "9.0" not in (abandoned / "metrics.jsonl").read_text()
+
+
 def test_interrupted_save_is_not_a_checkpoint(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints" / "step_00000004").mkdir(parents=True)
