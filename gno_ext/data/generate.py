@@ -133,8 +133,8 @@ def _locked(root: Path, progress: bool) -> Iterator[None]:
     process that generates into the same folder waits here, then resumes what the first left."""
     def say(holder: str) -> None:
         if progress:
-            print(f"{root}: another process ({holder or 'unknown'}) is generating this dataset; waiting for it to "
-                  "finish", flush=True)
+            print(f"{root}: another process is generating this dataset{f' ({holder})' if holder else ''}; waiting "
+                  "for it to finish", flush=True)
 
     with held(root / ".generate.lock", wait=True, on_wait=say):
         yield
