@@ -310,7 +310,12 @@ def execute(run: Run, extra: list[str], results: Path = RESULTS, output_root: Pa
     """
     target = run.path(results)
     if target.exists():
-        print(f"{target.relative_to(results)}: exists, skipped", flush=True)
+        other = budget_difference(run, extra, json.loads(target.read_text()))
+        if other:
+            print(f"{target.relative_to(results)}: holds a result of another computation ({other}); not run, "
+                  "not replaced: move that file aside to run this cell", file=sys.stderr, flush=True)
+        else:
+            print(f"{target.relative_to(results)}: exists, skipped", flush=True)
         return None
     output_root = output_root or ROOT / "runs" / "benchmark"
     run_dir = output_root / run.table / run.recipe / f"{run.row}-seed{run.seed}"
@@ -379,6 +384,60 @@ def same_run(run: Run, extra: list[str], results: Path = RESULTS) -> Path | None
                 _dro_key([*other.get("extra", []), *other.get("overrides", [])], dro_of_result(other))) == want:
             return path
     return None
+
+
+def budget_difference(run: Run, extra: list[str], result: dict[str, Any]) -> str | None:
+    """What differs between the computation ``run`` (with the command's ``extra`` overrides)
+    asks for and the one ``result`` records: the size, the model config, the row's overrides,
+    the overrides that change the computation, the DRO temperature; None where they agree (the
+    result is this run's)."""
+    budget = merge_overrides(run.budget, extra)
+    wanted = {"size": run.size, "model config": run.model, "row overrides": _without_dro(_computes(run.overrides)),
+              "overrides": _without_dro(_computes(budget)),
+              "DRO": _dro_key([*budget, *run.overrides], dro_of_overrides([*budget, *run.overrides]))}
+    found = {"size": result.get("size"), "model config": result.get("model_config", result.get("model")),
+             "row overrides": _without_dro(_computes(result.get("overrides", ()))),
+             "overrides": _without_dro(_computes(result.get("extra", []))),
+             "DRO": _dro_key([*result.get("extra", []), *result.get("overrides", [])], dro_of_result(result))}
+    diff = [f"{k} {found[k]!r} where this run has {wanted[k]!r}" for k in wanted if found[k] != wanted[k]]
+    return "; ".join(diff) or None
+
+
+def load_results(results: Path, name: str, table: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The result files of table ``name`` that hold what their place says (a recipe and a row of
+    the table, the table, recipe, row and seed of their path), and a line for each file left out,
+    naming it and why (a file of another table or seed copied here, a file that is not a result,
+    JSON that does not parse)."""
+    found, left_out = [], []
+    for path in sorted((results / name).glob("*/*.json")):
+        shown = path.relative_to(results.parent) if results.parent in path.parents else path
+        try:
+            result = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            left_out.append(f"`{shown}` (not JSON: {error})")
+            continue
+        missing = [k for k in ("table", "recipe", "model", "seed", "nmse_mean") if not isinstance(result, dict) or k not in result]
+        why = (f"not a result file: no {', '.join(missing)}" if missing else
+               misplaced(path, result) or
+               (f"recipe {path.parent.name!r} is not a column of the table" if path.parent.name not in table["recipes"]
+                else f"row {result['model']!r} is not a row of the table" if result["model"] not in table["rows"]
+                else None))
+        if why:
+            left_out.append(f"`{shown}` ({why})")
+        else:
+            found.append(result)
+    return found, left_out
+
+
+def misplaced(path: Path, result: dict[str, Any], results: Path = RESULTS) -> str | None:
+    """Why the result file ``path`` (under ``results/TABLE/RECIPE/ROW-seedN.json``) does not hold
+    what its place says, or None: its table, recipe, row or seed differ from the path's."""
+    table, recipe = path.parent.parent.name, path.parent.name
+    row, _, seed = path.stem.rpartition("-seed")
+    said = {"table": table, "recipe": recipe, "model": row, "seed": seed}
+    held = {k: str(result.get(k)) for k in said}
+    diff = [f"{k} {held[k]!r}" for k in said if held[k] != said[k]]
+    return f"it holds {', '.join(diff)}" if diff else None
 
 
 def _without_dro(overrides: list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -488,12 +547,22 @@ def _computes(overrides: list[str] | tuple[str, ...]) -> tuple[str, ...]:
 
 def budget_of(result: dict[str, Any]) -> tuple | None:
     """What every run of a table must share: size, epochs, batch size, learning rate, the
-    overrides that change the computation, and the precision (None for an untrained
-    reference, which has no budget)."""
+    overrides that change the computation (the DRO temperature aside: a table states its own
+    objective, and rows may set theirs), and the precision (None for an untrained reference,
+    which has no budget)."""
     if result.get("steps", 1) == 0:
         return None
-    return (result["size"], result["epochs"], result["batch_size"], result.get("lr"), _computes(result.get("extra", [])),
-            result.get("precision"))
+    return (result["size"], result["epochs"], result["batch_size"], result.get("lr"),
+            _without_dro(_computes(result.get("extra", []))), result.get("precision"))
+
+
+def objective_text(table: dict[str, Any]) -> str:
+    """The objective a table's budget trains with, in words."""
+    tau, temperature = dro_of_overrides(table["budget"]["overrides"])
+    if temperature == "absolute":
+        return (f"the curriculum's group DRO as the paper writes it, tau = {tau:g} on the loss (at these losses "
+                "the plain mean: in effect MSE throughout)")
+    return f"the curriculum's group DRO at tau = {tau:g} relative to the mean group loss"
 
 
 def _cell(values: list[float]) -> str:
@@ -756,7 +825,7 @@ def write_figures(tables: dict[str, Any], results: Path, folder: Path) -> list[P
         written.append(path)
 
     for name, table in tables.items():
-        found = [json.loads(p.read_text()) for p in sorted((results / name).glob("*/*.json"))]
+        found, _ = load_results(results, name, table)
         for recipe in table["recipes"]:
             shown = _shown(found, recipe, table["metric"])
             if not shown:
@@ -807,8 +876,11 @@ def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
     if summary.is_file():  # the answer to "does it win?" across the tables, written by hand
         out.append(f"## In short\n\n{summary.read_text()}")
     for name, table in tables.items():
-        found = [json.loads(p.read_text()) for p in sorted((results / name).glob("*/*.json"))]
+        found, left_out = load_results(results, name, table)
         out.append(f"## `{name}`: {table['title']}\n")
+        if left_out:  # files under the table's folder that are not its results: named, not shown
+            out.append("**Left out of this table** (files under its folder that do not hold its results): "
+                       + "; ".join(left_out) + ".\n")
         metric = table["metric"]
         notes = results.parent / "notes" / f"{name}.md"
         if not found:
@@ -852,7 +924,8 @@ def render(tables: dict[str, Any], results: Path = RESULTS) -> str:
         sizes = sorted({r["size"] for r in found if r["size"] != spec["sizes"].get(r["recipe"], spec["size"])})
         flags = "".join(f" --size {s}" for s in sizes[:1]) + f" --seeds {' '.join(map(str, seeds))}"
         after = other + speed
-        out.append(f"\nBudget: {budget}{f' (MIXED in {mixed}: rerun at one budget)' if mixed else ''}. "
+        out.append(f"\nBudget: {budget}{f' (MIXED in {mixed}: rerun at one budget)' if mixed else ''}; "
+                   f"{objective_text(table)}. "
                    f"Seeds run: {seeds} (± is the standard deviation over the seeds of a cell; a cell "
                    f"without it has one). GPU: {', '.join(gpus)}. Commits: {', '.join(commits)}. "
                    f"Reproduce: `python recipes/benchmark.py run --table {name}{flags}"
@@ -944,13 +1017,22 @@ def main(argv: list[str] | None = None) -> None:
     runs = plan(tables, args.table, args.seeds, args.recipes, args.rows, args.size)
     todo = [r for r in runs if not r.path(args.results).exists()]
     same = {r: same_run(r, args.extra, args.results) for r in todo}
+    # a result file of another computation in a run's place (a smoke run's, say) is not this run's
+    other = {r: budget_difference(r, args.extra, json.loads(r.path(args.results).read_text()))
+             for r in runs if r.path(args.results).exists()}
+    blocked = {r: why for r, why in other.items() if why}
     if args.command == "plan":
         for r in runs:
-            state = ("done" if r.path(args.results).exists() else
+            state = (f"blocked: its file holds another computation ({blocked[r]})" if r in blocked else
+                     "done" if r.path(args.results).exists() else
                      f"the same run as {same[r].relative_to(args.results)}" if same[r] else "to run")
             print(f"{r.table}/{r.recipe}/{r.row}-seed{r.seed} (size={r.size} {' '.join(r.budget)}): {state}")
-        print(f"{sum(same[r] is None for r in todo)} of {len(runs)} runs to do")
+        print(f"{sum(same[r] is None for r in todo)} of {len(runs)} runs to do"
+              + (f"; {len(blocked)} blocked by result files of another computation" if blocked else ""))
         return
+    if blocked:
+        raise SystemExit("these cells hold result files of another computation; move them aside to run the cells: "
+                         + "; ".join(f"{r.path(args.results)} ({why})" for r, why in blocked.items()))
     for r in todo:
         if same[r]:
             print(f"{adopt(r, same[r], args.results).relative_to(args.results)}: the same run as "

@@ -535,3 +535,56 @@ def test_the_dro_notes_quote_their_result_files():
     assert f"scored {paper['nmse_worst_group']['nmse_mean']:.3f} and {paper['nmse_mean']:.4f}" in notes
     low, high = min(w["min"] for w in dro["dro_weights"]), max(w["max"] for w in dro["dro_weights"])
     assert f"from {low:.2f} to {high:.1f} times" in notes
+
+
+def test_a_result_counts_as_done_only_for_its_own_computation(tmp_path, capsys):
+    """A smoke run's result in a bench cell's place is not that cell's result: `plan` says the
+    cell is blocked and why, `run` refuses before any work, `execute` neither runs the cell nor
+    replaces the file. A result of the cell's own computation (speed flags aside) is done."""
+    tables = bench.load_tables()
+    (run,) = bench.plan(tables, "bc", [0], ["heat-bc"], ["gno"])
+    smoke = {"table": "bc", "recipe": "heat-bc", "model": "gno", "model_config": "gno", "overrides": [], "seed": 0,
+             "size": "smoke", "extra": ["trainer.epochs=10", "trainer.batch_size=64", "trainer.capture=true"],
+             "nmse_mean": 0.5}
+    assert "size 'smoke' where this run has 'bench'" in bench.budget_difference(run, [], smoke)
+    own = {**smoke, "size": "bench", "extra": [*run.budget, "trainer.compile=true"]}
+    assert bench.budget_difference(run, [], own) is None
+    assert "DRO (2.0, 'relative') where this run has (1.0, 'absolute')" in bench.budget_difference(
+        run, [], {**own, "dro": {"tau": 2.0, "temperature": "relative"}})
+    target = run.path(tmp_path)
+    target.parent.mkdir(parents=True)
+    target.write_text(json.dumps(smoke))
+    bench.main(["plan", "--table", "bc", "--recipes", "heat-bc", "--rows", "gno", "--results", str(tmp_path)])
+    assert "bc/heat-bc/gno-seed0 (size=bench" in (out := capsys.readouterr().out) and "blocked: its file holds" in out
+    with pytest.raises(SystemExit, match="hold result files of another computation; move them aside"):
+        bench.main(["run", "--table", "bc", "--recipes", "heat-bc", "--rows", "gno", "--results", str(tmp_path)])
+    assert bench.execute(run, [], tmp_path) is None and json.loads(target.read_text()) == smoke
+    assert "holds a result of another computation (size 'smoke'" in capsys.readouterr().err
+
+
+def test_render_leaves_out_files_that_are_not_the_tables_results_and_names_them(tmp_path):
+    """A copied seed-1 file holding seed 0, another table's file, a file of a row the table does
+    not have, a file that is not a result, and one that is not JSON: each named under the table,
+    none in its cells."""
+    tables = bench.load_tables()
+    folder = tmp_path / "bc" / "heat-bc"
+    folder.mkdir(parents=True)
+    good = {"table": "bc", "recipe": "heat-bc", "model": "gno", "seed": 0, "size": "bench", "epochs": 10,
+            "batch_size": 64, "lr": 3e-4, "precision": "bf16", "extra": [], "steps": 9, "gpu": "NVIDIA H100",
+            "commit": "0" * 40, "nmse_mean": 0.25, "per_step_nmse": [0.25]}
+    (folder / "gno-seed0.json").write_text(json.dumps(good))
+    (folder / "gno-seed1.json").write_text(json.dumps(good))  # a copy: it holds seed 0
+    (folder / "fno-seed0.json").write_text(json.dumps({**good, "table": "joint", "model": "fno"}))
+    (folder / "nonesuch-seed0.json").write_text(json.dumps({**good, "model": "nonesuch"}))
+    (folder / "notes-seed0.json").write_text(json.dumps({"hello": 1}))
+    (folder / "broken-seed0.json").write_text("{")
+    found, left_out = bench.load_results(tmp_path, "bc", tables["bc"])
+    assert found == [good]
+    text = " ".join(left_out)
+    for expected in ("gno-seed1.json` (it holds seed '0')", "fno-seed0.json` (it holds table 'joint')",
+                     "nonesuch-seed0.json` (row 'nonesuch' is not a row of the table)",
+                     "notes-seed0.json` (not a result file: no table, recipe, model, seed, nmse_mean)",
+                     "broken-seed0.json` (not JSON"):
+        assert expected in text, expected
+    page = bench.render(tables, tmp_path).split("## `bc`")[1].split("\n## ")[0]
+    assert "**Left out of this table**" in page and "| `gno` | 2.50e-01 |" in page  # one seed: the copy is out
