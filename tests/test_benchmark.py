@@ -71,7 +71,8 @@ def test_the_budget_sets_each_columns_size_and_the_shared_overrides(tmp_path):
     assert {r.size for r in runs.values()} == {"bench"}
     # a table's budget may set the paper's counts for a column
     assert {r.size for r in bench.plan(tables, "heat-paper", [0])} == {"paper"}
-    assert runs["ns-param"].budget == ("trainer.epochs=10", "trainer.batch_size=64")
+    assert runs["ns-param"].budget == ("trainer.epochs=10", "trainer.batch_size=64", "trainer.dro.temperature=absolute",
+                                      "trainer.dro.tau=1.0")  # the objective its results were made with
     assert {r.size for r in bench.plan(tables, "param", [0], size="smoke")} == {"smoke"}
     # a row that cannot be captured says so itself, after any speed override of the command
     (mesh,) = bench.plan(tables, "mesh", [0], ["heat-mesh"], ["gno_mesh"])
@@ -123,8 +124,10 @@ def test_a_run_writes_its_results_skips_them_next_time_and_renders(tmp_path):
     assert gno["epochs"] == 1 and gno["gpu"] == gpu and gno["paper_nmse"] == 7.80e-2 and gno["n_params"] > 1000
     assert gno["nmse_mean"] > 0 and len(gno["per_step_nmse"]) == gno["rollout_steps"]
     assert gno["mse_mean"] > 0 and gno["mse_std"] >= 0  # the plain MSE too, for the tables that show it
-    assert gno["extra"] == ["trainer.epochs=1", "trainer.batch_size=4", "trainer.progress=false", "eval.figures=0",
-                            "trainer.tensorboard=false"]  # the table's budget, replaced by the command's
+    assert gno["extra"] == ["trainer.dro.temperature=absolute", "trainer.dro.tau=1.0", "trainer.epochs=1",
+                            "trainer.batch_size=4", "trainer.progress=false", "eval.figures=0",
+                            "trainer.tensorboard=false"]  # the table's budget, its epochs and batch replaced
+    assert gno["dro"] == {"tau": 1.0, "temperature": "absolute"}
     before = {f: f.stat().st_mtime_ns for f in files}
 
     again = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env},
@@ -292,7 +295,8 @@ def test_an_untrained_reference_has_no_budget_and_a_mixed_budget_is_flagged(tmp_
     (folder / "gno-seed0.json").write_text(json.dumps(result("gno", 100, 10, "bf16")))
     (folder / "persistence-seed0.json").write_text(json.dumps(result("persistence", 0, 2, "no")))
     page = bench.render(bench.load_tables(), tmp_path)
-    assert "size=paper, 10 epochs, batch 64, lr 0.0003, precision bf16 (heat-bc)." in page and "MIXED" not in page
+    assert "size=paper, 10 epochs, batch 64, lr 0.0003, precision bf16 (heat-bc); the curriculum" in page
+    assert "MIXED" not in page
     budget = page.split("## `bc`")[1].split("Budget: ")[1].split("Seeds run")[0]
     assert "trainer.capture" not in budget  # speed-only: not the budget (but in the command that reproduces it)
     (folder / "fno-seed0.json").write_text(json.dumps(result("fno", 100, 20, "bf16")))
@@ -309,25 +313,25 @@ def test_an_untrained_reference_has_no_budget_and_a_mixed_budget_is_flagged(tmp_
 
 def test_a_cell_that_is_another_tables_run_takes_its_result(tmp_path):
     tables = bench.load_tables()
-    budget = ["trainer.epochs=10", "trainer.batch_size=64"]
+    budget = ["trainer.epochs=10", "trainer.batch_size=64", "trainer.dro.temperature=absolute", "trainer.dro.tau=1.0"]
     joint = {"table": "joint", "recipe": "advection-joint", "model": "gno", "model_config": "gno", "overrides": [],
              "seed": 0, "size": "bench", "epochs": 10, "batch_size": 64, "lr": 3e-4, "precision": "bf16",
              "extra": [*budget, "trainer.capture=true"], "steps": 3150, "gpu": "NVIDIA H200", "commit": "0" * 40,
-             "nmse_mean": 0.36, "paper_nmse": 7.97e-2, "dro": {"tau": 2.0, "temperature": "relative"}}
+             "nmse_mean": 0.36, "paper_nmse": 7.97e-2, "dro": {"tau": 1.0, "temperature": "absolute"}}
     folder = tmp_path / "joint" / "advection-joint"
     folder.mkdir(parents=True)
     (folder / "gno-seed0.json").write_text(json.dumps(joint))
     runs = {r.row: r for r in bench.plan(tables, "ablation", [0], ["advection-joint"])}
     # a result that records no DRO temperature was made with the paper's tau = 1 (the default then):
-    # not the run of today's default, but the run of a row that sets the paper's temperature
-    old = {k: v for k, v in joint.items() if k != "dro"}
+    # not the run of today's default (the dro table's gno), but that of a row that sets the paper's
+    old = {**{k: v for k, v in joint.items() if k != "dro"}, "extra": ["trainer.epochs=10", "trainer.batch_size=64"]}
     (tmp_path / "bc" / "advection-joint").mkdir(parents=True)
     (tmp_path / "bc" / "advection-joint" / "gno-seed0.json").write_text(json.dumps(old))
     dro = {r.row: r for r in bench.plan(tables, "dro", [0], ["advection-joint"])}
     assert bench.same_run(dro["gno_absolute"], [], tmp_path) == tmp_path / "bc" / "advection-joint" / "gno-seed0.json"
-    assert bench.same_run(dro["gno"], [], tmp_path) == folder / "gno-seed0.json"
+    assert bench.same_run(dro["gno"], [], tmp_path) is None
     (tmp_path / "bc" / "advection-joint" / "gno-seed0.json").unlink()
-    assert bench.same_run(dro["gno_absolute"], [], tmp_path) is None
+    assert bench.same_run(dro["gno_absolute"], [], tmp_path) == folder / "gno-seed0.json"  # the pinned one
     # the same model, overrides, seed, size and budget; a speed-only override differs: the same run
     assert bench.same_run(runs["gno"], ["trainer.capture=false"], tmp_path) == folder / "gno-seed0.json"
     assert bench.same_run(runs["gno_no_dro"], [], tmp_path) is None  # the same model with a row override
@@ -344,7 +348,8 @@ def test_a_cell_that_is_another_tables_run_takes_its_result(tmp_path):
     assert "| `gno` | 3.60e-01 | 7.97e-02 |" in page and "Taken from another table (the same runs): `gno` from `joint`" in page
     planned = subprocess.run([sys.executable, str(RECIPES / "benchmark.py"), "plan", "--table", "pino", "--results",
                               str(tmp_path)], capture_output=True, text=True)
-    assert "pino/advection-joint/gno-seed0 (size=bench trainer.epochs=10 trainer.batch_size=64): the same run as " \
+    assert "pino/advection-joint/gno-seed0 (size=bench trainer.epochs=10 trainer.batch_size=64 " \
+           "trainer.dro.temperature=absolute trainer.dro.tau=1.0): the same run as " \
            "joint/advection-joint/gno-seed0.json" in planned.stdout and "9 of 10 runs to do" in planned.stdout
 
 
