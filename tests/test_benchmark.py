@@ -593,3 +593,13 @@ def test_render_leaves_out_files_that_are_not_the_tables_results_and_names_them(
         assert expected in text, expected
     page = bench.render(tables, tmp_path).split("## `bc`")[1].split("\n## ")[0]
     assert "**Left out of this table**" in page and "| `gno` | 2.50e-01 |" in page  # one seed: the copy is out
+
+
+def test_the_dro_notes_quote_the_cpu_check():
+    """The CPU check's figures in the dro notes are its committed file's."""
+    notes = " ".join((bench.RESULTS.parent / "notes" / "dro.md").read_text().split())
+    rows = json.loads((bench.RESULTS.parent / "checks" / "dro_heat_param_small.json").read_text())["rows"]
+    relative, absolute, erm = ((r["nmse_mean"], r["nmse_worst_group"]) for r in rows)
+    assert (f"relative temperature the rollout nMSE is {relative[0]:.2g} (worst group {relative[1]:.2g}), with the "
+            f"paper's form {absolute[0]:.2g} ({absolute[1]:.2g}) and with MSE throughout {erm[0]:.2g} "
+            f"({erm[1]:.2g})") in notes
