@@ -265,33 +265,31 @@ def result_from_run(run: Run, cfg: dict[str, Any], report: dict[str, Any], run_d
     }
 
 
-def dro_weights(metrics: Path) -> list[dict[str, Any]]:
-    """The group weights of a run's DRO epochs, from its ``metrics.jsonl``: per epoch the largest
-    and smallest group weight in the gradient in units of the plain mean's (batch averages; the
-    last row of an epoch that a resumption repeated)."""
+def _per_epoch(metrics: Path, fields: dict[str, str]) -> list[dict[str, Any]]:
+    """The rows of a run's ``metrics.jsonl`` that log ``fields``' first key, one per epoch (the
+    last of an epoch that a resumption repeated), as ``{"epoch": N, name: row[key], ...}``."""
     rows: dict[int, dict[str, Any]] = {}
+    marker = next(iter(fields.values()))
     if metrics.is_file():
         for line in metrics.read_text().splitlines():
             row = json.loads(line)
-            if "train/dro_weight_max" in row:
-                rows[int(row["epoch"])] = {"epoch": int(row["epoch"]), "max": row["train/dro_weight_max"],
-                                           "min": row["train/dro_weight_min"]}
+            if marker in row:
+                rows[int(row["epoch"])] = {"epoch": int(row["epoch"]), **{k: row[v] for k, v in fields.items()}}
     return [rows[e] for e in sorted(rows)]
+
+
+def dro_weights(metrics: Path) -> list[dict[str, Any]]:
+    """The group weights of a run's DRO epochs, from its ``metrics.jsonl``: per epoch the largest
+    and smallest group weight in the gradient in units of the plain mean's (batch averages)."""
+    return _per_epoch(metrics, {"max": "train/dro_weight_max", "min": "train/dro_weight_min"})
 
 
 def tested_epochs(metrics: Path) -> list[dict[str, Any]]:
     """The test rollouts a run made during training (``eval.at_epochs``), from its
-    ``metrics.jsonl``: per epoch (the last row of an epoch, where a resumption repeated it) its
-    mean and worst-group nMSE, relative L2 and the seconds of training before it."""
-    rows: dict[int, dict[str, Any]] = {}
-    if metrics.is_file():
-        for line in metrics.read_text().splitlines():
-            row = json.loads(line)
-            if "test/nmse_mean" in row:
-                rows[int(row["epoch"])] = {"epoch": int(row["epoch"]), "nmse_mean": row["test/nmse_mean"],
-                                           "nmse_worst_group": row["test/nmse_worst_group"],
-                                           "rel_l2_mean": row["test/rel_l2_mean"], "train_s": row["train_s"]}
-    return [rows[e] for e in sorted(rows)]
+    ``metrics.jsonl``: per epoch its mean and worst-group nMSE, relative L2 and the seconds of
+    training before it."""
+    return _per_epoch(metrics, {"nmse_mean": "test/nmse_mean", "nmse_worst_group": "test/nmse_worst_group",
+                                "rel_l2_mean": "test/rel_l2_mean", "train_s": "train_s"})
 
 
 def execute(run: Run, extra: list[str], results: Path = RESULTS, output_root: Path | None = None,
