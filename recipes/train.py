@@ -31,10 +31,15 @@ def available(group: str) -> list[str]:
 
 
 def description(recipe: str) -> str:
-    """The one-line description of a recipe: the comment that opens its config file."""
-    lines = (CONF / "recipe" / f"{recipe}.yaml").read_text().splitlines()
-    text = next((line.lstrip("# ").strip() for line in lines[1:3] if line.startswith("# ")), "")
-    return text
+    """The description of a recipe: the comment that opens its config file (after the
+    ``@package`` line), its lines joined."""
+    lines = (CONF / "recipe" / f"{recipe}.yaml").read_text().splitlines()[1:]
+    words = []
+    for line in lines:
+        if not line.startswith("# "):
+            break
+        words.append(line[2:].strip())
+    return " ".join(words)
 
 
 def _closest(word: str, choices: list[str]) -> str:

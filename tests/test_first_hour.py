@@ -131,3 +131,12 @@ def test_gno_data_generates_where_the_recipes_read_and_says_so(tmp_path, monkeyp
         assert error.value.code == 2
         assert f"argument {option}: expected an integer of at least 1, got '-2'" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_list_gives_each_recipes_whole_description():
+    """A description that spans several comment lines is given whole (before: its first line,
+    cut mid-sentence)."""
+    assert train.description("custom").endswith("see the Datasets > Adapters page for the file layout.")
+    assert train.description("trl").endswith("then data.root=PATH.")
+    assert all(train.description(r).endswith((".", ")")) for r in train.available("recipe")), \
+        [r for r in train.available("recipe") if not train.description(r).endswith((".", ")"))]
