@@ -70,7 +70,7 @@ class FullPrecisionSpectralConv(SpectralConv):
         if takes_dft(self, x, output_shape):
             weights = torch.view_as_real(self.weight.to_tensor())[(slice(None),) * 2 + kept_slices(self, x)]
             modes = to_modes(x, weights.shape[2:-1], self.fft_norm)
-            y = from_kept(self, contract_in_float32(modes, weights[None])[:, 0], x.shape[2:])
+            y = from_modes(contract_in_float32(modes, weights[None])[:, 0], list(x.shape[2:]), self.fft_norm)
             return y if self.bias is None else y + self.bias
         if self.fno_block_precision == "full" and x.dtype in (torch.bfloat16, torch.float16):
             x = x.float()
@@ -111,21 +111,17 @@ def _float32(device: torch.device) -> Any:
     return torch.autocast(device.type, enabled=False) if device.type in ("cpu", "cuda") else contextlib.nullcontext()
 
 
-def contract_in_float32(modes: Tensor, weights: Tensor, probs: Tensor | None = None,
-                        index: Tensor | None = None) -> Tensor:
+def contract_in_float32(modes: Tensor, weights: Tensor, index: Tensor | None = None,
+                        probs: Tensor | None = None) -> Tensor:
     """`contract_modes` in float32 whatever autocast says (the products are small, and the
-    kernels' weights are float32): ``(B, K, O, *kept, 2)``, or with ``index`` (B,) each sample's
-    kernel's result, with ``probs`` (B, K) their weighted sum, ``(B, O, *kept, 2)``."""
+    kernels' weights are float32): ``(B, K, O, *kept, 2)``; with ``probs`` (B, K) each sample's
+    probability-weighted sum of the kernels' results, else with ``index`` (B,) its kernel's
+    result, ``(B, O, *kept, 2)`` (as `GatedSpectralConv._sample_parameters` picks)."""
     with _float32(modes.device):
         every = contract_modes(modes.float(), weights.float())
-        if index is not None:
-            return every[torch.arange(every.shape[0], device=every.device), index]
-        return every if probs is None else torch.einsum("bk,bk...->b...", probs.float(), every)
-
-
-def from_kept(conv: SpectralConv, modes: Tensor, sizes: Any) -> Tensor:
-    """The field of the spectrum ``modes`` (the retained modes, `gno_ext.layers.modes`)."""
-    return from_modes(modes, list(sizes), conv.fft_norm)
+        if probs is not None:
+            return torch.einsum("bk,bk...->b...", probs.float(), every)
+        return every if index is None else every[torch.arange(every.shape[0], device=every.device), index]
 
 
 class GatedSpectralConv(BaseSpectralConv):
@@ -281,9 +277,9 @@ class GatedSpectralConv(BaseSpectralConv):
             modes = to_modes(x, kept, first.fft_norm)
         else:
             modes, region, fft_size = _fft_modes(first, x, kept)
-        product = contract_in_float32(modes, weights, probs, index if probs is None else None)
+        product = contract_in_float32(modes, weights, index, probs)
         if dft:
-            y = from_kept(first, product, sizes)
+            y = from_modes(product, sizes, first.fft_norm)
         else:
             y = _fft_field(first, product, region, fft_size, _output_sizes(first, sizes, output_shape))
         if first.bias is not None:
