@@ -98,9 +98,11 @@ def evaluate_rollouts(model: nn.Module, dataset: Dataset, indices: list[int], st
                             "theta": [], "group": [], "error_sum": [], "variance_sum": [], "nmse_per_channel": []}
     for batch, pred, truth in roll(indices):
         still = batch.u_in[:, -1:].float().expand_as(truth)  # persistence: the input frame copied forward
-        out["nmse"].append(nmse(pred, truth).cpu())
-        for key, value in _readings(pred, truth).items():
+        sums = _readings(pred, truth)
+        for key, value in sums.items():
             out[key].append(value.cpu())
+        # the nMSE from the same sums (`gno_ext.losses.nmse`'s formula and floor): not computed twice
+        out["nmse"].append((sums["error_sum"] / sums["variance_sum"].clamp_min(1e-12)).cpu())
         out["rel_l2"].append(relative_l2(pred, truth).cpu())
         out["mse"].append(mse_per_sample(pred, truth).cpu())
         out["per_step"].append(torch.stack([nmse(pred[:, k], truth[:, k]) for k in range(steps)], 1).cpu())
