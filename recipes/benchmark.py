@@ -367,19 +367,15 @@ def same_run(run: Run, extra: list[str], results: Path = RESULTS) -> Path | None
     """A result of another table that is this run: the same recipe, model config, row overrides,
     seed, size, computing overrides and DRO temperature, however set (the ablation's full GNO is
     the joint table's GNO; a row that sets the paper's temperature is a result that predates the
-    setting), itself trained rather than taken from a third table. None if there is none."""
-    want = (run.model, _without_dro(run.overrides), run.seed, run.size,
-            _without_dro(_computes(merge_overrides(run.budget, extra))),
-            _dro_key([*run.budget, *extra, *run.overrides], dro_of_overrides([*run.budget, *extra, *run.overrides])))
+    setting), itself trained rather than taken from a third table (`budget_difference` finds
+    nothing between them). None if there is none."""
     for path in sorted(results.glob(f"*/{run.recipe}/*-seed{run.seed}.json")):
         if path.parent.parent.name == run.table:
             continue
         other = json.loads(path.read_text())
         if other.get("same_run_as"):  # itself taken from another table: name the original
             continue
-        if (other.get("model_config"), _without_dro(other.get("overrides", ())), other.get("seed"), other.get("size"),
-                _without_dro(_computes(other.get("extra", []))),
-                _dro_key([*other.get("extra", []), *other.get("overrides", [])], dro_of_result(other))) == want:
+        if other.get("seed") == run.seed and budget_difference(run, extra, other) is None:
             return path
     return None
 
