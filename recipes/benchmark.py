@@ -423,7 +423,7 @@ def load_results(results: Path, name: str, table: dict[str, Any]) -> tuple[list[
     return found, left_out
 
 
-def misplaced(path: Path, result: dict[str, Any], results: Path = RESULTS) -> str | None:
+def misplaced(path: Path, result: dict[str, Any]) -> str | None:
     """Why the result file ``path`` (under ``results/TABLE/RECIPE/ROW-seedN.json``) does not hold
     what its place says, or None: its table, recipe, row or seed differ from the path's."""
     table, recipe = path.parent.parent.name, path.parent.name
