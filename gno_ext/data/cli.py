@@ -43,8 +43,8 @@ def _main(argv: list[str] | None = None) -> int:
     gen.add_argument("--out", default=None, help="base folder, which will hold datasets/PRESET (default: where the "
                                                   "recipes read it, $GNO_EXT_CACHE/data/SIZE)")
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    gen.add_argument("--batch-size", type=_positive("--batch-size"), default=64)
-    gen.add_argument("--shard-size", type=_positive("--shard-size"), default=256)
+    gen.add_argument("--batch-size", type=_positive, default=64)
+    gen.add_argument("--shard-size", type=_positive, default=256)
     gen.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="storage type of the fields")
     info = sub.add_parser("info", help="summarise a generated dataset")
     info.add_argument("path", help="a dataset's folder, or a preset's name (looked up where the recipes keep it)")
@@ -83,18 +83,16 @@ def _main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _positive(name: str):
-    """An argparse type for option ``name``: an integer of at least 1, else argparse's one-line
-    error, which names the option."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"expected an integer of at least 1, got {text!r}")
-        return value
-    return parse
+def _positive(text: str) -> int:
+    """An argparse type: an integer of at least 1, else argparse's one-line error, which names
+    the option."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer of at least 1, got {text!r}")
+    return value
 
 
 def _recipes() -> set[str]:
