@@ -100,9 +100,13 @@ def test_3d_models_run_under_bf16_autocast(model):
 
 @pytest.mark.parametrize("size", train_py.available("size"))
 def test_sizes_compose(size):
-    cfg = train_py.compose("heat-joint", [f"size={size}"])
+    cfg = train_py.compose("heat-joint", [f"size={size}", "model=gno"])
     assert cfg["size"] == size == cfg["data"]["size"]
     assert cfg["model"]["kwargs"]["latent"] == cfg["backbone"]["latent"]
+    default = train_py.compose("heat-joint", [f"size={size}"])["model"]  # the recommended GNO, on the FNO
+    assert default["name"] == "gno_fno" and default["kwargs"]["soft_routing"] is True
+    assert (default["kwargs"]["n_modes"], default["kwargs"]["hidden_channels"]) == \
+        (cfg["backbone"]["modes"], cfg["backbone"]["width"])
     if size == "paper":  # the paper's Appendix D backbone
         assert (cfg["backbone"]["latent"], cfg["backbone"]["patch"], cfg["backbone"]["depth"],
                 cfg["backbone"]["heads"]) == (256, 16, 8, 8)

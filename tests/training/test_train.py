@@ -25,7 +25,7 @@ def test_heat_param_smoke_end_to_end(train_module, tmp_path):
     result = train_module.main(["--recipe", "heat-param", "size=smoke", f"output_root={tmp_path}",
                                 "trainer.progress=false"])
     run = Path(result["run_dir"])
-    assert run == tmp_path / "heat-param" / "gno-smoke-seed0"
+    assert run == tmp_path / "heat-param" / "gno_fno_soft-smoke-seed0"  # the recommended GNO is the default
     # training: both phases of the curriculum ran, the loss is finite and logged
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "train/loss" in r]
@@ -73,7 +73,7 @@ def test_heat_param_smoke_end_to_end(train_module, tmp_path):
     # a checkpoint's report goes under the run, named by the checkpoint, labelled with the model it
     # holds (before: RUN's model name, written into the checkpoint's own folder)
     other = save_checkpoint(get_model("persistence"), tmp_path / "other-run" / "model")
-    for checkpoint, folder, model in ((ckpts[-1], f"checkpoints-{ckpts[-1].name}", "gno"),
+    for checkpoint, folder, model in ((ckpts[-1], f"checkpoints-{ckpts[-1].name}", "gno_fno"),
                                       (other, None, "persistence")):
         rep = evaluate.main([str(run), "--checkpoint", str(checkpoint), "--max-trajectories", "1"])
         written = [p.parent for p in (run / "eval").glob("*/report.json")]
@@ -206,7 +206,7 @@ def test_a_failing_overwrite_leaves_the_old_run_and_bad_settings_are_named(train
     ]
     late = [  # errors found once the data and the model are set up (each deleted the old run first)
         ("+model.kwargs.foo=1", TypeError, "unexpected keyword argument 'foo'"),
-        ("model.kwargs.latent=-3", ValueError, "latent: must be >= 1, got -3"),
+        ("model.kwargs.hidden_channels=-3", ValueError, "hidden_channels: must be an integer >= 1, got -3"),
         ("trainer.compile=maybe", ValueError, "compile mode 'maybe': unknown"),
     ]
     for override, message in bad:
