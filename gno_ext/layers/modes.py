@@ -106,10 +106,11 @@ def from_modes(modes: Tensor, sizes: Sequence[int], norm: str = "forward") -> Te
         re, im = _along(re, axis, cos) - _along(im, axis, sin), _along(re, axis, sin) + _along(im, axis, cos)
     n, m = sizes[-1], kept[-1]
     cos, sin = _cos_sin(n, m, True, modes)
-    twice = torch.full((m,), 2.0, device=modes.device, dtype=cos.dtype)
-    twice[0] = 1.0
-    if n % 2 == 0 and m == n // 2 + 1:  # the Nyquist frequency is its own conjugate
-        twice[-1] = 1.0
+    # each kept frequency's weight in the real sum: 2 for a frequency standing for its conjugate too,
+    # 1 for zero and for Nyquist, which are their own (made on the device: no host copy, capturable)
+    k = torch.arange(m, device=modes.device)
+    own = (k == 0) | (k == n // 2) if n % 2 == 0 else k == 0
+    twice = 2 - own.to(cos.dtype)
     s = _scale(n, norm, inverse=True)
     # c_k Re((re + i im) e^{i theta}) = c_k (re cos - im sin)
     return torch.cat([re, im], -1) @ (torch.cat([cos.T * twice[:, None], -sin.T * twice[:, None]], 0) * s)
