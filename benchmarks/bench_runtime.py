@@ -42,10 +42,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -58,6 +56,8 @@ import yaml
 from torch import Tensor
 
 from gno_ext._files import written_whole
+from gno_ext.benchmark.run import git_commit
+from gno_ext.benchmark.runtime import plot, render, summary
 from gno_ext.losses import nmse
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, collate
 from gno_ext.solvers import solve_advection, solve_heat
@@ -337,104 +337,6 @@ def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
 
 
-def _commit() -> str | None:
-    if os.environ.get("GNO_EXT_COMMIT"):
-        return os.environ["GNO_EXT_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def render(results: dict[str, Any]) -> str:
-    """A Markdown table per run: the model and each solver at its matched resolution."""
-    lines = [f"{results['gpu']}, torch {results['torch']}, commit {str(results['commit'])[:7]}; times per "
-             f"{results['runs'][0]['steps']}-frame rollout (median of {results['repeats']} runs)", ""]
-    for run in results["runs"]:
-        for name, entry in run["classes"].items():
-            sizes = list(entry["model_seconds"])
-            lines += [f"**{run['recipe']}, {name}** ({entry['trajectories']} test trajectories): "
-                      f"`{run['model']}` nMSE {entry['model_nmse']:.3g}", "",
-                      "| | res | nMSE | " + " | ".join(f"ms, batch {b}" for b in sizes) + " |",
-                      "| --- | ---: | ---: | " + " | ".join("---:" for _ in sizes) + " |"]
-            kind = "captured" if "captured" in entry["model_seconds"][sizes[0]] else "eager"
-            lines.append(f"| `{run['model']}` ({kind}) | {run['resolution']} | {entry['model_nmse']:.3g} | "
-                         + " | ".join(f"{entry['model_seconds'][b][kind] * 1e3:.2f}" for b in sizes) + " |")
-            for method, curve in entry["solvers"].items():
-                for p in curve:
-                    mark = "**" if p["res"] == entry["matched"][method][sizes[-1]]["res"] else ""
-                    lines.append(f"| {method} | {mark}{p['res']}{mark} | {p['nmse']:.3g} | "
-                                 + " | ".join(f"{p['seconds'][b] * 1e3:.2f}" for b in sizes) + " |")
-            lines.append("")
-    return "\n".join(lines)
-
-
-def _shared_batches(results: list[dict[str, Any]]) -> list[str]:
-    """The batch sizes every results file timed."""
-    return [str(b) for b in results[0]["batches"] if all(b in r["batches"] for r in results)]
-
-
-def summary(results: list[dict[str, Any]]) -> str:
-    """The results page's table: per recipe and boundary class, the model and every solver at
-    its matched resolution, with times per rollout at each batch size and the solver's time
-    divided by the model's (above 1: the network is faster)."""
-    sizes = _shared_batches(results)
-    per = " / ".join(f"b{b}" for b in sizes)
-    lines = [(f"| case | model, nMSE | model ms, eager ({per}) | model ms, captured ({per}) | solver | res | "
-              f"solver nMSE | solver ms ({per}) | solver ÷ model ({per}) |"),
-             "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
-    for result in results:
-        for run in result["runs"]:
-            for name, entry in run["classes"].items():
-                times = entry["model_seconds"]
-                captured = " / ".join(f"{times[b]['captured'] * 1e3:.1f}" if "captured" in times[b] else "—"
-                                      for b in sizes)
-                for method, by_size in entry["matched"].items():
-                    m = [by_size[b] for b in sizes]  # the match depends on the error only: one per size alike
-                    lines.append(
-                        f"| {run['recipe']}, {name} | `{run['model']}`, {entry['model_nmse']:.3g} | "
-                        + " / ".join(f"{times[b]['eager'] * 1e3:.1f}" for b in sizes) + f" | {captured} | {method} | "
-                        + f"{m[0]['res']}{'' if m[0]['as_accurate'] else ' (finest)'} | "
-                        + f"{m[0]['nmse']:.2g} | " + " / ".join(f"{x['seconds'] * 1e3:.1f}" for x in m) + " | "
-                        + " / ".join(f"{x['speedup']:.2g}" for x in m) + " |")
-    return "\n".join(lines)
-
-
-def plot(results: list[dict[str, Any]], path: Path, batches: list[str] | None = None) -> None:
-    """Error against time per frame: each solver's curve over resolutions and the model as a
-    point, one panel per recipe and boundary class of every results file (columns) and per
-    batch size (rows; default: every size the files share)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    batches = batches or _shared_batches(results)
-    panels = [(run, name, entry) for result in results for run in result["runs"]
-              for name, entry in run["classes"].items()]
-    fig, axes = plt.subplots(len(batches), len(panels), figsize=(4.2 * len(panels), 3.4 * len(batches)),
-                             squeeze=False)
-    for row, batch in zip(axes, batches):
-        for ax, (run, name, entry) in zip(row, panels):
-            per_frame = 1e3 / run["steps"]
-            for method, curve in entry["solvers"].items():
-                ax.loglog([p["seconds"][batch] * per_frame for p in curve], [p["nmse"] for p in curve], "o-",
-                          label=method)
-                for p in curve:
-                    ax.annotate(str(p["res"]), (p["seconds"][batch] * per_frame, p["nmse"]), fontsize=7,
-                                textcoords="offset points", xytext=(3, 3))
-            kind = "captured" if "captured" in entry["model_seconds"][batch] else "eager"
-            ax.loglog([entry["model_seconds"][batch][kind] * per_frame], [entry["model_nmse"]], "r*",
-                      markersize=12, label=f"{run['model']} ({kind})")
-            ax.set_title(f"{run['recipe']}, {name}, batch {batch}", fontsize=10)
-            ax.set_xlabel(f"ms per frame, batch {batch}")
-            ax.set_ylabel("rollout nMSE")
-            ax.legend(fontsize=7)
-    fig.suptitle(f"{', '.join(sorted({r['gpu'] for r in results}))}: error against time per frame")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -470,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [measure_run(r, trajectories=args.trajectories, steps=args.steps, batches=tuple(args.batch),
                         resolutions=tuple(args.resolutions), repeats=args.repeats, device=str(dev),
                         capture=False if args.no_capture else None) for r in args.runs]
-    results = {"gpu": _device_name(dev), "torch": torch.__version__, "commit": _commit(), "repeats": args.repeats,
+    results = {"gpu": _device_name(dev), "torch": torch.__version__, "commit": git_commit(), "repeats": args.repeats,
                "batches": args.batch, "python": sys.version.split()[0], "runs": runs}
     with written_whole(args.out) as tmp:
         tmp.write_text(json.dumps(results, indent=1))

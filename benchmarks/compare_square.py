@@ -30,9 +30,10 @@ from pathlib import Path
 
 import yaml
 
+from gno_ext.benchmark.run import git_commit
+from gno_ext.benchmark.tables import write_result
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "recipes"))
-from benchmark import git_commit, write_result  # the results benchmark's: the commit, the atomic write
 
 RESULTS = ROOT / "benchmarks" / "results" / "square"
 MESH_MODELS = ("gno_mesh", "mesh_gnn")

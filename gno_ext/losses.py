@@ -13,12 +13,22 @@ weighs group $g$ by $\mathrm{softmax}_g(\tau \bar\ell)$.
 
 The paper gives no $\tau$, and the formula is not scale-free: with normalised MSEs of $10^{-3}$ and
 $\tau = 1$ the exponents differ by $10^{-3}$, so the objective equals the mean to a fraction of a
-percent and every group weighs the same. With ``temperature="relative"`` (the training loop's
-default) the temperature is measured in units of the current mean group loss
+percent and every group weighs the same. With ``temperature="relative"`` the temperature is
+measured in units of the current mean group loss
 $\bar\ell = \frac{1}{|G|}\sum_g \bar\ell_g$ (held constant in the gradient):
 $\tau_{\text{eff}} = \tau / \bar\ell$, so that a group whose loss is $r$ times the mean weighs
 $e^{\tau (r - 1)}$ times a group at the mean, whatever the losses' scale.
-``temperature="absolute"`` is the paper's formula as written.
+``temperature="absolute"`` is the paper's formula as written, and the training loop's default:
+the forms that weigh groups apart have not yet lowered the worst group's rollout error beyond
+what separates two runs (the results' ``dro`` table).
+
+The log-sum-exp weighs only the groups of one batch. Where every batch holds one boundary
+configuration (the paper's Algorithm 1, `gno_ext.training.CurriculumBatchSampler`), groups that
+differ by configuration never meet in a batch, and the batch objective cannot favour the worse
+configuration: with groups by configuration alone it is the plain mean. `RunningGroupLosses`
+keeps an estimate of every group's loss across batches (online group DRO, in the manner of
+Sagawa et al., 2020): a batch's groups are then weighed by the same softmax, of their running
+losses among all groups seen, so a configuration whose loss stays high gets larger steps.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ from torch import Tensor
 from gno_ext.checks import first_entry, is_integer, is_integer_dtype, may_read_device
 
 __all__ = ["mse_per_sample", "nmse", "relative_l2", "group_sums", "dro_from_group_sums", "dro_group_weights",
-           "group_dro_loss", "bin_parameters", "Curriculum", "TEMPERATURES"]
+           "group_dro_loss", "RunningGroupLosses", "bin_parameters", "Curriculum", "TEMPERATURES", "DRO_WEIGHTS"]
 
 TEMPERATURES = ("relative", "absolute")
 """How the DRO temperature ``tau`` is read: ``"relative"``, in units of the inverse mean group
@@ -180,6 +190,75 @@ def group_dro_loss(per_sample_loss: Tensor, groups: Tensor, tau: float, temperat
     return dro_from_group_sums(sums, counts, tau, temperature)
 
 
+DRO_WEIGHTS = ("batch", "running")
+"""Which group losses the DRO weights come from: ``"batch"``, the groups of the batch (the
+log-sum-exp of `dro_from_group_sums`); ``"running"``, every group's running loss across batches
+(`RunningGroupLosses`)."""
+
+
+class RunningGroupLosses:
+    r"""Every group's loss as a running estimate across batches, and the DRO weights it gives.
+
+    `update` moves the estimate of each group present in a batch towards the batch's mean loss
+    of that group, $\hat\ell_g \leftarrow (1 - r)\,\hat\ell_g + r\,\bar\ell_g$ (its first
+    batch sets it), and leaves the others. `weights` is ``dro_group_weights`` of the estimates
+    over the groups seen so far: ``|G| softmax(tau_eff * hat_l)``, mean 1 over them. The loss of a
+    batch is then ``sum_i w_{g(i)} l_i / B``: the plain mean where every weight is 1.
+
+    The state lives in two device tensors updated in place, so a step that uses it can be
+    captured in a CUDA graph (`tensors` names them, for a capture to restore after its warm-up
+    runs), and it round-trips through a checkpoint (`state_dict`). Under data parallelism pass
+    the global batch's sums and counts, so every process keeps the same estimate.
+
+    Parameters
+    ----------
+    n_groups : int
+    rate : float
+        The weight ``r`` of a batch in a group's estimate, in (0, 1].
+    device : torch.device or str, optional
+    """
+
+    def __init__(self, n_groups: int, rate: float = 0.1, device: torch.device | str | None = None) -> None:
+        if not is_integer(n_groups) or n_groups < 1:
+            raise ValueError(f"n_groups: must be an integer >= 1, got {n_groups!r}")
+        if not 0 < rate <= 1:
+            raise ValueError(f"trainer.dro.rate: must lie in (0, 1], got {rate}")
+        self.rate = float(rate)
+        self.loss = torch.zeros(n_groups, device=device)
+        self.seen = torch.zeros(n_groups, device=device)  # 1 for a group with an estimate (float: one dtype to save)
+
+    def tensors(self) -> list[Tensor]:
+        """The state, updated in place."""
+        return [self.loss, self.seen]
+
+    @torch.no_grad()
+    def update(self, sums: Tensor, counts: Tensor) -> None:
+        """Fold in one batch's group loss sums and counts (shape ``(n_groups,)``). Reads nothing
+        on the host."""
+        present = counts > 0
+        means = sums.float() / counts.clamp_min(1)
+        moved = torch.where(self.seen > 0, torch.lerp(self.loss, means, self.rate), means)
+        self.loss.copy_(torch.where(present, moved, self.loss))
+        self.seen.copy_(torch.where(present, 1.0, self.seen))
+
+    def weights(self, tau: float, temperature: str = "relative") -> Tensor:
+        """Each group's DRO weight from the estimates: mean 1 over the groups seen, 0 for the
+        others (`dro_group_weights` with the estimates as one-sample groups)."""
+        return dro_group_weights(self.loss, self.seen, tau, temperature)
+
+    def state_dict(self) -> dict[str, list[float]]:
+        return {"loss": self.loss.tolist(), "seen": self.seen.tolist()}
+
+    def load_state_dict(self, state: dict[str, list[float]]) -> None:
+        """Restore `state_dict`'s lists; a list of another length raises a `ValueError`."""
+        for name, t in (("loss", self.loss), ("seen", self.seen)):
+            values = state[name]
+            if len(values) != t.numel():
+                raise ValueError(f"running DRO group losses: the checkpoint holds {len(values)} groups' {name}, "
+                                 f"this run has {t.numel()} groups")
+            t.copy_(torch.tensor(values, dtype=t.dtype))
+
+
 def bin_parameters(theta: Tensor, edges: Sequence[Sequence[float]], boundary_type: Tensor | None = None,
                    n_boundary_types: int = 6) -> Tensor:
     """Group ids from continuous parameters: one bin per parameter, combined, per boundary type.
@@ -233,8 +312,9 @@ class Curriculum:
 
     For ``warmup_epochs`` epochs the loss is the plain mean of the per-sample losses (MSE),
     then group DRO with temperature ``tau``, read as ``temperature`` says (default
-    ``"relative"``, as the training loop's ``trainer.dro.temperature``: in units of the inverse
-    mean group loss; ``"absolute"`` is the paper's formula as written). The training loop runs this object (from
+    ``"absolute"``, the paper's formula as written, as the training loop's
+    ``trainer.dro.temperature``; ``"relative"``: in units of the inverse mean group loss). The
+    training loop runs this object (from
     ``trainer.curriculum`` and ``trainer.dro``); its batches, each of one boundary
     configuration visited in turn, come from `gno_ext.training.CurriculumBatchSampler`, and on
     several processes it computes `loss` over the global batch
@@ -251,8 +331,8 @@ class Curriculum:
     """
 
     warmup_epochs: int
-    tau: float = 2.0
-    temperature: str = "relative"
+    tau: float = 1.0
+    temperature: str = "absolute"
 
     def __post_init__(self) -> None:
         if not is_integer(self.warmup_epochs) or self.warmup_epochs < 0:

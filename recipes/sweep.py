@@ -12,8 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import hydra
-from benchmark import RESULTS, TABLES, execute, load_tables, plan  # recipes/ is the script folder
 from omegaconf import DictConfig, OmegaConf
+
+from gno_ext.benchmark.run import execute
+from gno_ext.benchmark.tables import RESULTS, TABLES, load_tables, plan
 
 
 @hydra.main(config_path=".", config_name="sweep", version_base="1.3")

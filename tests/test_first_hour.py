@@ -64,7 +64,8 @@ def test_a_config_that_extends_another_names_its_own_run_folder():
     assert soft["model"]["name"] == "gno_fno" and soft["model"]["label"] == "gno_fno_soft"
     assert run_dir_of(soft).name == "gno_fno_soft-smoke-seed0"
     assert run_dir_of(train.compose("heat-param", ["size=smoke", "model=gno_fno"])).name == "gno_fno-smoke-seed0"
-    assert run_dir_of(train.compose("heat-param", ["size=smoke"])).name == "gno-smoke-seed0"
+    assert run_dir_of(train.compose("heat-param", ["size=smoke"])).name == "gno_fno_soft-smoke-seed0"  # the default
+    assert run_dir_of(train.compose("heat-param", ["size=smoke", "model=gno"])).name == "gno-smoke-seed0"
     assert run_dir_of(train.compose("heat-param", ["size=smoke", "model=vit-5"])).name == "vit-5-smoke-seed0"
 
 

@@ -6,6 +6,7 @@ import torch
 
 from gno_ext.losses import (
     Curriculum,
+    RunningGroupLosses,
     bin_parameters,
     dro_from_group_sums,
     dro_group_weights,
@@ -205,9 +206,10 @@ def test_curriculum_switches_to_dro_after_warmup():
     loss, groups = torch.tensor([1.0, 1.0, 5.0]), torch.tensor([0, 0, 1])
     assert [cur.uses_dro(e) for e in range(4)] == [False, False, True, True]
     assert torch.isclose(cur.loss(loss, groups, 0), loss.mean())
-    assert torch.isclose(cur.loss(loss, groups, 2), group_dro_loss(loss, groups, 1.0, "relative"))
-    paper = Curriculum(warmup_epochs=2, tau=1.0, temperature="absolute")
-    assert torch.isclose(paper.loss(loss, groups, 2), group_dro_loss(loss, groups, 1.0))
+    assert torch.isclose(cur.loss(loss, groups, 2), group_dro_loss(loss, groups, 1.0))  # the paper's, by default
+    relative = Curriculum(warmup_epochs=2, tau=1.0, temperature="relative")
+    assert torch.isclose(relative.loss(loss, groups, 2), group_dro_loss(loss, groups, 1.0, "relative"))
+    assert not torch.isclose(relative.loss(loss, groups, 2), cur.loss(loss, groups, 2))
     assert Curriculum(warmup_epochs=np.int64(2)).uses_dro(2)
     for kwargs, match in [(dict(warmup_epochs=1.5), r"warmup_epochs: must be an integer >= 0, got 1.5"),
                           (dict(warmup_epochs=-1), r"warmup_epochs: must be an integer >= 0, got -1"),
@@ -250,3 +252,49 @@ def test_gpu_training_objective_does_not_synchronise_and_can_be_captured(tempera
     value, weights = run(True)[1:]
     assert torch.allclose(out["value"], value) and torch.allclose(out["grad"], torch.autograd.grad(value, loss)[0])
     assert torch.allclose(out["weights"], weights)
+
+
+def test_running_group_losses_follow_each_group_and_leave_the_absent_ones():
+    running = RunningGroupLosses(4, rate=0.25)
+    running.update(torch.tensor([2.0, 0.0, 6.0, 0.0]), torch.tensor([2.0, 0.0, 3.0, 0.0]))  # first batch: set
+    assert running.loss.tolist() == [1.0, 0.0, 2.0, 0.0] and running.seen.tolist() == [1, 0, 1, 0]
+    running.update(torch.tensor([0.0, 4.0, 0.0, 0.0]), torch.tensor([0.0, 1.0, 0.0, 0.0]))
+    assert running.loss.tolist() == [1.0, 4.0, 2.0, 0.0]  # group 1 set, groups 0 and 2 untouched
+    running.update(torch.tensor([10.0, 0.0, 0.0, 0.0]), torch.tensor([2.0, 0.0, 0.0, 0.0]))
+    assert running.loss[0] == pytest.approx(0.75 * 1.0 + 0.25 * 5.0)  # moved by the rate
+    w = running.weights(2.0, "relative")
+    assert w[3] == 0 and float(w[:3].mean()) == pytest.approx(1.0)  # mean 1 over the groups seen
+    assert int(w.argmax()) == 1 and int(w[:3].argmin()) == 0  # ordered by running loss
+    other = RunningGroupLosses(4, rate=0.25)
+    other.load_state_dict(running.state_dict())  # a checkpoint's round trip
+    assert torch.equal(other.loss, running.loss) and torch.equal(other.seen, running.seen)
+    with pytest.raises(ValueError, match="the checkpoint holds 4 groups' loss, this run has 3 groups"):
+        RunningGroupLosses(3).load_state_dict(running.state_dict())
+    with pytest.raises(ValueError, match=r"trainer.dro.rate: must lie in \(0, 1\], got 0"):
+        RunningGroupLosses(3, rate=0)
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0])
+def test_running_weights_act_across_batches_of_one_group_each(scale):
+    """The curriculum's batches hold one boundary configuration each. Where the groups are the
+    configurations, the batch's log-sum-exp weighs its one group 1: the plain mean, whatever the
+    losses. The running losses weigh a batch of the worse configuration more, at any loss scale."""
+    from gno_ext.training.objective import global_objective
+
+    running = RunningGroupLosses(2, rate=0.5)
+    per_group = {0: 1.0 * scale, 1: 3.0 * scale}  # group 1's loss is three times group 0's
+    batch_weights, running_weights = {}, {}
+    for _ in range(3):
+        for g, value in per_group.items():
+            losses = torch.full((4,), value, requires_grad=True)
+            groups = torch.full((4,), g)
+            plain = global_objective(losses, groups, 2, True, 2.0, world_size=1, temperature="relative")
+            batch_weights[g] = float(torch.autograd.grad(plain.backward_loss, losses)[0].sum())
+            weighed = global_objective(losses, groups, 2, True, 2.0, world_size=1, temperature="relative",
+                                       running=running)
+            running_weights[g] = float(torch.autograd.grad(weighed.backward_loss, losses)[0].sum())
+    assert batch_weights == pytest.approx({0: 1.0, 1: 1.0})  # inert: each batch is its own mean
+    # relative tau 2: group 1 at 1.5 times the mean of (1, 3), group 0 at 0.5: weights 2 e^2 / (e^1 + e^3) ...
+    want = 2 * torch.softmax(torch.tensor([2.0 * 0.5, 2.0 * 1.5]), 0)
+    assert running_weights == pytest.approx({0: float(want[0]), 1: float(want[1])}, rel=1e-5)
+    assert running_weights[1] > 1.7 > 0.3 > running_weights[0]

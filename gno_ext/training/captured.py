@@ -229,7 +229,12 @@ class CapturedSteps:
                 else:  # the norm all the same, for the non-finite guard
                     out["norm"] = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
 
+            # the warm-up runs and the capture must leave an objective's running state as it was
+            running = getattr(self.objective, "running", None)
+            state = [t.clone() for t in running.tensors()] if running is not None else []
             self.graphs[key] = (self._capture(run, self.warmup), static, static_groups, out)
+            for t, saved in zip(running.tensors() if running is not None else [], state):
+                t.copy_(saved)
         replay, static, static_groups, out = self.graphs[key]
         _copy_into(static, batch)
         static_groups.copy_(groups, non_blocking=True)

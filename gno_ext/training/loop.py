@@ -54,7 +54,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 
 from gno_ext._files import Busy, held
-from gno_ext.losses import Curriculum
+from gno_ext.losses import Curriculum, RunningGroupLosses
 from gno_ext.models.registry import get_model, model_class, save_checkpoint
 from gno_ext.training.captured import CapturedSteps, check_capture_settings
 from gno_ext.training.checkpoint import (
@@ -255,7 +255,7 @@ def _run(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None = None) -> t
         f"{len(train_ds)} training windows, {len(binner.configurations)} boundary configuration(s), "
         f"{binner.n_groups} DRO groups, {world} process(es) on {device.type}{averaged}, precision {precision}, "
         f"{total_steps} steps (MSE for {settings.warmup_epochs} epochs, then DRO with tau = {tr.dro.tau}, "
-        f"{tr.dro.temperature})")
+        f"{tr.dro.temperature}, weights from the {'running group losses' if tr.dro.weights == 'running' else 'batch'})")
 
     valid_ds = None
     try:
@@ -265,8 +265,12 @@ def _run(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None = None) -> t
 
     # ---- the epochs
     curriculum = Curriculum(settings.warmup_epochs, tr.dro.tau, tr.dro.temperature)
+    running = RunningGroupLosses(binner.n_groups, tr.dro.rate, device) if tr.dro.weights == "running" else None
+    if running is not None and checkpoint is not None and "dro_running" in st:
+        running.load_state_dict(st["dro_running"])
     objective = make_objective(training.model, raw, accelerator.autocast, scale, binner.n_groups, curriculum.tau,
-                               world, settings.balance_weight, settings.physics_weight, problem, curriculum.temperature)
+                               world, settings.balance_weight, settings.physics_weight, problem, curriculum.temperature,
+                               running)
     steps = EagerSteps(training.model, objective, accelerator, training.optimizer, training.flat, training.average,
                        tr.clip_grad, tr.grad_accum)
     loop = EpochLoop(cfg, settings, training, curriculum, steps, objective, sampler, loader, binner, valid_ds,
@@ -487,7 +491,7 @@ class EpochLoop:
         self._startup.add(name)
         seconds = time.perf_counter() - self._started
         self._log({f"startup/{name}": seconds})
-        self.say(f"{name.replace('_s', '').replace('_', ' ')} done {seconds:.1f} s after the loop started")
+        self.say(f"{name.removesuffix('_s').replace('_', ' ')} done {seconds:.1f} s after the loop started")
 
     def _log_training(self, loss_value: float, grad_norm: float, dro: bool) -> None:
         elapsed = max(time.perf_counter() - self._since_log, 1e-9)
@@ -536,9 +540,11 @@ class EpochLoop:
         t, p = self.training, self.progress
         self._tick()
         if self.main:
+            running = getattr(self.objective, "running", None)
             save_training_checkpoint(self.run_dir, p.step, t.raw, t.optimizer, t.scheduler,
                                      {"epoch": epoch, "batch": batch, "skipped": self.guard.skipped, "samples": p.seen,
-                                      "train_s": round(p.train_s, 3)},
+                                      "train_s": round(p.train_s, 3),
+                                      **({"dro_running": running.state_dict()} if running is not None else {})},
                                      self.cfg, ema=t.ema, keep=self.tr.keep_checkpoints)
         _wait_for_everyone(t.accelerator)
         self._clock = time.perf_counter()

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gno_ext.losses import dro_from_group_sums, dro_group_weights, group_sums
+from gno_ext.losses import RunningGroupLosses, dro_from_group_sums, dro_group_weights, group_sums
 
 __all__ = ["global_objective", "GlobalObjective", "NonFiniteGuard", "NonFiniteLossError", "choose_precision"]
 
@@ -47,7 +47,7 @@ class GlobalObjective(NamedTuple):
 def global_objective(per_sample_loss: Tensor, groups: Tensor, n_groups: int, dro: bool, tau: float,
                      world_size: int | None = None,
                      all_reduce: Callable[[Tensor], Tensor] | None = None,
-                     temperature: str = "absolute") -> GlobalObjective:
+                     temperature: str = "absolute", running: RunningGroupLosses | None = None) -> GlobalObjective:
     """The objective of the global batch, from this process's samples.
 
     Parameters
@@ -69,6 +69,11 @@ def global_objective(per_sample_loss: Tensor, groups: Tensor, n_groups: int, dro
         How ``tau`` is read (`gno_ext.losses.TEMPERATURES`); with ``"relative"`` the mean group
         loss it is divided by is the global batch's, so N processes still optimise the
         objective of one.
+    running : RunningGroupLosses, optional
+        Every group's running loss across batches (``trainer.dro.weights=running``): updated
+        with the global batch's group losses in every phase, and, with ``dro``, the source of
+        the weights, ``sum_g w_g sums_g / B`` (the plain mean where all weights are 1), in
+        place of the batch's log-sum-exp.
 
     Returns
     -------
@@ -78,14 +83,20 @@ def global_objective(per_sample_loss: Tensor, groups: Tensor, n_groups: int, dro
     if world_size is None:
         world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     all_reduce = all_reduce or _all_reduce_sum
-    n = n_groups if dro else 1
-    sums, counts = group_sums(per_sample_loss.float(), groups if dro else torch.zeros_like(groups), n)
+    n = n_groups if dro or running is not None else 1
+    sums, counts = group_sums(per_sample_loss.float(), groups if n > 1 else torch.zeros_like(groups), n)
     if world_size > 1:
         sums = sums + (all_reduce(sums) - sums.detach())  # value: global sums; gradient: local part
         counts = all_reduce(counts)
+    if running is not None:
+        running.update(sums.detach(), counts)
     if not dro:
         loss = sums.sum() / counts.sum()
-        return GlobalObjective(loss.detach(), loss * world_size, torch.ones_like(sums).expand(n_groups))
+        return GlobalObjective(loss.detach(), loss * world_size, torch.ones(n_groups, device=sums.device))
+    if running is not None:
+        weights = running.weights(tau, temperature)
+        loss = (weights * sums).sum() / counts.sum()
+        return GlobalObjective(loss.detach(), loss * world_size, weights)
     loss = dro_from_group_sums(sums, counts, tau, temperature)
     weights = dro_group_weights(sums.detach(), counts, tau, temperature)
     return GlobalObjective(loss.detach(), loss * world_size, weights)

@@ -63,11 +63,15 @@ class CurriculumSettings:
 @dataclass(frozen=True)
 class DROSettings:
     """``trainer.dro``: the log-sum-exp temperature, how it is read (``relative``: in units of the
-    inverse mean group loss, scale-free; ``absolute``: the paper's formula as written) and the
+    inverse mean group loss, scale-free; ``absolute``: the paper's formula as written), which
+    group losses weigh the groups (``batch``: the batch's; ``running``: every group's running
+    loss across batches, moved by ``rate`` per batch; `gno_ext.losses.DRO_WEIGHTS`) and the
     bins per parameter of the groups."""
 
-    tau: float = _number(2.0, "> 0")
-    temperature: str = _choice("relative", "relative", "absolute")
+    tau: float = _number(1.0, "> 0")
+    temperature: str = _choice("absolute", "absolute", "relative")
+    weights: str = _choice("batch", "batch", "running")
+    rate: float = _number(0.1, "> 0", 1)
     bins: int = _number(8, 1, integer=True)
 
 

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from gno_ext.layers.gate import balance_losses
+from gno_ext.losses import RunningGroupLosses
 from gno_ext.training.flat import FlatParameters
 from gno_ext.training.objective import global_objective
 from gno_ext.training.problem import Batch, GridProblem, Problem
@@ -55,13 +56,17 @@ class Steps(Protocol):
 
 def make_objective(model: nn.Module, raw: nn.Module, autocast: Callable[[], Any], scale: Tensor, n_groups: int,
                    tau: float, world: int, balance_weight: float = 0.0, physics_weight: float = 0.0,
-                   problem: Problem | None = None, temperature: str = "relative") -> Objective:
+                   problem: Problem | None = None, temperature: str = "relative",
+                   running: RunningGroupLosses | None = None) -> Objective:
     """The training objective: the per-sample MSE of the next frame on fields divided by
     ``scale``, reduced to the plain mean or the group-DRO loss over ``n_groups`` groups
     (`global_objective`, ``tau`` read as ``temperature`` says), plus the load-balance terms of the
     gates and routers that ran (`gno_ext.layers.balance_losses`) and a physics-informed model's
     residual (``raw``'s ``physics_loss``), where their weights are set. ``problem`` (default: grids) runs the model
-    on a batch and reduces the error per sample (`gno_ext.training.problem`)."""
+    on a batch and reduces the error per sample (`gno_ext.training.problem`). ``running``: the
+    groups' running losses, which weigh them in place of the batch's log-sum-exp
+    (``trainer.dro.weights=running``); the objective carries it as its ``running`` attribute
+    (None otherwise), for checkpoints and for a CUDA graph's capture to restore its state."""
     if physics_weight and not hasattr(raw, "physics_loss"):
         raise ValueError(f"model.physics_weight={physics_weight}: {type(raw).__name__} has no physics residual "
                          "(physics_loss); set it for a physics-informed model (model=pino) only")
@@ -73,7 +78,7 @@ def make_objective(model: nn.Module, raw: nn.Module, autocast: Callable[[], Any]
             pred = problem.predict(model, batch)
         per_sample = problem.mse(pred.float() / scale, problem.target(batch).float() / scale, batch)
         loss, backward_loss, weights = global_objective(per_sample, groups, n_groups, dro, tau, world,
-                                                        temperature=temperature)
+                                                        temperature=temperature, running=running)
         if balance_weight and balance:
             backward_loss = backward_loss + balance_weight * torch.stack(balance).sum()
         if physics is not None:  # PINO's residual term
@@ -81,6 +86,7 @@ def make_objective(model: nn.Module, raw: nn.Module, autocast: Callable[[], Any]
         smallest = torch.where(weights > 0, weights, math.inf).amin()  # of the groups present
         return torch.stack([loss, weights.amax(), smallest]), backward_loss
 
+    objective.running = running  # type: ignore[attr-defined]
     return objective
 
 

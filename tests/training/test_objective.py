@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from gno_ext.losses import dro_group_weights, group_dro_loss, group_sums
+from gno_ext.losses import RunningGroupLosses, dro_group_weights, group_dro_loss, group_sums
 from gno_ext.training.recipe_data import CurriculumBatchSampler, GroupBinner
 from gno_ext.training.objective import (
     NonFiniteGuard,
@@ -184,3 +184,28 @@ def test_the_training_objective_adds_the_gates_balance_terms_with_their_weight()
     torch.testing.assert_close(runs[0.5][1] - runs[0.0][1], 0.5 * terms)
     with pytest.raises(ValueError, match="model.physics_weight=1.0: Gated has no physics residual"):
         make_objective(model, model, nullcontext, scale, 1, 1.0, 1, physics_weight=1.0)
+
+
+def test_running_dro_across_processes_equals_one_process():
+    """With ``trainer.dro.weights=running``, two processes (the all-reduce simulated with the
+    global batch's sums and counts) keep the running group losses one process keeps, and their
+    averaged gradients are its gradient."""
+    torch.manual_seed(1)
+    one = RunningGroupLosses(5, rate=0.3)
+    shards = [RunningGroupLosses(5, rate=0.3) for _ in range(2)]
+    for _ in range(3):  # three global batches
+        losses = torch.rand(8) * 1e-3
+        groups = torch.tensor([0, 4, 1, 1, 4, 4, 0, 2])
+        ref = losses.clone().requires_grad_(True)
+        global_objective(ref, groups, 5, True, 2.0, world_size=1, temperature="relative",
+                         running=one).backward_loss.backward()
+        sums, counts = group_sums(losses, groups, 5)
+        x = losses.clone().requires_grad_(True)
+        for k, (s, g) in enumerate(zip(x.chunk(2), groups.chunk(2))):
+            answers = iter([sums, counts])
+            out = global_objective(s, g, 5, True, 2.0, world_size=2, temperature="relative", running=shards[k],
+                                   all_reduce=lambda t, answers=answers: next(answers))
+            (out.backward_loss / 2).backward()
+        torch.testing.assert_close(x.grad, ref.grad, rtol=1e-5, atol=1e-9)
+        for running in shards:
+            torch.testing.assert_close(running.loss, one.loss)

@@ -27,7 +27,7 @@ def test_absent_keys_take_the_defaults_and_given_ones_are_converted():
                               "optimizer": {"betas": [0.8, 0.9]}, "model": {"name": "gno", "balance_weight": 0.01}})
     assert s.trainer.epochs == 10 and s.trainer.batch_size == 32 and s.trainer.clip_grad == 2.0
     assert s.trainer.dro.bins == 4 and isinstance(s.trainer.dro.bins, int)
-    assert s.trainer.dro.tau == 2.0 and s.trainer.dro.temperature == "relative"
+    assert s.trainer.dro.tau == 1.0 and s.trainer.dro.temperature == "absolute" and s.trainer.dro.weights == "batch"
     assert s.optimizer.betas == (0.8, 0.9) and s.optimizer.lr == 1e-3 and s.balance_weight == 0.01
     assert s.warmup_epochs == 7  # 0.7 of 10 epochs
     assert Settings.from_config({"trainer": {"curriculum": {"warmup_epochs": 2}}}).warmup_epochs == 2

@@ -643,3 +643,28 @@ def test_compile_mode_and_options_reach_torch_compile(train_module, tmp_path, mo
                        "trainer.compile=reduce-overhead", "trainer.compile_options.combo_kernels=true",
                        "eval.enabled=false", *QUIET])
     assert calls == [("reduce-overhead", {"combo_kernels": True})]
+
+
+def test_running_dro_weights_act_where_the_batch_form_cannot_and_resume(train_module, tmp_path):
+    """heat-bc's groups are its boundary configurations, and each curriculum batch holds one:
+    the batch's log-sum-exp weighs every DRO batch 1 (the plain mean), the running group losses
+    weigh the configurations apart. A resumed run continues from the running losses its
+    checkpoint saved."""
+    common = ["--recipe", "heat-bc", "size=smoke", "trainer.epochs=3", "model=gno_fno_soft", "eval.enabled=false",
+              *QUIET]
+    weighed = {}
+    for weights in ("batch", "running"):
+        result = train_module.main([*common, f"trainer.dro.weights={weights}", f"run_dir={tmp_path / weights}"])
+        weighed[weights] = [(r["train/dro_weight_min"], r["train/dro_weight_max"])
+                            for r in run_metrics(Path(result["run_dir"])) if "train/dro_weight_max" in r]
+    assert len(weighed["batch"]) == 1 and all(pair == (1.0, 1.0) for pair in weighed["batch"])
+    assert len(weighed["running"]) == 1 and all(low < 1 < high for low, high in weighed["running"])
+    state = json.loads((latest_checkpoint(tmp_path / "running") / "trainer_state.json").read_text())
+    running = state["dro_running"]
+    assert len(running["loss"]) == len(running["seen"]) and sum(running["seen"]) >= 2
+    assert all(v > 0 for v, seen in zip(running["loss"], running["seen"]) if seen)
+    # resumed: the first DRO step after the checkpoint weighs with the saved running losses
+    again = train_module.main([*common, "trainer.epochs=4", "trainer.dro.weights=running", "resume=auto",
+                               f"run_dir={tmp_path / 'running'}"])
+    assert again["step"] > state["step"]
+    assert "dro_running" in json.loads((latest_checkpoint(tmp_path / "running") / "trainer_state.json").read_text())
