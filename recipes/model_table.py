@@ -27,8 +27,8 @@ RECEIVES = {
     "cape_attn": ("frames, theta", "Takamoto et al. 2023 (CAPE)"),
     "unisolver": ("frames, theta and boundary (domain-wise), v(x) (point-wise)", "Zhou et al. 2025 (Unisolver)"),
     "moe_pot": ("the frames only (routing by latent state)", "Wang et al. 2025 (MoE-POT)"),
-    "conditioned_vit": ("frames, theta, pooled v(x), boundary summary", "GNO paper, Appendix F"),
-    "pino": ("the frames (theta and v(x) in the loss only)", "Li et al. 2021 (PINO); GNO paper, Appendix J"),
+    "conditioned_vit": ("frames, theta, pooled v(x), boundary summary", "GNO paper, Appendix G"),
+    "pino": ("the frames (theta and v(x) in the loss only)", "Li et al. 2021 (PINO); GNO paper, Appendix M"),
     "persistence": ("the last frame (copied forward; a reference)", "no training"),
     "fno": ("frames, theta, v(x), boundary channels", "Li et al. 2021 (FNO), neuraloperator"),
 }

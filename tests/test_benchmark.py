@@ -55,13 +55,13 @@ def test_every_table_names_existing_recipes_and_models_and_the_papers_values():
     # objectives on the same two models; the long table holds the rows whose ranking it checks)
     for name in set(tables) - {"mesh", "heat-paper", "dro", "long"}:
         assert {"fno", "gated_fno", "persistence"} <= set(tables[name]["rows"]), name
-    # Appendix F: the four conditionings at the encoder and before every attention layer ("Attn")
+    # Appendix G: the four conditionings at the encoder and before every attention layer ("Attn")
     conditioning = tables["conditioning"]
     assert conditioning["recipes"] == ["ns-param"]
     assert {f"{m}-{w}" for m in ("film", "pos", "proj", "token") for w in ("encoder", "layers")} < set(conditioning["rows"])
     assert conditioning["rows"]["proj-layers"]["paper"] == [1.07e-2]
     assert conditioning["rows"]["proj-encoder"]["paper"] == [None]  # the paper's run diverged
-    # Appendix H: The Well's turbulent radiative layer, the plain MSE as the paper reports it
+    # Appendix N: The Well's turbulent radiative layer, the plain MSE as the paper reports it
     assert tables["trl"]["metric"] == "mse" and tables["trl"]["rows"]["gno"]["paper"] == [11.99]
     assert "turbulent_radiative_layer_2D" in tables["trl"]["needs"]
     assert {t["metric"] for n, t in tables.items() if n != "trl"} == {"nmse"}
@@ -295,6 +295,11 @@ def test_the_summary_opens_the_overview_and_the_notes_quote_the_result_files(tmp
     page = page_of(results, "index")
     assert page.index("## In short") < page.index("The FNO scores 0.5 (1.50).") < page.index("## The tables")
     assert "| heat-bc | **`fno`** 0.5 (2 seeds) | — | — |" in page
+    assert "10 epochs (the paper: 100) at batch 64, on the `bench` size" in page
+    for seed in (0, 1):  # smoke results: the page says their budget, not the bench tables'
+        path = folder / f"fno-seed{seed}.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "size": "smoke", "epochs": 2, "batch_size": 4}))
+    assert "2 epochs (the paper: 100) at batch 4, on the `smoke` size" in page_of(results, "index")
     (tmp_path / "notes" / "summary.md").write_text("{{bc/heat-bc/gno:nmse_mean}}")
     with pytest.raises(ValueError, match=r"summary.md: \{\{bc/heat-bc/gno:nmse_mean\}\} has no value"):
         page_of(results, "index")

@@ -141,3 +141,16 @@ def test_list_gives_each_recipes_whole_description():
     assert train.description("trl").endswith("then data.root=PATH.")
     assert all(train.description(r).endswith((".", ")")) for r in train.available("recipe")), \
         [r for r in train.available("recipe") if not train.description(r).endswith((".", ")"))]
+
+
+@pytest.mark.slow
+def test_accelerate_launch_quiet_shows_the_recipes_message_alone(tmp_path):
+    """``accelerate launch -q`` (as the docs say) on the trl recipe without its data: the
+    recipe's one message, a failing exit status, and no launcher traceback."""
+    done = subprocess.run(["accelerate", "launch", "-q", "--num_processes", "1", "--cpu", str(RECIPES / "train.py"),
+                           "--recipe", "trl", f"output_root={tmp_path}"], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env={**os.environ, "GNO_EXT_CACHE": str(tmp_path / "cache")})
+    out = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert out.count("The Well's turbulent_radiative_layer_2D is not on this machine") == 1
+    assert "Traceback" not in out and "CalledProcessError" not in out

@@ -49,9 +49,7 @@ autoregressive rollout (50 for Navier-Stokes) on the test split, $\\|\\hat u - u
 \\|u - \\bar u\\|^2$ per trajectory, averaged over trajectories (± the standard deviation over
 seeds where there are several), beside the paper's value for the same cell. Every model of a
 table is trained on the same data with the same epochs, batch size, optimizer settings and
-seeds: 10 epochs at batch 64 (the paper: 100), on the `bench` size of the datasets (the paper's
-resolution and protocol with fewer trajectories). Which model to use, in short:
-[Which model to use](../which-model.md).
+seeds: {budget}. Which model to use, in short: [Which model to use](../which-model.md).
 """
 
 READING = """## Reading and reproducing the tables
@@ -373,11 +371,23 @@ def _headline_text(counts: dict[str, Any]) -> str:
     return " ".join(said)
 
 
+def _budgets_said(tables: dict[str, Any], results: Path) -> str:
+    """The budget of the headline tables' results, in words: the epochs, batch sizes and dataset
+    sizes they were trained at (the results, not the tables' intentions, say it)."""
+    found = [r for name, table in tables.items() if table.get("headline") for r in load_results(results, name, table)[0]
+             if r.get("steps", 1) != 0]
+    if not found:
+        return "the budget each table's page states"
+    said = lambda key: " or ".join(str(v) for v in sorted({r.get(key) for r in found}, key=str))  # noqa: E731
+    return (f"{said('epochs')} epochs (the paper: 100) at batch {said('batch_size')}, on the `{said('size')}` "
+            "size of the datasets (`bench`: the paper's resolution and protocol with fewer trajectories)")
+
+
 def index_page(tables: dict[str, Any], results: Path = RESULTS) -> str:
     """The overview: the lead, the summary (the headline table, then the notes), the list of
     tables, how to read them."""
     lines, counts = _headline(tables, results)
-    out = [LEAD, "## In short\n", _headline_text(counts) + "\n", "\n".join(lines) + "\n"]
+    out = [LEAD.format(budget=_budgets_said(tables, results)), "## In short\n", _headline_text(counts) + "\n", "\n".join(lines) + "\n"]
     summary = _notes(results, SUMMARY)
     if summary:  # the answer to "does it win?" across the tables, written by hand
         out.append(summary)
@@ -433,7 +443,7 @@ def which_model_page(tables: dict[str, Any], results: Path = RESULTS) -> str:
     out = ["# Which model to use\n",
            f"Every recipe trains `{DEFAULT_MODEL}` unless you pass another `model=NAME`: the GNO on "
            "neuraloperator's FNO, its kernels mixed by the gate's probabilities. The figures below are the "
-           "results tables' ([Results](results/index.md)): 10 epochs on the `bench` datasets.\n",
+           f"results tables' ([Results](results/index.md)): {_budgets_said(tables, results)}.\n",
            "| your problem | use | the evidence |", "| --- | --- | --- |",
            f"| PDE parameters and/or boundary conditions on a regular grid | `{DEFAULT_MODEL}` (the default) | "
            + _headline_text({**counts, "ratios": []}) + " |",

@@ -107,7 +107,7 @@ class GNOBlock(nn.Module):
 class GNO(nn.Module):
     r"""Generalized Neural Operator for next-frame prediction.
 
-    Defaults are the paper's (Appendix D): latent 256, patch 16, 8 blocks, 8 heads, MLP
+    Defaults are the paper's (Appendix E): latent 256, patch 16, 8 blocks, 8 heads, MLP
     ratio 4, ``K = 4`` kernels, gate hidden size 32.
 
     Parameters

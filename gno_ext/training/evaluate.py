@@ -22,7 +22,7 @@ afterwards (``recipes/evaluate.py``).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +207,21 @@ def read_metrics(path: str | Path) -> dict[str, tuple[list[int], list[float]]]:
     return series
 
 
+def dro_start(series: Mapping[str, tuple[Any, Any]]) -> float | None:
+    """The first logged optimizer step of group DRO in a run's metrics (`read_metrics`'s series:
+    ``train/dro`` is 1 on DRO steps), or None where the run never reached it."""
+    if "train/dro" not in series:
+        return None
+    steps, flags = series["train/dro"]
+    return next((float(step) for step, flag in zip(steps, flags) if flag > 0.5), None)
+
+
+def no_better_than_the_mean(per_step: Sequence[float]) -> int | None:
+    """The first rollout step (from 1) whose mean nMSE is at least 1, the error of predicting
+    each frame's own mean, or None where every step is below it."""
+    return next((k + 1 for k, x in enumerate(per_step) if x >= 1), None)
+
+
 def _figures(result: Mapping[str, Any], out: Path, log_theta: bool, parameter: str,
              boundaries: list[dict[str, Any]], metrics: Path | None) -> list[str]:
     import matplotlib
@@ -221,7 +236,8 @@ def _figures(result: Mapping[str, Any], out: Path, log_theta: bool, parameter: s
     if "per_step_persistence" in result:
         still = result["per_step_persistence"].mean(0)
         ax.semilogy(np.arange(1, len(still) + 1), still, ls="--", color="grey", label="persistence (input copied)")
-        ax.legend(fontsize=8)
+    ax.axhline(1.0, color="black", lw=0.8, ls=":", label="each frame's mean (nMSE 1)")
+    ax.legend(fontsize=8)
     ax.set(xlabel="rollout step", ylabel="nMSE (mean over trajectories)", title="error along the rollout")
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -261,6 +277,9 @@ def _figures(result: Mapping[str, Any], out: Path, log_theta: bool, parameter: s
         ax.semilogy(*series["train/loss"], lw=1, label="training loss")
         if "valid/nmse_one_step" in series:
             ax.semilogy(*series["valid/nmse_one_step"], marker="o", label="one-step validation nMSE")
+        start = dro_start(series)
+        if start is not None:  # where the curriculum's MSE warm-up gives way to group DRO
+            ax.axvline(start, color="grey", lw=0.8, ls="--", label="group DRO from here")
         ax.set(xlabel="optimizer step", title="training")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
@@ -351,6 +370,11 @@ def write_report(result: Mapping[str, Any], binner: GroupBinner, out_dir: str | 
     lines += ["", "The same errors read other ways (the tables use the first): "
               + "; ".join(f"{READINGS[k]} {v:.4e}" for k, v in reading.items()) + "."]
     lines += ["", "Per-step nMSE: " + ", ".join(f"{x:.3e}" for x in summary["per_step_nmse"]), ""]
+    mean_from = no_better_than_the_mean(summary["per_step_nmse"])
+    if mean_from is not None:
+        lines += [f"**From step {mean_from} on, the model is no better than predicting each frame's own mean** "
+                  f"(nMSE {summary['per_step_nmse'][mean_from - 1]:.3g} at that step, where the mean scores 1): "
+                  "its rollout has not learnt the dynamics there.", ""]
     if summary["per_step_nmse_persistence"]:
         lines += ["Persistence (the input frame copied forward): "
                   + ", ".join(f"{x:.3e}" for x in summary["per_step_nmse_persistence"]), ""]

@@ -78,6 +78,7 @@ from gno_ext.training.recipe_data import (
 from gno_ext.training.settings import Settings
 from gno_ext.training.setup import (
     Training,
+    choose_cpu_threads,
     compile_cache_dir,
     fresh_accelerate_state,
     resolve_grad_sync,
@@ -193,6 +194,8 @@ def _run(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None = None) -> t
         _check_resume_config(saved, cfg, checkpoint)
 
     main, rank, world, device = state.is_main_process, state.process_index, state.num_processes, state.device
+    if device.type == "cpu":  # an oversubscribed machine collapses with a thread per core
+        torch.set_num_threads(choose_cpu_threads(tr.cpu_threads, world))
     grad_sync = resolve_grad_sync(tr.grad_sync, world, tr.capture, tr.flat_parameters)
     if tr.capture:  # refused before any work is done
         check_capture_settings(device, world, tr.grad_accum, precision, tr.compile, tr.flat_parameters, grad_sync)
@@ -253,7 +256,8 @@ def _run(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None = None) -> t
     averaged = f" (gradients averaged by {grad_sync})" if world > 1 else ""
     say(f"run {run_dir}: {name} ({sum(p.numel() for p in raw.parameters()) / 1e6:.2f} M parameters), "
         f"{len(train_ds)} training windows, {len(binner.configurations)} boundary configuration(s), "
-        f"{binner.n_groups} DRO groups, {world} process(es) on {device.type}{averaged}, precision {precision}, "
+        f"{binner.n_groups} DRO groups, {world} process(es) on {device.type}{averaged}"
+        f"{f' ({torch.get_num_threads()} thread(s) each)' if device.type == 'cpu' else ''}, precision {precision}, "
         f"{total_steps} steps (MSE for {settings.warmup_epochs} epochs, then DRO with tau = {tr.dro.tau}, "
         f"{tr.dro.temperature}, weights from the {'running group losses' if tr.dro.weights == 'running' else 'batch'})")
 

@@ -22,32 +22,44 @@ import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, get_type_hints
 
 __all__ = ["CurriculumSettings", "DROSettings", "EMASettings", "OptimizerSettings", "Settings", "TrainerSettings",
            "defaults"]
 
 
-def _number(default: Any, low: float | str = -math.inf, high: float = math.inf, integer: bool = False,
-            nullable: bool = False) -> Any:
-    """A numeric field: ``low`` is the smallest value allowed, or ``"> 0"`` for above zero."""
-    return field(default=default, metadata={"number": (low, high, integer, nullable)})
+@dataclass(frozen=True)
+class Number:
+    """A numeric setting's rule: at least ``low`` (``"> 0"``: above zero), at most ``high``, an
+    integer where ``integer``, null allowed where ``nullable``."""
+
+    low: float | str = -math.inf
+    high: float = math.inf
+    integer: bool = False
+    nullable: bool = False
 
 
-def _choice(default: Any, *choices: Any) -> Any:
-    return field(default=default, metadata={"choices": choices})
+@dataclass(frozen=True)
+class Choice:
+    """A setting that takes one of ``choices``."""
+
+    choices: tuple[Any, ...]
+
+    def __init__(self, *choices: Any) -> None:
+        object.__setattr__(self, "choices", choices)
 
 
-def _flag(default: bool) -> Any:
-    return field(default=default, metadata={"flag": True})
+@dataclass(frozen=True)
+class Flag:
+    """A setting that is true or false."""
 
 
 @dataclass(frozen=True)
 class EMASettings:
     """``trainer.ema``: an exponential moving average of the weights, evaluated at the end."""
 
-    enabled: bool = _flag(False)
-    decay: float = _number(0.999, 0, 1)
+    enabled: Annotated[bool, Flag()] = False
+    decay: Annotated[float, Number(0, 1)] = 0.999
 
 
 @dataclass(frozen=True)
@@ -55,9 +67,9 @@ class CurriculumSettings:
     """``trainer.curriculum``: plain MSE for the first ``P`` epochs, then group DRO (the paper's
     Algorithm 1); batches of one boundary configuration each, visited in ``order``."""
 
-    warmup_fraction: float = _number(0.7, 0, 1)  # P as a fraction of the epochs (the paper: 70 of 100)
-    warmup_epochs: int | None = _number(None, 0, integer=True, nullable=True)  # P in epochs, where set
-    order: str = _choice("interleave", "interleave", "sequential")
+    warmup_fraction: Annotated[float, Number(0, 1)] = 0.7  # P as a fraction of the epochs (the paper: 70 of 100)
+    warmup_epochs: Annotated[int | None, Number(0, integer=True, nullable=True)] = None  # P in epochs, where set
+    order: Annotated[str, Choice("interleave", "sequential")] = "interleave"
 
 
 @dataclass(frozen=True)
@@ -68,58 +80,59 @@ class DROSettings:
     loss across batches, moved by ``rate`` per batch; `gno_ext.losses.DRO_WEIGHTS`) and the
     bins per parameter of the groups."""
 
-    tau: float = _number(1.0, "> 0")
-    temperature: str = _choice("absolute", "absolute", "relative")
-    weights: str = _choice("batch", "batch", "running")
-    rate: float = _number(0.1, "> 0", 1)
-    bins: int = _number(8, 1, integer=True)
+    tau: Annotated[float, Number("> 0")] = 1.0
+    temperature: Annotated[str, Choice("absolute", "relative")] = "absolute"
+    weights: Annotated[str, Choice("batch", "running")] = "batch"
+    rate: Annotated[float, Number("> 0", 1)] = 0.1
+    bins: Annotated[int, Number(1, integer=True)] = 8
 
 
 @dataclass(frozen=True)
 class TrainerSettings:
     """``trainer``: the loop, its precision and its speed settings."""
 
-    epochs: int = _number(30, 1, integer=True)
-    batch_size: int = _number(32, 1, integer=True)  # per process
-    grad_accum: int = _number(1, 1, integer=True)
-    precision: str = _choice("auto", "auto", "bf16", "fp16", "no")
-    device: str = _choice("auto", "auto", "cpu")  # GPUs are chosen by the launcher
-    clip_grad: float | None = _number(1.0, "> 0", nullable=True)  # maximum gradient norm
-    flat_parameters: bool = _flag(True)
+    epochs: Annotated[int, Number(1, integer=True)] = 30
+    batch_size: Annotated[int, Number(1, integer=True)] = 32  # per process
+    grad_accum: Annotated[int, Number(1, integer=True)] = 1
+    precision: Annotated[str, Choice("auto", "bf16", "fp16", "no")] = "auto"
+    device: Annotated[str, Choice("auto", "cpu")] = "auto"  # GPUs are chosen by the launcher
+    clip_grad: Annotated[float | None, Number("> 0", nullable=True)] = 1.0  # maximum gradient norm
+    flat_parameters: Annotated[bool, Flag()] = True
     ema: EMASettings = field(default_factory=EMASettings)
     curriculum: CurriculumSettings = field(default_factory=CurriculumSettings)
     dro: DROSettings = field(default_factory=DROSettings)
-    loss_normalization: bool = _flag(True)
-    max_nonfinite: int = _number(5, 1, integer=True)
-    checkpoint_every: int | None = _number(0, 0, integer=True, nullable=True)  # 0 or null: every epoch's end
-    keep_checkpoints: int = _number(3, 0, integer=True)
-    log_every: int = _number(10, 1, integer=True)
-    val_every: int = _number(1, 1, integer=True)
-    val_batches: int = _number(4, 0, integer=True)
-    max_steps: int | None = _number(None, 1, integer=True, nullable=True)
-    num_workers: int = _number(0, 0, integer=True)
+    loss_normalization: Annotated[bool, Flag()] = True
+    max_nonfinite: Annotated[int, Number(1, integer=True)] = 5
+    checkpoint_every: Annotated[int | None, Number(0, integer=True, nullable=True)] = 0  # 0 or null: every epoch's end
+    keep_checkpoints: Annotated[int, Number(0, integer=True)] = 3
+    log_every: Annotated[int, Number(1, integer=True)] = 10
+    val_every: Annotated[int, Number(1, integer=True)] = 1
+    val_batches: Annotated[int, Number(0, integer=True)] = 4
+    max_steps: Annotated[int | None, Number(1, integer=True, nullable=True)] = None
+    num_workers: Annotated[int, Number(0, integer=True)] = 0
+    cpu_threads: Annotated[int | None, Number(1, integer=True, nullable=True)] = None  # null: the free cores (CPU runs)
     compile: bool | str = False  # false | true | a torch.compile mode (checked by compile_model)
-    capture: bool = _flag(False)
-    grad_sync: str = _choice("auto", "auto", "ddp", "flat")
+    capture: Annotated[bool, Flag()] = False
+    grad_sync: Annotated[str, Choice("auto", "ddp", "flat")] = "auto"
     compile_options: Mapping[str, Any] = field(default_factory=lambda: {"combo_kernels": False})
     compile_cache: str = "auto"  # auto | off | a folder (checked by gno_ext.training.setup.compile_cache_dir)
-    dist_timeout_minutes: float = _number(120, "> 0")
-    find_unused_parameters: bool | str = _choice("auto", "auto", True, False)
-    tensorboard: bool = _flag(True)
-    progress: bool = _flag(True)
+    dist_timeout_minutes: Annotated[float, Number("> 0")] = 120
+    find_unused_parameters: Annotated[bool | str, Choice("auto", True, False)] = "auto"
+    tensorboard: Annotated[bool, Flag()] = True
+    progress: Annotated[bool, Flag()] = True
 
 
 @dataclass(frozen=True)
 class OptimizerSettings:
     """``optimizer``: AdamW with a cosine (or constant) schedule after a linear warm-up."""
 
-    name: str = _choice("adamw", "adamw")
-    lr: float = _number(1.0e-3, 0)
-    weight_decay: float = _number(0.05, 0)
+    name: Annotated[str, Choice("adamw")] = "adamw"
+    lr: Annotated[float, Number(0)] = 1.0e-3
+    weight_decay: Annotated[float, Number(0)] = 0.05
     betas: tuple[float, float] = (0.9, 0.999)
-    schedule: str = _choice("cosine", "cosine", "constant")
-    warmup_fraction: float = _number(0.05, 0, 1)  # of all optimizer steps
-    min_lr_ratio: float = _number(0.01, 0, 1)  # final learning rate / lr
+    schedule: Annotated[str, Choice("cosine", "constant")] = "cosine"
+    warmup_fraction: Annotated[float, Number(0, 1)] = 0.05  # of all optimizer steps
+    min_lr_ratio: Annotated[float, Number(0, 1)] = 0.01  # final learning rate / lr
 
 
 @dataclass(frozen=True)
@@ -139,8 +152,8 @@ class Settings:
 
     trainer: TrainerSettings = field(default_factory=TrainerSettings)
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
-    balance_weight: float = _number(0.0, 0)
-    physics_weight: float = _number(0.0, 0)
+    balance_weight: Annotated[float, Number(0)] = 0.0
+    physics_weight: Annotated[float, Number(0)] = 0.0
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> Settings:
@@ -150,7 +163,7 @@ class Settings:
         weights = {k: model[k] for k in ("balance_weight", "physics_weight") if k in model}
         return cls(trainer=_read(TrainerSettings, cfg.get("trainer") or {}, "trainer."),
                    optimizer=_read(OptimizerSettings, cfg.get("optimizer") or {}, "optimizer."),
-                   **{k: _checked(_field(cls, k), v, f"model.{k}") for k, v in weights.items()})
+                   **{k: _checked(cls, _field(cls, k), v, f"model.{k}") for k, v in weights.items()})
 
     @property
     def warmup_epochs(self) -> int:
@@ -197,14 +210,23 @@ def _read(cls: type, section: Mapping[str, Any], prefix: str) -> Any:
         if nested is not None:
             values[f.name] = _read(nested, section.get(f.name) or {}, f"{prefix}{f.name}.")
         elif f.name in section:
-            values[f.name] = _checked(f, section[f.name], prefix + f.name)
+            values[f.name] = _checked(cls, f, section[f.name], prefix + f.name)
     return cls(**values)
 
 
-def _checked(f: dataclasses.Field, value: Any, key: str) -> Any:
-    """``value`` of the field ``f`` (the dotted ``key`` in messages), checked and converted."""
-    if "number" in f.metadata:
-        low, high, integer, nullable = f.metadata["number"]
+def _rule(cls: type, name: str) -> Number | Choice | Flag | None:
+    """The rule (`Number`, `Choice`, `Flag`) that the field ``name`` of ``cls`` carries in its
+    annotation, or None."""
+    hint = get_type_hints(cls, include_extras=True)[name]
+    return next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, (Number, Choice, Flag))), None)
+
+
+def _checked(cls: type, f: dataclasses.Field, value: Any, key: str) -> Any:
+    """``value`` of the field ``f`` of ``cls`` (the dotted ``key`` in messages), checked and
+    converted."""
+    rule = _rule(cls, f.name)
+    if isinstance(rule, Number):
+        low, high, integer, nullable = rule.low, rule.high, rule.integer, rule.nullable
         if value is None and nullable:
             return None
         wanted = "an integer" if integer else "a number"
@@ -214,13 +236,13 @@ def _checked(f: dataclasses.Field, value: Any, key: str) -> Any:
                 or (value <= 0 if low == "> 0" else value < low):
             raise ValueError(f"{key}: expected {wanted} {bounds}{' or null' if nullable else ''}, got {value!r}")
         return int(value) if integer else float(value)
-    if "choices" in f.metadata:
-        choices = f.metadata["choices"]
+    if isinstance(rule, Choice):
+        choices = rule.choices
         if not any(value == c and type(value) is type(c) for c in choices):
             shown = ", ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in choices)
             raise ValueError(f"{key}: expected one of {shown}, got {value!r}")
         return value
-    if "flag" in f.metadata:
+    if isinstance(rule, Flag):
         if not isinstance(value, bool):
             raise ValueError(f"{key}: expected true or false, got {value!r}")
         return value

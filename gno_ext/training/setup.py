@@ -24,7 +24,8 @@ from gno_ext.layers.mixture import has_dispatch
 from gno_ext.training.flat import FlatParameters
 from gno_ext.training.settings import Settings
 
-__all__ = ["Training", "compile_cache_dir", "compile_model", "resolve_grad_sync", "set_up", "use_compile_cache"]
+__all__ = ["Training", "choose_cpu_threads", "compile_cache_dir", "compile_model", "resolve_grad_sync", "set_up",
+           "use_compile_cache"]
 
 
 def compile_model(model: nn.Module, mode: bool | str = True, options: Mapping[str, Any] | None = None) -> nn.Module:
@@ -153,6 +154,24 @@ class Training:
     flat: FlatParameters | None
     ema: Any
     average: bool
+
+
+def choose_cpu_threads(setting: int | None, world: int = 1, cores: int | None = None,
+                       load: float | None = None) -> int:
+    """Torch's intra-op threads for a CPU run: ``setting`` (``trainer.cpu_threads``) where given,
+    else the cores this process may use that are not already busy (the 1-minute load average),
+    shared among the ``world`` processes of the job, and at least 1. On a machine that other jobs
+    keep busy, a thread beyond the free cores does not add compute: it waits its turn, and torch's
+    threads, which meet at every operation, then wait for the slowest. ``OMP_NUM_THREADS`` set by
+    you wins over the automatic choice, as for torch itself."""
+    if setting is not None:
+        return int(setting)
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    cores = cores if cores is not None else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
+    load = load if load is not None else os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return max(1, min(cores, math.floor(cores - load + 0.5)) // world)
 
 
 def set_up(raw: nn.Module, settings: Settings, precision: str, use_cpu: bool, run_dir: Path, grad_sync: str,

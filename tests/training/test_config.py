@@ -107,7 +107,7 @@ def test_sizes_compose(size):
     assert default["name"] == "gno_fno" and default["kwargs"]["soft_routing"] is True
     assert (default["kwargs"]["n_modes"], default["kwargs"]["hidden_channels"]) == \
         (cfg["backbone"]["modes"], cfg["backbone"]["width"])
-    if size == "paper":  # the paper's Appendix D backbone
+    if size == "paper":  # the paper's Appendix E backbone
         assert (cfg["backbone"]["latent"], cfg["backbone"]["patch"], cfg["backbone"]["depth"],
                 cfg["backbone"]["heads"]) == (256, 16, 8, 8)
         assert cfg["trainer"]["epochs"] == 100 and cfg["trainer"]["curriculum"]["warmup_fraction"] == 0.7

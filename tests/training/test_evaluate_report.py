@@ -10,7 +10,7 @@ import torch
 from gno_ext.adapters import ArrayDataset
 from gno_ext.schema import BCType, BoundarySpec
 from gno_ext.training.recipe_data import GroupBinner, parameter_names
-from gno_ext.training.evaluate import evaluate_rollouts, read_metrics, write_report
+from gno_ext.training.evaluate import dro_start, evaluate_rollouts, no_better_than_the_mean, read_metrics, write_report
 
 
 class Scale(torch.nn.Module):
@@ -198,3 +198,29 @@ def test_the_nmse_is_kept_in_every_reading_with_each_trajectorys_value(tmp_path)
     assert rows["nmse"] == pytest.approx(per_trajectory, rel=1e-4) and rows["theta"] == [[0.0], [0.5], [0.2]]
     assert len(rows["boundary"]) == 3
     assert "pooled over the split" in (tmp_path / "report.md").read_text()
+
+
+def test_the_report_says_where_the_model_is_no_better_than_the_mean_and_where_dro_starts(tmp_path):
+    """A rollout whose step error reaches 1 (the error of predicting each frame's own mean) is
+    called no better than the mean from that step; the training curve knows where DRO starts."""
+    assert no_better_than_the_mean([0.2, 0.9, 1.0, 3.0]) == 3
+    assert no_better_than_the_mean([0.2, 0.9]) is None
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "train/loss": 1.0 / s, "train/dro": float(s >= 4)} for s in range(1, 7)]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert dro_start(read_metrics(metrics)) == 4.0
+    assert dro_start({"train/dro": ([1, 2], [0.0, 0.0])}) is None and dro_start({}) is None
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(5, 4, 1, 8, 8, generator=g).numpy()  # noise: each frame unrelated to the last
+    theta = np.array([[0.0], [0.4], [0.1], [0.9], [0.2]], np.float32)
+    binner = GroupBinner(torch.as_tensor(theta), np.zeros((5, 4), np.int64), 2, [False])
+    result = evaluate_rollouts(Scale(), ArrayDataset(u, theta=theta, n_steps_output=3), list(range(5)), 3, binner,
+                               keep_examples=0)
+    summary = write_report(result, binner, tmp_path / "eval", metrics=metrics)
+    first = no_better_than_the_mean(summary["per_step_nmse"])
+    assert first == 1  # copying a frame of noise forward is worse than its mean
+    assert f"**From step {first} on, the model is no better than predicting each frame's own mean**" in \
+        (tmp_path / "eval" / "report.md").read_text()
+    good = {**result, "per_step": result["per_step"] * 0.01}
+    write_report(good, binner, tmp_path / "good", figures=False)
+    assert "no better than predicting" not in (tmp_path / "good" / "report.md").read_text()

@@ -52,3 +52,18 @@ def test_absent_keys_take_the_defaults_and_given_ones_are_converted():
 def test_a_bad_setting_is_named(cfg, message):
     with pytest.raises(ValueError, match=message):
         Settings.from_config(cfg)
+
+
+def test_cpu_threads_are_the_free_cores_shared_by_the_processes(monkeypatch):
+    from gno_ext.training.setup import choose_cpu_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert choose_cpu_threads(None, cores=2, load=0.0) == 2  # an idle machine: every core
+    assert choose_cpu_threads(None, cores=2, load=2.1) == 1  # both cores busy elsewhere: one thread, not two
+    assert choose_cpu_threads(None, cores=16, load=3.8) == 12
+    assert choose_cpu_threads(None, world=4, cores=16, load=0.0) == 4  # four processes share the cores
+    assert choose_cpu_threads(None, world=4, cores=2, load=0.0) == 1
+    assert choose_cpu_threads(3, cores=2, load=5.0) == 3  # trainer.cpu_threads set: taken as given
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    import torch
+    assert choose_cpu_threads(None, cores=16, load=0.0) == torch.get_num_threads()  # yours wins

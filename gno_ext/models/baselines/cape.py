@@ -2,7 +2,7 @@ r"""CAPE baselines: channel-attention parameter embedding in front of a U-Net, a
 
 CAPE (Takamoto, Alesiani and Niepert, 2023) turns the PDE parameters into extra input channels
 of an ordinary surrogate. This implementation follows the method as described there and in the
-GNO paper's Appendix D (widening factor 64, kernel size 5, normalised dimension 128, a final
+GNO paper's Appendix E (widening factor 64, kernel size 5, normalised dimension 128, a final
 1x1 convolution, 3 parameter-embedding channels): for each parameter $\theta_p$ an MLP of hidden
 width ``norm_dim`` gives channel weights $a_p(\theta_p) \in \mathbb{R}^{3 \times w}$; the
 input, widened to ``w = widening`` channels, passes three operators (point-wise 1x1, depth-wise

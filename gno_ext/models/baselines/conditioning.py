@@ -1,4 +1,4 @@
-r"""The conditioning variants of the GNO paper's Appendix F, from one parametrised ViT.
+r"""The conditioning variants of the GNO paper's Appendix G, from one parametrised ViT.
 
 A condition vector $c$ (an MLP of the normalised ``theta``, the field parameters' mean and RMS
 and the boundary summary: per face the type and the mean data) enters the tokens $x$ by

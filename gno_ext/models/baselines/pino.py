@@ -1,6 +1,6 @@
 r"""PINO: an FNO trained with the data loss plus the residual of the known equation.
 
-As the GNO paper's Appendix J uses it: the network sees only the input frames; the PDE
+As the GNO paper's Appendix M uses it: the network sees only the input frames; the PDE
 parameters enter **only the loss**, through the residual of the equation between the last input
 frame $u^n$ and the prediction $u^{n+1}$ (Crank-Nicolson in time, central differences in
 space, on the cells whose stencil stays inside the box; periodic axes wrap):

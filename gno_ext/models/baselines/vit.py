@@ -1,6 +1,6 @@
 """ViT baselines: ViT-k (implicit inference from k frames) and Concat (theta on the grid).
 
-Both use the paper's backbone (Appendix D): patch embedding, fixed sin-cos positions, ``depth``
+Both use the paper's backbone (Appendix E): patch embedding, fixed sin-cos positions, ``depth``
 pre-norm transformer blocks, a linear projection of each token back to its patch.
 """
 
