@@ -224,12 +224,36 @@ def no_better_than_the_mean(per_step: Sequence[float]) -> int | None:
 
 def _figures(result: Mapping[str, Any], out: Path, log_theta: bool, parameter: str,
              boundaries: list[dict[str, Any]], metrics: Path | None) -> list[str]:
+    """The report's figures in ``out``: the error along the rollout, against the parameter, by
+    boundary configuration, the training curve and the rollouts kept; returns their names."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     files = []
+
+    def save(fig: Any, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=100 if name.startswith("rollout_") else 120)
+        plt.close(fig)
+        files.append(name)
+
+    save(_per_step_figure(result, plt), "per_step_nmse.png")
+    if result["theta"].shape[1] > 0:
+        save(_parameter_figure(result, plt, log_theta, parameter), "error_vs_parameter.png")
+    if len(boundaries) > 1:
+        save(_boundary_figure(result, plt, boundaries), "error_by_boundary.png")
+    series = read_metrics(metrics) if metrics is not None and Path(metrics).is_file() else {}
+    if "train/loss" in series:
+        save(_training_figure(series, plt), "training_curve.png")
+    for n, ex in enumerate(result["examples"]):
+        save(_rollout_figure(ex, n, plt, parameter), f"rollout_{ex.get('label', n)}.png")
+    return files
+
+
+def _per_step_figure(result: Mapping[str, Any], plt: Any) -> Any:
+    """The error along the rollout, with persistence and the mean predictor (nMSE 1)."""
     fig, ax = plt.subplots(figsize=(5, 3.2))
     curve = result["per_step"].mean(0)
     ax.semilogy(np.arange(1, len(curve) + 1), curve, marker="o", label="model")
@@ -240,93 +264,83 @@ def _figures(result: Mapping[str, Any], out: Path, log_theta: bool, parameter: s
     ax.legend(fontsize=8)
     ax.set(xlabel="rollout step", ylabel="nMSE (mean over trajectories)", title="error along the rollout")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out / "per_step_nmse.png", dpi=120)
-    plt.close(fig)
-    files.append("per_step_nmse.png")
-    if result["theta"].shape[1] > 0:
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.scatter(result["theta"][:, 0], result["nmse"], s=10, c=result["group"], cmap="viridis")
-        ax.set_yscale("log")
-        if log_theta:
-            ax.set_xscale("log")
-        ax.set(xlabel=parameter, ylabel="rollout nMSE", title="error versus parameter")
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out / "error_vs_parameter.png", dpi=120)
-        plt.close(fig)
-        files.append("error_vs_parameter.png")
-    if len(boundaries) > 1:  # error by boundary configuration: every trajectory, and the mean
-        configs = sorted({b["boundary"] for b in boundaries})
-        fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(configs)), 3.4))
-        for x, name in enumerate(configs):
-            errors = result["nmse"][np.array(result["boundary"]) == name]
-            ax.scatter(x + np.linspace(-0.15, 0.15, len(errors)), errors, s=8, alpha=0.5, color="C0")
-            ax.plot([x - 0.25, x + 0.25], [errors.mean()] * 2, color="C3", lw=2)
-        ax.set_xticks(range(len(configs)), [c.replace("/", "/\n") for c in configs], fontsize=7)
-        ax.set_yscale("log")
-        ax.set(ylabel="rollout nMSE", title="error by boundary configuration (red: mean)")
-        ax.grid(alpha=0.3, axis="y")
-        fig.tight_layout()
-        fig.savefig(out / "error_by_boundary.png", dpi=120)
-        plt.close(fig)
-        files.append("error_by_boundary.png")
-    series = read_metrics(metrics) if metrics is not None and Path(metrics).is_file() else {}
-    if "train/loss" in series:
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.semilogy(*series["train/loss"], lw=1, label="training loss")
-        if "valid/nmse_one_step" in series:
-            ax.semilogy(*series["valid/nmse_one_step"], marker="o", label="one-step validation nMSE")
-        start = dro_start(series)
-        if start is not None:  # where the curriculum's MSE warm-up gives way to group DRO
-            ax.axvline(start, color="grey", lw=0.8, ls="--", label="group DRO from here")
-        ax.set(xlabel="optimizer step", title="training")
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out / "training_curve.png", dpi=120)
-        plt.close(fig)
-        files.append("training_curve.png")
-    for n, ex in enumerate(result["examples"]):
-        pred, truth = ex["pred"][:, 0], ex["truth"][:, 0]  # channel 0, (steps, *S)
-        if pred.ndim == 4:  # 3-D: the middle slice of the last axis
-            pred, truth = pred[..., pred.shape[-1] // 2], truth[..., truth.shape[-1] // 2]
-        shown = sorted({0, len(pred) // 2, len(pred) - 1})
-        fig, axes = plt.subplots(len(shown), 3, figsize=(9, 2.6 * len(shown)), squeeze=False)
-        for r, k in enumerate(shown):
-            err = pred[k] - truth[k]
-            lo, hi = float(min(pred[k].min(), truth[k].min())), float(max(pred[k].max(), truth[k].max()))
-            for c, (img, name) in enumerate(((pred[k], "prediction"), (truth[k], "truth"), (err, "error"))):
-                a = axes[r, c]
-                if "triangles" in ex:  # a mesh: node values on its triangles
-                    lim = float(np.abs(err).max()) or 1.0
-                    kw = dict(vmin=-lim, vmax=lim, cmap="RdBu_r") if name == "error" else dict(vmin=lo, vmax=hi)
-                    im = a.tripcolor(ex["pos"][:, 0], ex["pos"][:, 1], ex["triangles"], img, shading="gouraud", **kw)
-                    fig.colorbar(im, ax=a, fraction=0.046)
-                    a.set_aspect("equal")
-                    a.set_xticks([])
-                    a.set_yticks([])
-                elif img.ndim == 1:
-                    a.plot(img)
-                else:
-                    lim = float(np.abs(err).max()) or 1.0
-                    kw = dict(vmin=-lim, vmax=lim, cmap="RdBu_r") if name == "error" else dict(vmin=lo, vmax=hi)
-                    im = a.imshow(img.T, origin="lower", **kw)
-                    fig.colorbar(im, ax=a, fraction=0.046)
-                    a.set_xticks([])
-                    a.set_yticks([])
-                a.set_title(f"{name}, step {k + 1}", fontsize=9)
-        theta = ", ".join(f"{v:.3g}" for v in np.atleast_1d(ex["theta"]))
-        what = f"{ex['label']} trajectory (nMSE {ex['nmse']:.3g}), " if "label" in ex else f"rollout {n}, "
-        where = "segments" if "triangles" in ex else "faces"
-        faces = f", {where} {'/'.join(ex['boundary'])}" if ex.get("boundary") else ""
-        fig.suptitle(f"{what}{parameter} = {theta}{faces}", fontsize=10)
-        fig.tight_layout()
-        name = f"rollout_{ex.get('label', n)}.png"
-        fig.savefig(out / name, dpi=100)
-        plt.close(fig)
-        files.append(name)
-    return files
+    return fig
+
+
+def _parameter_figure(result: Mapping[str, Any], plt: Any, log_theta: bool, parameter: str) -> Any:
+    """Each trajectory's error against its first parameter, coloured by group."""
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.scatter(result["theta"][:, 0], result["nmse"], s=10, c=result["group"], cmap="viridis")
+    ax.set_yscale("log")
+    if log_theta:
+        ax.set_xscale("log")
+    ax.set(xlabel=parameter, ylabel="rollout nMSE", title="error versus parameter")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def _boundary_figure(result: Mapping[str, Any], plt: Any, boundaries: list[dict[str, Any]]) -> Any:
+    """The error by boundary configuration: every trajectory, and the mean."""
+    configs = sorted({b["boundary"] for b in boundaries})
+    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(configs)), 3.4))
+    for x, name in enumerate(configs):
+        errors = result["nmse"][np.array(result["boundary"]) == name]
+        ax.scatter(x + np.linspace(-0.15, 0.15, len(errors)), errors, s=8, alpha=0.5, color="C0")
+        ax.plot([x - 0.25, x + 0.25], [errors.mean()] * 2, color="C3", lw=2)
+    ax.set_xticks(range(len(configs)), [c.replace("/", "/\n") for c in configs], fontsize=7)
+    ax.set_yscale("log")
+    ax.set(ylabel="rollout nMSE", title="error by boundary configuration (red: mean)")
+    ax.grid(alpha=0.3, axis="y")
+    return fig
+
+
+def _training_figure(series: Mapping[str, tuple[Any, Any]], plt: Any) -> Any:
+    """The training loss and the one-step validation error, with the start of group DRO."""
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.semilogy(*series["train/loss"], lw=1, label="training loss")
+    if "valid/nmse_one_step" in series:
+        ax.semilogy(*series["valid/nmse_one_step"], marker="o", label="one-step validation nMSE")
+    start = dro_start(series)
+    if start is not None:  # where the curriculum's MSE warm-up gives way to group DRO
+        ax.axvline(start, color="grey", lw=0.8, ls="--", label="group DRO from here")
+    ax.set(xlabel="optimizer step", title="training")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def _rollout_figure(ex: Mapping[str, Any], n: int, plt: Any, parameter: str) -> Any:
+    """One kept rollout: prediction, truth and error at its first, middle and last steps."""
+    pred, truth = ex["pred"][:, 0], ex["truth"][:, 0]  # channel 0, (steps, *S)
+    if pred.ndim == 4:  # 3-D: the middle slice of the last axis
+        pred, truth = pred[..., pred.shape[-1] // 2], truth[..., truth.shape[-1] // 2]
+    shown = sorted({0, len(pred) // 2, len(pred) - 1})
+    fig, axes = plt.subplots(len(shown), 3, figsize=(9, 2.6 * len(shown)), squeeze=False)
+    for r, k in enumerate(shown):
+        err = pred[k] - truth[k]
+        lo, hi = float(min(pred[k].min(), truth[k].min())), float(max(pred[k].max(), truth[k].max()))
+        for c, (img, name) in enumerate(((pred[k], "prediction"), (truth[k], "truth"), (err, "error"))):
+            a = axes[r, c]
+            lim = float(np.abs(err).max()) or 1.0
+            kw = dict(vmin=-lim, vmax=lim, cmap="RdBu_r") if name == "error" else dict(vmin=lo, vmax=hi)
+            if "triangles" in ex:  # a mesh: node values on its triangles
+                im = a.tripcolor(ex["pos"][:, 0], ex["pos"][:, 1], ex["triangles"], img, shading="gouraud", **kw)
+                a.set_aspect("equal")
+            elif img.ndim == 1:
+                a.plot(img)
+            else:
+                im = a.imshow(img.T, origin="lower", **kw)
+            if img.ndim > 1 or "triangles" in ex:
+                fig.colorbar(im, ax=a, fraction=0.046)
+                a.set_xticks([])
+                a.set_yticks([])
+            a.set_title(f"{name}, step {k + 1}", fontsize=9)
+    theta = ", ".join(f"{v:.3g}" for v in np.atleast_1d(ex["theta"]))
+    what = f"{ex['label']} trajectory (nMSE {ex['nmse']:.3g}), " if "label" in ex else f"rollout {n}, "
+    where = "segments" if "triangles" in ex else "faces"
+    faces = f", {where} {'/'.join(ex['boundary'])}" if ex.get("boundary") else ""
+    fig.suptitle(f"{what}{parameter} = {theta}{faces}", fontsize=10)
+    return fig
 
 
 PRECISION_NAMES = {"no": "float32", "bf16": "bf16 autocast", "fp16": "fp16 autocast"}
