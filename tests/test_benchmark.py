@@ -275,6 +275,10 @@ def test_the_results_pages_are_rendered_from_the_committed_results():
     drawn = {p.name for p in (docs / "results").glob("*.png")}
     assert shown == drawn, f"shown, not drawn: {sorted(shown - drawn)}; drawn, never shown: {sorted(drawn - shown)}"
     assert {p.name for p in (docs / "results").glob("*.md")} == {n.split("/")[1] for n in pages if n.startswith("results/")}
+    from gno_ext.data.presets import PRESETS
+
+    cards = pages[brender.CARDS]  # a card for every generated dataset, with its figure where drawn
+    assert all(f"## `{name}`" in cards for name in PRESETS) and "](../assets/datasets/heat-joint.png)" in cards
     nav = (RECIPES.parent / "mkdocs.yml").read_text()
     assert all(f" {name}\n" in nav for name in pages), "a results page missing from mkdocs.yml's nav"
 

@@ -462,9 +462,58 @@ def which_model_page(tables: dict[str, Any], results: Path = RESULTS) -> str:
     return "\n".join(out) + "\n"
 
 
+CARDS = "datasets/cards.md"
+FIGURE_OF_PRESET = "assets/datasets/{name}.png"
+"""A preset's figure under the documentation's root (``recipes/plot_datasets.py`` draws them)."""
+
+
+def _trajectories(preset: Any, size: str) -> str:
+    """A preset's trajectories per split at ``size``, in words."""
+    plans = preset.plans.get(size, {})
+    return ", ".join(f"{split} {len(plan)}" for split, plan in plans.items()) or "—"
+
+
+def cards_page(tables: dict[str, Any], results: Path = RESULTS, docs: Path | None = None) -> str:
+    """A card per generated dataset: what varies, its counts at the `bench` and paper sizes, its
+    figure where drawn, the tables it feeds and the model with the lowest error on each."""
+    from gno_ext.data.presets import PRESETS
+
+    docs = docs or results.parent.parent / "docs"
+    out = ["# Dataset cards\n",
+           "One card per generated dataset (`gno-data generate NAME`, or the recipe of the same name, "
+           "which generates it on first use): the protocol is on [Generated datasets](index.md), the "
+           "figures below are the result files'.\n"]
+    for name, preset in PRESETS.items():
+        out.append(f"## `{name}`\n")
+        varies = (f"the boundary conditions, at {preset.parameter} = {preset.fixed_parameter:g}"
+                  if preset.fixed_parameter is not None else
+                  f"the {preset.parameter} and the boundary conditions" if preset.joint else f"the {preset.parameter}")
+        frames = preset.frames["bench"] if isinstance(preset.frames, dict) else preset.frames
+        out.append(f"{preset.family} in {preset.ndim}-D, {frames} frames {preset.frame_dt:g} apart (`bench`); what "
+                   f"varies: {varies}" + (f"; {preset.notes}" if preset.notes else "") + ".\n")
+        out.append(f"Trajectories at the `bench` size: {_trajectories(preset, 'bench')}; at the paper's: "
+                   f"{_trajectories(preset, 'paper')}. Grid: {preset.resolution['bench']} cells per axis "
+                   f"(`bench`), {preset.resolution['small']} (`small`).\n")
+        figure = FIGURE_OF_PRESET.format(name=name)
+        if (docs / figure).is_file():
+            out.append(f"![{name}](../{figure})\n")
+        fed = []
+        for table_name, table in tables.items():
+            if name not in table["recipes"]:
+                continue
+            found, _ = load_results(results, table_name, table)
+            ranked = [(r, _values(rs, table["metric"], name, r)) for r, rs in _ranked(found, name, table["metric"])
+                      if r != "persistence"]
+            ranked = [(r, v) for r, v in ranked if v]
+            fed.append(f"[`{table_name}`](../results/{table_name}.md)"
+                       + (f" (lowest: `{ranked[0][0]}`, {_mean(ranked[0][1]):.2g})" if ranked else " (not run yet)"))
+        out.append("Results tables: " + ("; ".join(fed) if fed else "none") + ".\n")
+    return "\n".join(out)
+
+
 def render_pages(tables: dict[str, Any], results: Path = RESULTS) -> dict[str, str]:
     """Every results page, ``{path under the documentation's root: Markdown}``."""
-    pages = {f"{PAGES}/index.md": index_page(tables, results)}
+    pages = {f"{PAGES}/index.md": index_page(tables, results), CARDS: cards_page(tables, results)}
     pages.update({f"{PAGES}/{name}.md": table_page(name, table, results) for name, table in tables.items()})
     runtime = runtime_page(tables, results)
     if runtime:
