@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -152,3 +154,10 @@ def test_generated_split_in_memory_only_when_small(cache):
     ds = open_split(small_limit, "train", 1, 1)
     assert ds._memory is None  # over the limit: read from the files
     assert torch.equal(ds[3].u_in, open_split(cfg["data"], "train", 1, 1)[3].u_in)
+
+
+def test_the_recipes_page_names_every_recipe_model_and_size():
+    page = (Path(train_py.__file__).resolve().parent.parent / "docs" / "recipes" / "index.md").read_text()
+    for group, names in (("recipe", RECIPES), ("model", MODELS), ("size", train_py.available("size"))):
+        missing = [n for n in names if f"`{n}`" not in page]
+        assert not missing, f"docs/recipes/index.md does not name the {group}s {missing}"
