@@ -456,9 +456,11 @@ def which_model_page(tables: dict[str, Any], results: Path = RESULTS) -> str:
            "[Layers and models](models/index.md) |",
            "",
            "Column by column (the lowest mean over seeds; `level`: the seeds' ranges overlap):\n",
-           "\n".join(lines) + "\n",
-           "Where another model is first, it is first at this budget: the [`long`](results/long.md) table trains "
-           "the leading models for the paper's 100 epochs."]
+           "\n".join(lines) + "\n"]
+    if "long" in tables:  # whether the ranking holds at the paper's epochs
+        ran = load_results(results, "long", tables["long"])[0]
+        out.append("These rankings hold at this budget. Whether they hold at the paper's 100 epochs is the "
+                   f"[`long`](results/long.md) table's question; {'see its page' if ran else 'it has not run yet'}.")
     return "\n".join(out) + "\n"
 
 
