@@ -304,9 +304,10 @@ def test_the_summary_opens_the_overview_and_the_notes_quote_the_result_files(tmp
         path = folder / f"fno-seed{seed}.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "size": "smoke", "epochs": 2, "batch_size": 4}))
     assert "2 epochs (the paper: 100) at batch 4, on the `smoke` size" in page_of(results, "index")
-    (tmp_path / "notes" / "summary.md").write_text("{{bc/heat-bc/gno:nmse_mean}}")
-    with pytest.raises(ValueError, match=r"summary.md: \{\{bc/heat-bc/gno:nmse_mean\}\} has no value"):
-        page_of(results, "index")
+    for missing in ("{{bc/heat-bc/gno:nmse_mean}}", "{{bc/heat-bc/fno:per_step_nmse.5}}"):  # no row; no 6th step
+        (tmp_path / "notes" / "summary.md").write_text(missing)
+        with pytest.raises(ValueError, match=rf"summary.md: {re.escape(missing)} has no value"):
+            page_of(results, "index")
 
 
 @pytest.mark.slow

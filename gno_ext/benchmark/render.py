@@ -105,7 +105,10 @@ def fill(text: str, results: Path, where: str = "notes") -> str:
         for path in sorted((results / table / recipe).glob(f"{row}-seed{seed if seed else '*'}.json")):
             item: Any = json.loads(path.read_text())
             for key in field.split("."):
-                item = item[int(key)] if isinstance(item, list) else item.get(key) if isinstance(item, dict) else None
+                if isinstance(item, list):
+                    item = item[int(key)] if key.isdigit() and int(key) < len(item) else None
+                else:
+                    item = item.get(key) if isinstance(item, dict) else None
                 if item is None:
                     break
             if isinstance(item, (int, float)):
