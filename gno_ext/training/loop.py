@@ -169,15 +169,7 @@ def _run(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None = None) -> t
     if tr.compile:  # the cache setting checked before anything is generated
         compile_cache_dir(tr.compile_cache, torch.device("cpu"))
     problem = problem_for(data_cfg)
-    takes = getattr(model_class(cfg["model"]["name"]), "data_kind", "grid")
-    if takes != problem.name:
-        hint = "model=gno_mesh" if problem.name == "mesh" else "a grid model (gno, gno_fno, fno, ...)"
-        raise ValueError(f"model={cfg['model']['name']} takes {takes} data, but data.kind={data_cfg['kind']} gives "
-                         f"{problem.name} batches: use {hint}")
-    if tr.capture and not problem.capturable:
-        raise ValueError(f"trainer.capture=true: data.kind={data_cfg['kind']} batches change shape from batch to "
-                         "batch (the node count of the meshes), which a CUDA graph cannot replay; set "
-                         "trainer.capture=false")
+    _check_model_and_data(cfg, problem, tr.capture)
     # Accelerate sets up several CPU processes (gloo) only when told cpu=True
     use_cpu = tr.device == "cpu" or not torch.cuda.is_available()
     fresh_accelerate_state()
@@ -218,15 +210,7 @@ def _run(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None = None) -> t
 
     # ---- model and its normalisation
     name = cfg["model"]["name"]
-    raw = get_model(name, **model_kwargs_from_data(model_class(name), spec, cfg["model"].get("kwargs") or {}))
-    fit_windows = spread(len(train_ds), 256)
-    fit_batch = _fetch(train_ds, fit_windows, problem)
-    fields = problem.fields(fit_batch)
-    _check_finite_windows(problem.finite(fit_batch), fit_windows, data_cfg["root"])
-    if hasattr(raw, "fit_normalization"):
-        raw.fit_normalization(fields, values)
-    scale = problem.scale(fields, spec.channels, spec.ndim)  # per channel, shaped to divide a prediction
-    scale = (scale if tr.loss_normalization else torch.ones_like(scale)).to(device)
+    raw, scale = _model_and_scale(cfg, spec, values, train_ds, problem, tr.loss_normalization, device)
     if not any(p.requires_grad for p in raw.parameters()):  # a reference with nothing to learn (persistence)
         return _evaluate_only(cfg, raw, binner, run_dir, device, precision, use_cpu, main, replace, say)
 
@@ -237,14 +221,9 @@ def _run(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None = None) -> t
         total_steps = min(total_steps, tr.max_steps)
     training = set_up(raw, settings, precision, use_cpu, run_dir, grad_sync, world, device, total_steps)
     accelerator = training.accelerator
-    progress = Progress()
     guard = NonFiniteGuard(tr.max_nonfinite)
-    if checkpoint is not None:
-        st = load_training_checkpoint(checkpoint, raw, training.optimizer, training.scheduler, training.ema)
-        set_lr_type(training.optimizer.param_groups, device, tr.capture)  # as this run needs them, whatever was saved
-        progress = Progress(st["step"], st["epoch"], st["batch"], st.get("samples", 0), st.get("train_s", 0.0))
-        guard.skipped = st.get("skipped", 0)
-        say(f"resumed from {checkpoint} (step {progress.step}, epoch {progress.epoch}, batch {progress.batch})")
+    progress, st = _resume_from(checkpoint, training, guard, device, tr.capture, say) if checkpoint is not None \
+        else (Progress(), {})
 
     if main:
         _open_run_dir(run_dir, cfg, replace)
@@ -253,28 +232,13 @@ def _run(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None = None) -> t
     if tr.tensorboard:
         hp = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in _flatten(cfg).items()}
         accelerator.init_trackers("tb", config=hp)
-    averaged = f" (gradients averaged by {grad_sync})" if world > 1 else ""
-    say(f"run {run_dir}: {name} ({sum(p.numel() for p in raw.parameters()) / 1e6:.2f} M parameters), "
-        f"{len(train_ds)} training windows, {len(binner.configurations)} boundary configuration(s), "
-        f"{binner.n_groups} DRO groups, {world} process(es) on {device.type}{averaged}"
-        f"{f' ({torch.get_num_threads()} thread(s) each)' if device.type == 'cpu' else ''}, precision {precision}, "
-        f"{total_steps} steps (MSE for {settings.warmup_epochs} epochs, then DRO with tau = {tr.dro.tau}, "
-        f"{tr.dro.temperature}, weights from the {'running group losses' if tr.dro.weights == 'running' else 'batch'})")
+    say(_run_line(run_dir, name, raw, len(train_ds), binner, world, device, grad_sync, precision, total_steps,
+                  settings))
 
-    valid_ds = None
-    try:
-        valid_ds = open_split(data_cfg, "valid", t_in, 1)
-    except FileNotFoundError:
-        say("no validation split: skipping validation")
+    valid_ds = _valid_split(data_cfg, t_in, say)
 
     # ---- the epochs
-    curriculum = Curriculum(settings.warmup_epochs, tr.dro.tau, tr.dro.temperature)
-    running = RunningGroupLosses(binner.n_groups, tr.dro.rate, device) if tr.dro.weights == "running" else None
-    if running is not None and checkpoint is not None and "dro_running" in st:
-        running.load_state_dict(st["dro_running"])
-    objective = make_objective(training.model, raw, accelerator.autocast, scale, binner.n_groups, curriculum.tau,
-                               world, settings.balance_weight, settings.physics_weight, problem, curriculum.temperature,
-                               running)
+    curriculum, objective = _objective(settings, training, scale, binner.n_groups, world, problem, device, st)
     steps = EagerSteps(training.model, objective, accelerator, training.optimizer, training.flat, training.average,
                        tr.clip_grad, tr.grad_accum)
     loop = EpochLoop(cfg, settings, training, curriculum, steps, objective, sampler, loader, binner, valid_ds,
@@ -290,6 +254,89 @@ def _run(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None = None) -> t
     report = _final_evaluation(cfg, final, binner, run_dir, device, precision, say) if main else None
     _wait_for_everyone(accelerator)
     return accelerator, {"run_dir": str(run_dir), "step": progress.step, "skipped": guard.skipped, "report": report}
+
+
+def _objective(settings: Settings, training: Training, scale: torch.Tensor, n_groups: int, world: int,
+               problem: Problem, device: torch.device, state: Mapping[str, Any]) -> tuple[Curriculum, Objective]:
+    """The curriculum and the training objective of the run; with ``trainer.dro.weights=running``
+    the groups' running losses, continued from a resumed checkpoint's ``state`` where it holds
+    them."""
+    dro = settings.trainer.dro
+    curriculum = Curriculum(settings.warmup_epochs, dro.tau, dro.temperature)
+    running = RunningGroupLosses(n_groups, dro.rate, device) if dro.weights == "running" else None
+    if running is not None and "dro_running" in state:
+        running.load_state_dict(state["dro_running"])
+    objective = make_objective(training.model, training.raw, training.accelerator.autocast, scale, n_groups,
+                               curriculum.tau, world, settings.balance_weight, settings.physics_weight, problem,
+                               curriculum.temperature, running)
+    return curriculum, objective
+
+
+def _model_and_scale(cfg: Mapping[str, Any], spec: Any, values: Any, train_ds: Dataset, problem: Problem,
+                     normalise: bool, device: torch.device) -> tuple[nn.Module, torch.Tensor]:
+    """The recipe's model built on its data, its normalisation fitted on up to 256 training
+    windows (refused where their fields are not finite), and the per-channel scale the loss
+    divides the fields by (ones without ``trainer.loss_normalization``)."""
+    name = cfg["model"]["name"]
+    raw = get_model(name, **model_kwargs_from_data(model_class(name), spec, cfg["model"].get("kwargs") or {}))
+    fit_windows = spread(len(train_ds), 256)
+    fit_batch = _fetch(train_ds, fit_windows, problem)
+    fields = problem.fields(fit_batch)
+    _check_finite_windows(problem.finite(fit_batch), fit_windows, cfg["data"]["root"])
+    if hasattr(raw, "fit_normalization"):
+        raw.fit_normalization(fields, values)
+    scale = problem.scale(fields, spec.channels, spec.ndim)  # per channel, shaped to divide a prediction
+    return raw, (scale if normalise else torch.ones_like(scale)).to(device)
+
+
+def _valid_split(data_cfg: Mapping[str, Any], t_in: int, say: Callable[[str], None]) -> Dataset | None:
+    """The validation split, or None (said) where the data have none."""
+    try:
+        return open_split(data_cfg, "valid", t_in, 1)
+    except FileNotFoundError:
+        say("no validation split: skipping validation")
+        return None
+
+
+def _check_model_and_data(cfg: Mapping[str, Any], problem: Problem, capture: bool) -> None:
+    """Refuse a model that takes another kind of data than the recipe gives (grids or meshes),
+    and CUDA-graph capture of batches whose shapes change, before any work is done."""
+    data_cfg = cfg["data"]
+    takes = getattr(model_class(cfg["model"]["name"]), "data_kind", "grid")
+    if takes != problem.name:
+        hint = "model=gno_mesh" if problem.name == "mesh" else "a grid model (gno, gno_fno, fno, ...)"
+        raise ValueError(f"model={cfg['model']['name']} takes {takes} data, but data.kind={data_cfg['kind']} gives "
+                         f"{problem.name} batches: use {hint}")
+    if capture and not problem.capturable:
+        raise ValueError(f"trainer.capture=true: data.kind={data_cfg['kind']} batches change shape from batch to "
+                         "batch (the node count of the meshes), which a CUDA graph cannot replay; set "
+                         "trainer.capture=false")
+
+
+def _run_line(run_dir: Path, name: str, raw: nn.Module, n_windows: int, binner: GroupBinner, world: int,
+              device: torch.device, grad_sync: str, precision: str, total_steps: int, settings: Settings) -> str:
+    """The line that opens a run's log: what trains on what, where, for how long, with which objective."""
+    tr = settings.trainer
+    averaged = f" (gradients averaged by {grad_sync})" if world > 1 else ""
+    threads = f" ({torch.get_num_threads()} thread(s) each)" if device.type == "cpu" else ""
+    weights = "running group losses" if tr.dro.weights == "running" else "batch"
+    return (f"run {run_dir}: {name} ({sum(p.numel() for p in raw.parameters()) / 1e6:.2f} M parameters), "
+            f"{n_windows} training windows, {len(binner.configurations)} boundary configuration(s), "
+            f"{binner.n_groups} DRO groups, {world} process(es) on {device.type}{averaged}{threads}, precision "
+            f"{precision}, {total_steps} steps (MSE for {settings.warmup_epochs} epochs, then DRO with tau = "
+            f"{tr.dro.tau}, {tr.dro.temperature}, weights from the {weights})")
+
+
+def _resume_from(checkpoint: Path, training: Training, guard: NonFiniteGuard, device: torch.device, capture: bool,
+                 say: Callable[[str], None]) -> tuple[Progress, dict[str, Any]]:
+    """The progress and trainer state of ``checkpoint``, its weights, optimizer, schedule and
+    EMA restored into ``training`` and its skipped updates into ``guard``."""
+    st = load_training_checkpoint(checkpoint, training.raw, training.optimizer, training.scheduler, training.ema)
+    set_lr_type(training.optimizer.param_groups, device, capture)  # as this run needs them, whatever was saved
+    progress = Progress(st["step"], st["epoch"], st["batch"], st.get("samples", 0), st.get("train_s", 0.0))
+    guard.skipped = st.get("skipped", 0)
+    say(f"resumed from {checkpoint} (step {progress.step}, epoch {progress.epoch}, batch {progress.batch})")
+    return progress, st
 
 
 @contextlib.contextmanager
