@@ -671,7 +671,8 @@ def test_the_pages_quote_the_headline_and_the_main_jobs_check_from_their_files()
     """Home's results line is the headline the results give, and the heat recipe page's row for
     the main job is the committed CPU check's (the default objective's row)."""
     docs = RECIPES.parent / "docs"
-    _, counts = brender._headline(btab.load_tables(), btab.RESULTS)
+    tables = btab.load_tables()
+    _, counts = brender._headline(tables, brender.load_all(tables, btab.RESULTS))
     home = " ".join((docs / "index.md").read_text().split())
     assert brender._headline_text(counts) in home, "docs/index.md: the results line is stale (see which-model.md)"
     check = json.loads((RECIPES.parent / "benchmarks" / "checks" / "dro_heat_param_small.json").read_text())

@@ -23,13 +23,13 @@ from .tables import (
     RESULTS,
     _cell,
     _mean,
-    _ranked,
     _shown,
     _tested,
     _values,
     budget_of,
     load_results,
     objective_text,
+    ranked_values,
 )
 
 PAGES = "results"
@@ -81,6 +81,15 @@ Training and validation draw windows from every start frame. For heat, frame 0 i
 field whose fine scales decay within one frame, and the steps after it are far easier. This is
 the same for every model.
 """
+
+Loaded = dict[str, tuple[list[dict[str, Any]], list[str]]]
+"""Each table's results and the files left out of it (`load_results`), by table name."""
+
+
+def load_all(tables: dict[str, Any], results: Path = RESULTS) -> Loaded:
+    """Every table's results, read once for all the pages (`load_results`)."""
+    return {name: load_results(results, name, table) for name, table in tables.items()}
+
 
 def _budget_text(budget: tuple) -> str:
     size, epochs, batch, lr, extra, precision = budget
@@ -271,11 +280,11 @@ def _figures_section(name: str, table: dict[str, Any], found: list[dict[str, Any
             "\n\n".join(figures) + "\n"]
 
 
-def table_page(name: str, table: dict[str, Any], results: Path = RESULTS) -> str:
+def table_page(name: str, table: dict[str, Any], loaded: Loaded, results: Path = RESULTS) -> str:
     """One table's page: the cells beside the paper's, the budget and the command, where the
     results came from, the worst groups and the test rollouts during training where recorded,
     the figures and the notes."""
-    found, left_out = load_results(results, name, table)
+    found, left_out = loaded[name]
     out = [f"# `{name}`: {table['title']}\n"]
     if left_out:  # files under the table's folder that are not its results: named, not shown
         out.append("**Left out of this table** (files under its folder that do not hold its results): "
@@ -307,8 +316,7 @@ def _range(values: list[float]) -> tuple[float, float]:
 def standing(found: list[dict[str, Any]], recipe: str, row: str, metric: str = "nmse") -> str | None:
     """Where ``row`` stands in a column: ``"first"`` (the lowest mean), ``"level"`` (its seeds'
     range overlaps that of the column's first), ``"behind"``, or None where it has no result."""
-    ranked = [(r, _values(rs, metric, recipe, r)) for r, rs in _ranked(found, recipe, metric) if r != "persistence"]
-    ranked = [(r, v) for r, v in ranked if v]
+    ranked = ranked_values(found, recipe, metric)
     mine = next((v for r, v in ranked if r == row), None)
     if not mine:
         return None
@@ -318,7 +326,7 @@ def standing(found: list[dict[str, Any]], recipe: str, row: str, metric: str = "
     return "level" if low <= best_high and best_low <= high else "behind"
 
 
-def _headline(tables: dict[str, Any], results: Path) -> tuple[list[str], dict[str, Any]]:
+def _headline(tables: dict[str, Any], loaded: Loaded) -> tuple[list[str], dict[str, Any]]:
     """The columns of the headline tables (``headline: true``): per column the first model, the
     default model's and the paper's GNO's errors; and the counts that the prose quotes."""
     lines = [f"| column | lowest error (rollout nMSE) | `{DEFAULT_MODEL}` | `{PAPER_MODEL}` (the paper's) |",
@@ -327,10 +335,9 @@ def _headline(tables: dict[str, Any], results: Path) -> tuple[list[str], dict[st
     for name, table in tables.items():
         if not table.get("headline"):
             continue
-        found, _ = load_results(results, name, table)
+        found, _ = loaded[name]
         for recipe in table["recipes"]:
-            ranked = [(r, _values(rs, "nmse", recipe, r)) for r, rs in _ranked(found, recipe) if r != "persistence"]
-            ranked = [(r, v) for r, v in ranked if v]
+            ranked = ranked_values(found, recipe)
             if not ranked:
                 lines.append(f"| {recipe} | not run yet | — | — |")
                 continue
@@ -374,10 +381,10 @@ def _headline_text(counts: dict[str, Any]) -> str:
     return " ".join(said)
 
 
-def _budgets_said(tables: dict[str, Any], results: Path) -> str:
+def _budgets_said(tables: dict[str, Any], loaded: Loaded) -> str:
     """The budget of the headline tables' results, in words: the epochs, batch sizes and dataset
     sizes they were trained at (the results, not the tables' intentions, say it)."""
-    found = [r for name, table in tables.items() if table.get("headline") for r in load_results(results, name, table)[0]
+    found = [r for name, table in tables.items() if table.get("headline") for r in loaded[name][0]
              if r.get("steps", 1) != 0]
     if not found:
         return "the budget each table's page states"
@@ -386,19 +393,18 @@ def _budgets_said(tables: dict[str, Any], results: Path) -> str:
             "size of the datasets (`bench`: the paper's resolution and protocol with fewer trajectories)")
 
 
-def index_page(tables: dict[str, Any], results: Path = RESULTS) -> str:
+def index_page(tables: dict[str, Any], loaded: Loaded, results: Path = RESULTS) -> str:
     """The overview: the lead, the summary (the headline table, then the notes), the list of
     tables, how to read them."""
-    lines, counts = _headline(tables, results)
-    out = [LEAD.format(budget=_budgets_said(tables, results)), "## In short\n", _headline_text(counts) + "\n", "\n".join(lines) + "\n"]
+    lines, counts = _headline(tables, loaded)
+    out = [LEAD.format(budget=_budgets_said(tables, loaded)), "## In short\n", _headline_text(counts) + "\n", "\n".join(lines) + "\n"]
     summary = _notes(results, SUMMARY)
     if summary:  # the answer to "does it win?" across the tables, written by hand
         out.append(summary)
     out.append("## The tables\n")
     out.append("| table | what it compares | columns | cells with results |\n| --- | --- | --- | --- |")
     for name, table in tables.items():
-        found, _ = load_results(results, name, table)
-        done = len({(r["recipe"], r["model"]) for r in found})
+        done = len({(r["recipe"], r["model"]) for r in loaded[name][0]})
         out.append(f"| [`{name}`]({name}.md) | {table['title']} | {', '.join(table['recipes'])} | "
                    f"{done} of {len(table['recipes']) * len(table['rows'])} |")
     if _runtime_files(results):
@@ -437,16 +443,16 @@ def runtime_page(tables: dict[str, Any], results: Path = RESULTS) -> str | None:
     return "\n".join(out)
 
 
-def which_model_page(tables: dict[str, Any], results: Path = RESULTS) -> str:
+def which_model_page(tables: dict[str, Any], loaded: Loaded) -> str:
     """The short page that says which model to use, its evidence from the headline tables."""
-    lines, counts = _headline(tables, results)
-    mesh, _ = load_results(results, "mesh", tables["mesh"]) if "mesh" in tables else ([], [])
-    mesh_first = sorted({row for recipe in tables.get("mesh", {}).get("recipes", [])
-                         for row in [next(iter(_ranked(mesh, recipe)), (None,))[0]] if row})
+    lines, counts = _headline(tables, loaded)
+    mesh = loaded["mesh"][0] if "mesh" in tables else []
+    mesh_first = sorted({ranked[0][0] for recipe in tables.get("mesh", {}).get("recipes", [])
+                         if (ranked := ranked_values(mesh, recipe))})
     out = ["# Which model to use\n",
            f"Every recipe trains `{DEFAULT_MODEL}` unless you pass another `model=NAME`: the GNO on "
            "neuraloperator's FNO, its kernels mixed by the gate's probabilities. The figures below are the "
-           f"results tables' ([Results](results/index.md)): {_budgets_said(tables, results)}.\n",
+           f"results tables' ([Results](results/index.md)): {_budgets_said(tables, loaded)}.\n",
            "| your problem | use | the evidence |", "| --- | --- | --- |",
            f"| PDE parameters and/or boundary conditions on a regular grid | `{DEFAULT_MODEL}` (the default) | "
            + _headline_text({**counts, "ratios": []}) + " |",
@@ -461,7 +467,7 @@ def which_model_page(tables: dict[str, Any], results: Path = RESULTS) -> str:
            "Column by column (the lowest mean over seeds; `level`: the seeds' ranges overlap):\n",
            "\n".join(lines) + "\n"]
     if "long" in tables:  # whether the ranking holds at the paper's epochs
-        ran = load_results(results, "long", tables["long"])[0]
+        ran = loaded["long"][0]
         out.append("These rankings hold at this budget. Whether they hold at the paper's 100 epochs is the "
                    f"[`long`](results/long.md) table's question; {'see its page' if ran else 'it has not run yet'}.")
     return "\n".join(out) + "\n"
@@ -478,12 +484,11 @@ def _trajectories(preset: Any, size: str) -> str:
     return ", ".join(f"{split} {len(plan)}" for split, plan in plans.items()) or "—"
 
 
-def cards_page(tables: dict[str, Any], results: Path = RESULTS, docs: Path | None = None) -> str:
+def cards_page(tables: dict[str, Any], loaded: Loaded, docs: Path = RESULTS.parent.parent / "docs") -> str:
     """A card per generated dataset: what varies, its counts at the `bench` and paper sizes, its
     figure where drawn, the tables it feeds and the model with the lowest error on each."""
     from gno_ext.data.presets import PRESETS
 
-    docs = docs or results.parent.parent / "docs"
     out = ["# Dataset cards\n",
            "One card per generated dataset (`gno-data generate NAME`, or the recipe of the same name, "
            "which generates it on first use): the protocol is on [Generated datasets](index.md), the "
@@ -506,10 +511,7 @@ def cards_page(tables: dict[str, Any], results: Path = RESULTS, docs: Path | Non
         for table_name, table in tables.items():
             if name not in table["recipes"]:
                 continue
-            found, _ = load_results(results, table_name, table)
-            ranked = [(r, _values(rs, table["metric"], name, r)) for r, rs in _ranked(found, name, table["metric"])
-                      if r != "persistence"]
-            ranked = [(r, v) for r, v in ranked if v]
+            ranked = ranked_values(loaded[table_name][0], name, table["metric"])
             fed.append(f"[`{table_name}`](../results/{table_name}.md)"
                        + (f" (lowest: `{ranked[0][0]}`, {_mean(ranked[0][1]):.2g})" if ranked else " (not run yet)"))
         out.append("Results tables: " + ("; ".join(fed) if fed else "none") + ".\n")
@@ -517,11 +519,13 @@ def cards_page(tables: dict[str, Any], results: Path = RESULTS, docs: Path | Non
 
 
 def render_pages(tables: dict[str, Any], results: Path = RESULTS) -> dict[str, str]:
-    """Every results page, ``{path under the documentation's root: Markdown}``."""
-    pages = {f"{PAGES}/index.md": index_page(tables, results), CARDS: cards_page(tables, results)}
-    pages.update({f"{PAGES}/{name}.md": table_page(name, table, results) for name, table in tables.items()})
+    """Every results page, ``{path under the documentation's root: Markdown}`` (each table's
+    result files read once, `load_all`)."""
+    loaded = load_all(tables, results)
+    pages = {f"{PAGES}/index.md": index_page(tables, loaded, results), CARDS: cards_page(tables, loaded, results.parent.parent / "docs")}
+    pages.update({f"{PAGES}/{name}.md": table_page(name, table, loaded, results) for name, table in tables.items()})
     runtime = runtime_page(tables, results)
     if runtime:
         pages[f"{PAGES}/{RUNTIME}.md"] = runtime
-    pages[WHICH_MODEL] = which_model_page(tables, results)
+    pages[WHICH_MODEL] = which_model_page(tables, loaded)
     return pages

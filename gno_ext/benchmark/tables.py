@@ -304,6 +304,13 @@ def _ranked(found: list[dict[str, Any]], recipe: str, metric: str = "nmse") -> l
     return trained + [(m, rs) for m, rs in rows.items() if m == "persistence"]
 
 
+def ranked_values(found: list[dict[str, Any]], recipe: str, metric: str = "nmse") -> list[tuple[str, list[float]]]:
+    """The column's trained rows that hold a value of ``metric``, each with its values (one per
+    seed), lowest mean first; `persistence` left out."""
+    ranked = [(r, _values(rs, metric, recipe, r)) for r, rs in _ranked(found, recipe, metric) if r != "persistence"]
+    return [(r, v) for r, v in ranked if v]
+
+
 def _shown(found: list[dict[str, Any]], recipe: str, metric: str = "nmse") -> list[tuple[str, list[dict[str, Any]]]]:
     """The rows a column's figures show: the GNO, the two best other trained rows, persistence."""
     ranked = _ranked(found, recipe, metric)
