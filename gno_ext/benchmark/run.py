@@ -4,7 +4,6 @@ GPU of its own, resumable, leaving one result file written whole."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import math
 import os
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from gno_ext._files import Busy, held
 
 from .tables import REPO, RESULTS, Run, budget_difference, merge_overrides, write_result
 
@@ -94,25 +95,17 @@ def gpu_slot(lock_dir: Path | None = None, per_gpu: int | None = None, count: in
     lock_dir.mkdir(parents=True, exist_ok=True)
     while True:
         for j in range(per_gpu):
-            held = []
-            for gpu in gpus:
-                handle = open(lock_dir / f"gpu{gpu}{f'-{j}' if j else ''}.lock", "w")
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    handle.close()
-                    continue
-                held.append((gpu, handle))
-                if len(held) == count:
-                    break
-            try:
-                if len(held) == count:
-                    yield ",".join(gpu for gpu, _ in held)
-                    return
-            finally:
-                for _, handle in held:
-                    fcntl.flock(handle, fcntl.LOCK_UN)
-                    handle.close()
+            with contextlib.ExitStack() as taken:  # the locks of one try, all released unless the job runs
+                gpus_taken = []
+                for gpu in gpus:
+                    try:
+                        taken.enter_context(held(lock_dir / f"gpu{gpu}{f'-{j}' if j else ''}.lock"))
+                    except Busy:
+                        continue
+                    gpus_taken.append(gpu)
+                    if len(gpus_taken) == count:
+                        yield ",".join(gpus_taken)
+                        return
         time.sleep(5)
 
 
