@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -214,10 +215,16 @@ def _read(cls: type, section: Mapping[str, Any], prefix: str) -> Any:
     return cls(**values)
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """The annotations of ``cls``, rules included, evaluated once per class."""
+    return get_type_hints(cls, include_extras=True)
+
+
 def _rule(cls: type, name: str) -> Number | Choice | Flag | None:
     """The rule (`Number`, `Choice`, `Flag`) that the field ``name`` of ``cls`` carries in its
     annotation, or None."""
-    hint = get_type_hints(cls, include_extras=True)[name]
+    hint = _hints(cls)[name]
     return next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, (Number, Choice, Flag))), None)
 
 
