@@ -44,6 +44,7 @@ from torch import Tensor
 
 from gno_ext.schema import PDEBatch
 from gno_ext.training.flat import FlatParameters
+from gno_ext.training.steps import Objective
 
 __all__ = ["CapturedSteps", "capture_step", "check_capture_settings", "signature"]
 
@@ -188,7 +189,7 @@ class CapturedSteps:
 
     replayed = True  # (the `Steps` interface: these steps are CUDA graph replays)
 
-    def __init__(self, flat: FlatParameters, optimizer: Any, objective: Callable[..., tuple[Tensor, Tensor]],
+    def __init__(self, flat: FlatParameters, optimizer: Any, objective: Objective,
                  clip: float | None, stream: torch.cuda.Stream, warmup: int = 2, average: bool = False) -> None:
         self.flat, self.optimizer, self.objective, self.clip = flat, optimizer, objective, clip
         self.stream, self.warmup, self.average = stream, warmup, average
@@ -230,10 +231,10 @@ class CapturedSteps:
                     out["norm"] = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
 
             # the warm-up runs and the capture must leave an objective's running state as it was
-            running = getattr(self.objective, "running", None)
-            state = [t.clone() for t in running.tensors()] if running is not None else []
+            running = self.objective.running.tensors() if self.objective.running is not None else []
+            state = [t.clone() for t in running]
             self.graphs[key] = (self._capture(run, self.warmup), static, static_groups, out)
-            for t, saved in zip(running.tensors() if running is not None else [], state):
+            for t, saved in zip(running, state):
                 t.copy_(saved)
         replay, static, static_groups, out = self.graphs[key]
         _copy_into(static, batch)

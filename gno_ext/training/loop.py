@@ -591,7 +591,7 @@ class EpochLoop:
         t, p = self.training, self.progress
         self._tick()
         if self.main:
-            running = getattr(self.objective, "running", None)
+            running = self.objective.running
             save_training_checkpoint(self.run_dir, p.step, t.raw, t.optimizer, t.scheduler,
                                      {"epoch": epoch, "batch": batch, "skipped": self.guard.skipped, "samples": p.seen,
                                       "train_s": round(p.train_s, 3),

@@ -26,11 +26,17 @@ from gno_ext.training.problem import Batch, GridProblem, Problem
 
 __all__ = ["EagerSteps", "Objective", "Steps", "make_objective"]
 
-Objective = Callable[[Batch, Tensor, bool], tuple[Tensor, Tensor]]
-"""``objective(batch, groups, dro) -> (values to log, loss to differentiate)``; the values to log
-are a detached tensor ``(3,)``: the objective, and the largest and smallest group weights in its
-gradient in units of the plain mean's (`gno_ext.losses.dro_group_weights`; 1 and 1 for the plain
-mean), read by the loop in one transfer."""
+class Objective(Protocol):
+    """``objective(batch, groups, dro) -> (values to log, loss to differentiate)``; the values to
+    log are a detached tensor ``(3,)``: the objective, and the largest and smallest group weights
+    in its gradient in units of the plain mean's (`gno_ext.losses.dro_group_weights`; 1 and 1 for
+    the plain mean), read by the loop in one transfer. ``running``: the state it updates in place
+    at every call (``trainer.dro.weights=running``), or None; checkpoints save it, and a CUDA
+    graph's capture restores it after its warm-up runs."""
+
+    running: RunningGroupLosses | None
+
+    def __call__(self, batch: Batch, groups: Tensor, dro: bool) -> tuple[Tensor, Tensor]: ...
 
 
 class Steps(Protocol):
@@ -65,8 +71,8 @@ def make_objective(model: nn.Module, raw: nn.Module, autocast: Callable[[], Any]
     residual (``raw``'s ``physics_loss``), where their weights are set. ``problem`` (default: grids) runs the model
     on a batch and reduces the error per sample (`gno_ext.training.problem`). ``running``: the
     groups' running losses, which weigh them in place of the batch's log-sum-exp
-    (``trainer.dro.weights=running``); the objective carries it as its ``running`` attribute
-    (None otherwise), for checkpoints and for a CUDA graph's capture to restore its state."""
+    (``trainer.dro.weights=running``), which the objective carries as its ``running``
+    (`Objective`)."""
     if physics_weight and not hasattr(raw, "physics_loss"):
         raise ValueError(f"model.physics_weight={physics_weight}: {type(raw).__name__} has no physics residual "
                          "(physics_loss); set it for a physics-informed model (model=pino) only")
