@@ -27,6 +27,7 @@ learning where persistence and the mean predictor are both far above what a mode
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 from pathlib import Path
@@ -56,15 +57,17 @@ def decay(u0: torch.Tensor, nu: torch.Tensor, times: torch.Tensor, grid: Grid) -
 
 
 def score(extent: float, interval: tuple[float, float], n: int, resolution: int, steps: int, frame_dt: float,
-          seed: int = 0) -> dict[str, Any]:
+          seed: int = 0, start: int = 0) -> dict[str, Any]:
     """The predictors' mean rollout nMSE over ``n`` trajectories with viscosities spread over
-    ``interval`` on the box of side ``extent``."""
+    ``interval`` on the box of side ``extent``, the rollout starting from frame ``start`` (a model
+    that reads ``k`` frames starts from frame ``k - 1``)."""
     grid = Grid((resolution, resolution), (extent, extent))
     nu = torch.linspace(*interval, n, dtype=torch.float64)
     u0 = gaussian_random_field(grid, [seed * 100_000 + i for i in range(n)], channels=2, length_scale=LENGTH * extent,
                                dtype=torch.float64)
-    times = torch.arange(steps + 1, dtype=torch.float64) * frame_dt
-    u = solve_burgers(u0, nu, times, grid=grid)  # (B, T, 2, *S), frame 0 = u0
+    times = torch.arange(start + steps + 1, dtype=torch.float64) * frame_dt
+    u = solve_burgers(u0, nu, times, grid=grid)[:, start:]  # (B, steps + 1, 2, *S), from frame `start`
+    u0, times = u[:, 0], times[start:] - times[start]
     truth = u[:, 1:]
     clipped = nu.clamp(*TRAIN)
     predictions = {"zero": torch.zeros_like(truth), "persistence": u0[:, None].expand_as(truth),
@@ -77,7 +80,7 @@ def score(extent: float, interval: tuple[float, float], n: int, resolution: int,
     spread = lambda f: (f - f.flatten(1).mean(1).view(-1, 1, 1, 1)).pow(2).flatten(1).sum(1)  # noqa: E731
     kept = spread(u[:, -1]) / spread(u[:, 0])
     return {"extent": extent, "interval": list(interval), "trajectories": n, "resolution": resolution,
-            "steps": steps, "frame_dt": frame_dt, "nmse": scores,
+            "steps": steps, "frame_dt": frame_dt, "start": start, "nmse": scores,
             "vanished_share": float((kept < VANISHED).double().mean()),
             "last_frame_variance_kept": {"min": float(kept.min()), "median": float(kept.median())}}
 
@@ -90,6 +93,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--resolution", type=int, default=128)
     parser.add_argument("--steps", type=int, default=10, help="rollout length (the tables: 10)")
     parser.add_argument("--frame-dt", type=float, default=0.01, help="time between frames (the preset: 0.01)")
+    parser.add_argument("--start", type=int, nargs="+", default=[0],
+                        help="frames the rollout starts from (a model reading k frames starts from k - 1)")
     parser.add_argument("--out", type=Path, help="write the scores as JSON")
     args = parser.parse_args(argv)
     for name, value in (("--trajectories", args.trajectories), ("--resolution", args.resolution),
@@ -98,17 +103,17 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             parser.error(f"{name}: must be at least 1, got {value}")
     if not args.frame_dt > 0 or any(not e > 0 for e in args.extent):
         parser.error("--frame-dt and --extent: must be positive")
+    if any(s < 0 for s in args.start):
+        parser.error(f"--start: frames must be >= 0, got {args.start}")
     rows = []
-    print(f"{'box side':>9s} {'test nu':>16s} " + " ".join(f"{k:>18s}" for k in
+    print(f"{'box side':>9s} {'test nu':>16s} {'from':>4s} " + " ".join(f"{k:>18s}" for k in
           ("zero", "mean", "persistence", "decay (true nu)", "decay (nu clipped)")) + f" {'vanished':>9s}")
-    for extent in args.extent:
-        for label, interval in INTERVALS.items():
-            row = score(extent, interval, args.trajectories, args.resolution, args.steps, args.frame_dt)
-            row["test"] = label
-            rows.append(row)
-            print(f"{extent:9.4g} {f'[{interval[0]:g}, {interval[1]:g}]':>16s} "
-                  + " ".join(f"{v:18.4g}" for v in row["nmse"].values()) + f" {row['vanished_share']:9.0%}",
-                  flush=True)
+    for extent, (label, interval), start in itertools.product(args.extent, INTERVALS.items(), args.start):
+        row = score(extent, interval, args.trajectories, args.resolution, args.steps, args.frame_dt, start=start)
+        row["test"] = label
+        rows.append(row)
+        print(f"{extent:9.4g} {f'[{interval[0]:g}, {interval[1]:g}]':>16s} {start:4d} "
+              + " ".join(f"{v:18.4g}" for v in row["nmse"].values()) + f" {row['vanished_share']:9.0%}", flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"rows": rows, "torch": torch.__version__}, indent=1) + "\n")

@@ -4,6 +4,7 @@
     python recipes/evaluate.py runs/ns-param/gno-paper-seed0 --checkpoint runs/ns-param/gno-paper-seed0/checkpoints/step_00040000
     python recipes/evaluate.py RUN --steps 20 --split valid --max-trajectories 100
     python recipes/evaluate.py RUN --precision no   # float32 rollouts on a GPU
+    python recipes/evaluate.py RUN --start-frame 50 --out RUN/eval/from-frame-50   # Navier-Stokes past its transient
 
 Reads the run's ``config.yaml`` (data, groups) and a model folder (the run's final ``model/`` by
 default, or any checkpoint), rolls out every test trajectory and writes ``report.json``,
@@ -27,6 +28,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, help="rollout steps (default: the run's eval.steps)")
     parser.add_argument("--split", help="split to evaluate (default: test)")
     parser.add_argument("--max-trajectories", type=int, help="evaluate at most this many trajectories")
+    parser.add_argument("--start-frame", type=int, help="the frame each rollout starts from (default: the run's "
+                                                        "eval.start_frame, 0 unless set)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--precision", choices=["auto", "bf16", "fp16", "no"],
                         help="mixed precision of the rollouts, no: float32 (default: on a GPU the run's "
@@ -35,7 +38,8 @@ def main(argv: list[str] | None = None) -> dict:
     from gno_ext.training import evaluate_saved
 
     overrides = {k: v for k, v in (("steps", args.steps), ("split", args.split),
-                                   ("max_trajectories", args.max_trajectories)) if v is not None}
+                                   ("max_trajectories", args.max_trajectories),
+                                   ("start_frame", args.start_frame)) if v is not None}
     report = evaluate_saved(args.run, args.checkpoint, args.out, overrides, args.device, args.precision,
                             overwrite=args.overwrite)
     n = report["nmse"]

@@ -52,9 +52,14 @@ def test_every_table_names_existing_recipes_and_models_and_the_papers_values():
     assert dro["gno_erm"]["overrides"] == dro["gno_fno_soft_erm"]["overrides"] == ["trainer.curriculum.warmup_fraction=1.0"]
     # the rows the paper lacks, in every table of the paper's (heat-paper, a supplement, holds the
     # rows that fit its budget; the mesh table has no grid models; the dro table compares two
-    # objectives on the same two models; the long table holds the rows whose ranking it checks)
-    for name in set(tables) - {"mesh", "heat-paper", "dro", "long"}:
+    # objectives on the same two models; the long table holds the rows whose ranking it checks;
+    # ns-start rolls param's models out from another frame)
+    for name in set(tables) - {"mesh", "heat-paper", "dro", "long", "ns-start"}:
         assert {"fno", "gated_fno", "persistence"} <= set(tables[name]["rows"]), name
+    later = tables["ns-start"]["rows"]
+    assert {spec["model"] for spec in later.values()} == {"gno", "gno_fno_soft", "fno", "persistence"}
+    assert all(spec["overrides"] == ["eval.start_frame=50"] for spec in later.values())
+    assert tables["ablation"]["rows"]["gno_no_balance"]["overrides"] == ["model.balance_weight=0"]
     # Appendix G: the four conditionings at the encoder and before every attention layer ("Attn")
     conditioning = tables["conditioning"]
     assert conditioning["recipes"] == ["ns-param"]

@@ -49,3 +49,38 @@ def test_the_datasets_page_quotes_the_committed_oracle_figures():
     after = " ".join(page.split("<!-- burgers oracles -->")[1].split("```bash")[0].split())
     assert (f"{box['in-distribution']['nmse']['persistence']:.1g} in distribution, "
             f"{box['shifted']['nmse']['persistence']:.2g} on the shifted interval") in after
+
+
+def test_a_later_start_frame_scores_the_window_a_model_reading_several_frames_rolls_out():
+    """``start``: the rollout from frame ``start`` (a model reading k frames starts from k - 1).
+    From frame 0 it is the default; later on the shifted interval persistence scores lower (the
+    fields of the large viscosities have slowed), and the mean predictor still scores 1."""
+    first = oracles.score(2 * math.pi, (0.01, 1.0), 3, 32, 4, 0.01)
+    again = oracles.score(2 * math.pi, (0.01, 1.0), 3, 32, 4, 0.01, start=0)
+    later = oracles.score(2 * math.pi, (0.01, 1.0), 3, 32, 4, 0.01, start=6)
+    assert again["nmse"] == first["nmse"] and later["start"] == 6
+    assert later["nmse"]["persistence"] < 0.7 * first["nmse"]["persistence"]
+    assert later["nmse"]["mean"] == pytest.approx(1.0)
+    with pytest.raises(SystemExit):
+        oracles.main(["--start", "-1"])
+
+
+def test_the_pages_quote_the_committed_window_figures():
+    """The datasets page's table of the later windows, and the persistence figures the param notes
+    quote from it, are the committed JSON's (`python recipes/burgers_oracles.py --extent
+    6.283185307179586 --trajectories 32 --start 1 4 9 --out
+    benchmarks/protocol/burgers_oracles_windows.json`)."""
+    protocol = ROOT / "benchmarks" / "protocol"
+    rows = json.loads((protocol / "burgers_oracles_windows.json").read_text())["rows"]
+    assert {r["start"] for r in rows} == {1, 4, 9} and {r["extent"] for r in rows} == {2 * math.pi}
+    table = (ROOT / "docs" / "datasets" / "index.md").read_text().split("<!-- burgers oracle windows -->")[1]
+    for row in rows:
+        line = next(l for l in table.splitlines() if l.startswith(f"| {row['test']} | {row['start']} |"))
+        n = row["nmse"]
+        assert line.split("|")[3:6] == [f" {n[k]:.3g} " for k in ("persistence", "decay (true nu)", "decay (nu clipped)")]
+    shifted = {r["start"]: r["nmse"]["persistence"] for r in rows if r["test"] == "shifted"}
+    shifted[0] = next(r["nmse"]["persistence"] for r in json.loads((protocol / "burgers_oracles.json").read_text())["rows"]
+                      if r["extent"] > 1 and r["test"] == "shifted")
+    notes = " ".join((ROOT / "benchmarks" / "notes" / "param.md").read_text().split())
+    assert (f"persistence scores {shifted[9]:.2g} from frame 9 and {shifted[4]:.2g} from frame 4, "
+            f"against {shifted[0]:.2g} from frame 0") in notes

@@ -311,6 +311,8 @@ class GroupBinner:
                 self.points.append(distinct.tolist())
             else:
                 edges = inv(torch.linspace(float(f(v.min())), float(f(v.max())), bins + 1, dtype=torch.float64))
+                # the outer edges are the extreme values themselves (exp(log(v)) may round past them)
+                edges[0], edges[-1] = v.min(), v.max()
                 self.points.append(None)
             self.edges.append(edges.tolist())
         # per parameter: the range of the held-out values below and above the training range,

@@ -100,6 +100,22 @@ def test_held_out_values_outside_the_training_range_get_groups_of_their_own():
         train.covering(torch.zeros(3, 2))
 
 
+def test_held_out_values_on_the_training_interval_stay_in_the_training_groups():
+    """Burgers' in-distribution column: test viscosities on the training interval [5e-4, 5e-2],
+    stored as float32 like the training ones. Log-spaced edges computed as exp(log(v)) rounded
+    the lower edge above the smallest training value (by 2e-19), so that value counted as below
+    the training range and the evaluation's binning failed with two equal edges."""
+    kinds = np.array([[1, 1, 1, 1]])
+    train_nu = torch.linspace(5e-4, 5e-2, 101, dtype=torch.float32)[:, None]
+    nu = GroupBinner(train_nu, kinds, 8, [True], names=["nu"])
+    assert nu.edges[0][0] == float(train_nu.min()) and nu.edges[0][-1] == float(train_nu.max())
+    test_nu = torch.linspace(5e-4, 5e-2, 51, dtype=torch.float32)[:, None]
+    same = nu.covering(test_nu.double())
+    assert same.n_groups == 8 and same.outside == [(None, None)]
+    groups = same(test_nu, torch.ones(51, 4))
+    assert groups.min() == 0 and groups.max() == 7
+
+
 def test_parameter_names_come_from_the_data_else_the_recipe():
     class Named(torch.utils.data.Dataset):
         parameter_names = ["tcool"]

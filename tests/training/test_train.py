@@ -70,6 +70,10 @@ def test_heat_param_smoke_end_to_end(train_module, tmp_path):
     with pytest.raises(ValueError, match="evaluation on cpu, precision 'bf16': .*mixed precision is for GPUs"):
         evaluate.main([str(run), "--device", "cpu", "--precision", "bf16", "--out", str(tmp_path / "bad")])
     assert not (tmp_path / "bad").exists()
+    # the rollouts from a later frame (Navier-Stokes past its transient): one step fewer fits
+    later = evaluate.main([str(run), "--start-frame", "1", "--out", str(tmp_path / "from1")])
+    assert later["start_frame"] == 1 and later["steps"] == report["steps"] - 1 == len(later["per_step_nmse"])
+    assert later["nmse"]["mean"] != report["nmse"]["mean"]
     # a checkpoint's report goes under the run, named by the checkpoint, labelled with the model it
     # holds (before: RUN's model name, written into the checkpoint's own folder)
     other = save_checkpoint(get_model("persistence"), tmp_path / "other-run" / "model")
