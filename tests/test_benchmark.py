@@ -300,9 +300,10 @@ def test_the_summary_opens_the_overview_and_the_notes_quote_the_result_files(tmp
     assert "The GNO" not in page_of(results, "index")
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "summary.md").write_text("The FNO scores {{bc/heat-bc/fno:nmse_mean}} "
-                                                   "({{bc/heat-bc/fno@1:nmse_worst_group.nmse_mean:.2f}}).\n")
+                                                   "({{bc/heat-bc/fno@1:nmse_worst_group.nmse_mean:.2f}}; "
+                                                   "{{bc/heat-bc/fno@0:per_step_nmse.0:.1e}}).\n")
     page = page_of(results, "index")
-    assert page.index("## In short") < page.index("The FNO scores 0.5 (1.50).") < page.index("## The tables")
+    assert page.index("## In short") < page.index("The FNO scores 0.5 (1.50; 2.5e-1).") < page.index("## The tables")
     assert "| heat-bc | **`fno`** 0.5 (2 seeds) | — | — |" in page
     assert "10 epochs (the paper: 100) at batch 64, on the `bench` size" in page
     for seed in (0, 1):  # smoke results: the page says their budget, not the bench tables'

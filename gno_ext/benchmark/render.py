@@ -105,7 +105,7 @@ def fill(text: str, results: Path, where: str = "notes") -> str:
     """``text`` with every placeholder ``{{TABLE/RECIPE/ROW[@SEED]:FIELD[:FORMAT]}}`` replaced by
     the result files' value: FIELD of the cell's results (a dotted path into the JSON, e.g.
     ``nmse_mean``, ``nmse_worst_group.nmse_mean``, ``per_step_nmse.0``), the mean over its seeds
-    or the one seed named, formatted with FORMAT (default ``.3g``). A placeholder without a
+    or the one seed named, formatted with FORMAT (default ``.3g``; exponents unpadded: ``5.6e-4``). A placeholder without a
     value raises a `ValueError` naming it and ``where``: a note cannot quote a figure that its
     results do not hold."""
     def value(match: re.Match) -> str:
@@ -124,7 +124,8 @@ def fill(text: str, results: Path, where: str = "notes") -> str:
                 values.append(float(item))
         if not values:
             raise ValueError(f"{where}: {match.group(0)} has no value in {results / table / recipe}")
-        return format(sum(values) / len(values), fmt or ".3g")
+        # exponents without padding: 5.6e-4, as the notes write them (format gives 5.6e-04)
+        return re.sub(r"e([+-])0*(\d)", r"e\1\2", format(sum(values) / len(values), fmt or ".3g")).replace("e+", "e")
 
     return _PLACEHOLDER.sub(value, text)
 

@@ -1,5 +1,6 @@
-"""`recipes/burgers_oracles.py`: what simple predictors score on a Burgers protocol, and the
-figures the datasets page quotes from its committed output."""
+"""The protocol checks behind the datasets page: `recipes/burgers_oracles.py` (what simple
+predictors score on a Burgers protocol) and the committed CPU checks, and the figures the pages
+quote from their output."""
 
 import json
 import math
@@ -84,3 +85,18 @@ def test_the_pages_quote_the_committed_window_figures():
     notes = " ".join((ROOT / "benchmarks" / "notes" / "param.md").read_text().split())
     assert (f"persistence scores {shifted[9]:.2g} from frame 9 and {shifted[4]:.2g} from frame 4, "
             f"against {shifted[0]:.2g} from frame 0") in notes
+
+
+def test_the_differences_table_quotes_the_load_balance_check():
+    """`gno` with and without its gates' load-balance term (the paper has none): the datasets
+    page's figures are the committed check's means over its two seeds."""
+    rows = json.loads((ROOT / "benchmarks" / "checks" / "gno_balance_small.json").read_text())["rows"]
+    page = " ".join((ROOT / "docs" / "datasets" / "index.md").read_text().split())
+
+    def mean(recipe, weight):
+        values = [r["nmse_mean"] for r in rows if r["recipe"] == recipe and r["balance_weight"] == weight]
+        assert len(values) == 2
+        return sum(values) / 2
+
+    assert (f"without it `gno` scores {mean('heat-param', 0.0):.3f} on heat-param and {mean('advection-joint', 0.0):.3f} "
+            f"on advection-joint, with it {mean('heat-param', 0.01):.3f} and {mean('advection-joint', 0.01):.3f}") in page
