@@ -13,21 +13,31 @@ from typing import Any
 
 import h5py
 
+from gno_ext._files import check_self_contained
+
 __all__ = ["ProcessFiles", "open_h5"]
 
 
 def open_h5(path: str | Path) -> h5py.File:
     """``h5py.File(path, "r")`` with an error that names the file: a missing, empty, truncated or
-    non-HDF5 file raises `ValueError` (`FileNotFoundError` if it does not exist)."""
+    non-HDF5 file raises `ValueError` (`FileNotFoundError` if it does not exist), and so does one
+    that is not self-contained (`gno_ext._files.check_self_contained`: external or virtual
+    storage in other files, datasets that declare far more than they store)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
     try:
-        return h5py.File(path, "r")
+        f = h5py.File(path, "r")
     except OSError as err:  # h5py: "unable to synchronously open file (...)", without the name
         size = path.stat().st_size if path.is_file() else None
         what = "an empty file" if size == 0 else "not a readable HDF5 file"
         raise ValueError(f"{path}: {what} ({err})") from err
+    try:
+        check_self_contained(f, path)  # no reads of other files, no allocation far beyond the file
+    except ValueError:
+        f.close()
+        raise
+    return f
 
 
 class ProcessFiles:

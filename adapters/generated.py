@@ -38,6 +38,9 @@ class GeneratedDataset(Dataset):
         (out-of-distribution experiments).
     in_memory : bool
         Read every field into memory once (fast random access when the split fits in RAM).
+
+    A dataset folder with a ``manifest.json`` (made by ``gno-data generate``) is checked against
+    it first (`gno_ext.data.generate.verify_dataset`: its files, their sizes and attributes).
     """
 
     def __init__(self, path: str | Path, n_steps_input: int = 1, n_steps_output: int = 1, split: str = "train",
@@ -50,6 +53,9 @@ class GeneratedDataset(Dataset):
                 raise ValueError(f"{path}: holds {len(found)} datasets; pass the dataset folder itself")
             path = found[0]
         folder = path / "data" / split if (path / "data").is_dir() else path
+        if (path / "manifest.json").is_file():  # generated here: the split is what the manifest lists
+            from gno_ext.data.generate import verify_dataset
+            verify_dataset(path, [split])
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder}: no such split folder")
         self.files = sorted(folder.glob("*.hdf5"))

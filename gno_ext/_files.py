@@ -14,6 +14,7 @@ import os
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 
 class Busy(RuntimeError):
@@ -74,3 +75,40 @@ def written_whole(path: str | Path) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)  # (gone after the rename)
+
+
+# how many times the bytes it stores a dataset may declare: uncompressed, and compressed (gzip
+# packs a field of zeros about 400 to 1); a file that declares 2^30 values in 2 kB would make a
+# reader allocate gigabytes
+DECLARED_PER_STORED = 100
+DECLARED_PER_STORED_COMPRESSED = 10_000
+
+
+def check_self_contained(f: Any, path: str | Path) -> None:
+    """Refuse an HDF5 file (an open ``h5py.File``) that reading for training would make read
+    other files or allocate far more than it holds: a dataset with external storage, a virtual
+    dataset that maps another file, or a dataset (beyond 1 MiB) that declares more than
+    ``DECLARED_PER_STORED`` times the bytes it stores (``DECLARED_PER_STORED_COMPRESSED`` where
+    it is compressed). The `ValueError` names the file and the dataset."""
+    import h5py
+
+    def visit(name: str, obj: Any) -> None:
+        if not isinstance(obj, h5py.Dataset):
+            return
+        where = f"{path}: dataset {name!r}"
+        if obj.external:
+            raise ValueError(f"{where} keeps its values in other files ({', '.join(str(e[0]) for e in obj.external)}): "
+                             "refused (a data file must hold its own values)")
+        if obj.is_virtual:
+            others = sorted({s.file_name for s in obj.virtual_sources() if s.file_name != "."})
+            if others:
+                raise ValueError(f"{where} is a virtual dataset that maps other files ({', '.join(others)}): refused "
+                                 "(a data file must hold its own values)")
+            return
+        stored = obj.id.get_storage_size()
+        ratio = DECLARED_PER_STORED if obj.compression is None else DECLARED_PER_STORED_COMPRESSED
+        if obj.nbytes > 2**20 and obj.nbytes > ratio * stored:
+            raise ValueError(f"{where} declares shape {obj.shape} ({obj.nbytes} bytes) but stores {stored} bytes: "
+                             "refused (its values were never written, or it is not a data file)")
+
+    f.visititems(visit)

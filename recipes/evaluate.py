@@ -18,6 +18,19 @@ from __future__ import annotations
 import argparse
 
 
+def _at_least(low: int):
+    """An argparse type: an integer of at least ``low`` (argparse's one-line error names the option)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        return value
+    return parse
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="run folder (holds config.yaml)")
@@ -25,10 +38,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", help="report folder (default: RUN/eval for the final model, RUN/eval/<checkpoint> "
                                       "for another checkpoint)")
     parser.add_argument("--overwrite", action="store_true", help="replace a report already in the output folder")
-    parser.add_argument("--steps", type=int, help="rollout steps (default: the run's eval.steps)")
+    parser.add_argument("--steps", type=_at_least(1), help="rollout steps (default: the run's eval.steps)")
     parser.add_argument("--split", help="split to evaluate (default: test)")
-    parser.add_argument("--max-trajectories", type=int, help="evaluate at most this many trajectories")
-    parser.add_argument("--start-frame", type=int, help="the frame each rollout starts from (default: the run's "
+    parser.add_argument("--max-trajectories", type=_at_least(1), help="evaluate at most this many trajectories")
+    parser.add_argument("--start-frame", type=_at_least(0), help="the frame each rollout starts from (default: the run's "
                                                         "eval.start_frame, 0 unless set)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--precision", choices=["auto", "bf16", "fp16", "no"],

@@ -314,6 +314,10 @@ def test_the_summary_opens_the_overview_and_the_notes_quote_the_result_files(tmp
         (tmp_path / "notes" / "summary.md").write_text(missing)
         with pytest.raises(ValueError, match=rf"summary.md: {re.escape(missing)} has no value"):
             page_of(results, "index")
+    (folder / "fno-seed1.json").write_text("{not json")
+    (tmp_path / "notes" / "summary.md").write_text("{{bc/heat-bc/fno@1:nmse_mean}}")
+    with pytest.raises(ValueError, match=r"summary.md: .* reads .*fno-seed1.json, which is not JSON"):
+        brender.fill((tmp_path / "notes" / "summary.md").read_text(), results, "summary.md")
 
 
 @pytest.mark.slow

@@ -112,7 +112,10 @@ def fill(text: str, results: Path, where: str = "notes") -> str:
         table, recipe, row, seed, field, fmt = match.groups()
         values = []
         for path in sorted((results / table / recipe).glob(f"{row}-seed{seed if seed else '*'}.json")):
-            item: Any = json.loads(path.read_text())
+            try:
+                item: Any = json.loads(path.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                raise ValueError(f"{where}: {match.group(0)} reads {path}, which is not JSON ({error})") from None
             for key in field.split("."):
                 if isinstance(item, list):
                     item = item[int(key)] if key.isdigit() and int(key) < len(item) else None

@@ -49,6 +49,7 @@ def _main(argv: list[str] | None = None) -> int:
     info = sub.add_parser("info", help="summarise a generated dataset")
     info.add_argument("path", help="a dataset's folder, or a preset's name (looked up where the recipes keep it)")
     info.add_argument("--size", default="small", choices=SIZES, help="with a preset's name: its size (default small)")
+    info.add_argument("--checksums", action="store_true", help="also compare every file's SHA-256 with the manifest's")
     grid = sub.add_parser("grid-form", help="write a square-domain mesh dataset as one grid file (custom recipe)")
     grid.add_argument("folder", help="the mesh dataset's folder (train.h5, valid.h5, test.h5 of the square)")
     grid.add_argument("out", help="the grid file to write (.h5)")
@@ -79,7 +80,9 @@ def _main(argv: list[str] | None = None) -> int:
             if not path.exists():
                 raise FileNotFoundError(f"{args.path} at size {args.size}: not generated yet (no {path}); "
                                         f"gno-data generate {args.path} --size {args.size} makes it")
-        print(dataset_info(path))
+        text = dataset_info(path, checksums=args.checksums)
+        print(text)
+        return 1 if "\n  files: DAMAGED" in text else 0  # a script can tell
     return 0
 
 

@@ -37,7 +37,7 @@ from gno_ext.data.simulate import simulate
 from gno_ext.data.writer import write_well_file
 from gno_ext.schema import BoundarySpec
 
-__all__ = ["generate", "dataset_info", "default_cache", "default_root", "shards"]
+__all__ = ["generate", "dataset_info", "default_cache", "default_root", "shards", "verify_dataset"]
 
 
 def _sha256(path: Path) -> str:
@@ -206,7 +206,9 @@ def _generate(preset: Preset, size: str, root: Path, device: str, batch_size: in
                         attrs={"preset": preset.name, "split": split, "size": size, "boundary": trajs[0].boundary,
                                "fingerprint": config["fingerprint"]},
                         dtype=dtype)
-        manifest["files"][key] = {"trajectories": len(trajs), "bytes": path.stat().st_size, "sha256": _sha256(path)}
+        stat = path.stat()
+        manifest["files"][key] = {"trajectories": len(trajs), "bytes": stat.st_size, "sha256": _sha256(path),
+                                  "mtime_ns": stat.st_mtime_ns}
         _write_json(manifest_path, manifest)
         if on_shard is not None:
             on_shard(path)
@@ -216,6 +218,95 @@ def _generate(preset: Preset, size: str, root: Path, device: str, batch_size: in
     manifest["complete"] = set(manifest["splits"]) == set(SPLITS)
     _write_json(manifest_path, manifest)
     return root
+
+
+VERIFIED = ".verified.json"  # beside the manifest: files whose checksum matched at their current size and time
+
+
+def verify_dataset(root: str | Path, splits: tuple[str, ...] | list[str] | None = None,
+                   checksums: bool = False) -> None:
+    """Check a generated dataset against its ``manifest.json`` before it is used.
+
+    For each of ``splits`` (default: those the manifest records as written): every file the
+    manifest lists is there with its recorded size, no other ``.hdf5`` file lies in the split's
+    folder (a shard of another preset or size dropped in), each file's ``gno_ext`` attributes
+    name the manifest's preset, size, split and protocol fingerprint, and a file whose
+    modification time is not the one recorded at generation (written to since, or copied) has
+    the recorded SHA-256 (once: a match is remembered in ``.verified.json`` with the file's size
+    and time). With ``checksums`` every file's SHA-256 is compared (reads every byte). A folder
+    without a manifest (data written by other means) is not checked.
+
+    Raises
+    ------
+    FileNotFoundError
+        A split the manifest records, or one of its files, is missing.
+    ValueError
+        A file changed after generation, does not belong, or names another dataset; the message
+        names the file and what differs, and how to repair it.
+    """
+    root = Path(root)
+    path = root / "manifest.json"
+    if not path.is_file():
+        return
+    try:
+        manifest = json.loads(path.read_text())
+        cfg, files = manifest["config"], manifest["files"]
+        if not isinstance(cfg, dict) or not isinstance(files, dict):
+            raise TypeError("its config and files must be objects")
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not a readable manifest ({err}); generate the dataset again into a new folder") from None
+    # files found intact by their checksum after their modification time changed (a copy): not read again
+    seen_path = root / VERIFIED
+    try:
+        seen = json.loads(seen_path.read_text()) if seen_path.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        seen = {}
+    seen_before = dict(seen)
+    repair = (f"run `gno-data generate {cfg.get('preset')} --size {cfg.get('size')} --out {root.parent.parent}`, "
+              "which makes the files that do not match again")
+    for split in manifest.get("splits", []) if splits is None else splits:
+        listed = {k.split("/", 1)[1]: v for k, v in files.items() if k.startswith(split + "/")}
+        if not listed:
+            if split in manifest.get("splits", []):
+                raise FileNotFoundError(f"{root}: the manifest lists no file of the {split} split it records")
+            continue
+        folder = root / "data" / split
+        present = {p.name for p in folder.glob("*.hdf5")} if folder.is_dir() else set()
+        missing = sorted(set(listed) - present)
+        if missing:
+            raise FileNotFoundError(f"{folder}: {len(missing)} of the {len(listed)} files the manifest lists are "
+                                    f"missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); {repair}")
+        foreign = sorted(present - set(listed))
+        if foreign:
+            raise ValueError(f"{folder / foreign[0]}: not a file of this dataset (its manifest does not list it"
+                             f"{f', nor {len(foreign) - 1} more' if len(foreign) > 1 else ''}); move it out of the folder")
+        for name, record in sorted(listed.items()):
+            file = folder / name
+            size = file.stat().st_size
+            if "bytes" in record and size != record["bytes"]:
+                raise ValueError(f"{file}: {size} bytes, the manifest recorded {record['bytes']}: changed after it "
+                                 f"was generated; {repair}")
+            try:
+                with h5py.File(file, "r") as f:
+                    attrs = dict(f["gno_ext"].attrs) if "gno_ext" in f else {}
+            except OSError as err:
+                raise ValueError(f"{file}: not a readable HDF5 file ({err}); {repair}") from None
+            expected = {"preset": cfg.get("preset"), "size": cfg.get("size"), "split": split,
+                        "fingerprint": cfg.get("fingerprint")}
+            for key, value in expected.items():
+                if value is not None and key in attrs and str(attrs[key]) != str(value):
+                    raise ValueError(f"{file}: its {key} is {str(attrs[key])!r}, the dataset's {value!r}: a file of "
+                                     f"another dataset; move it out and {repair}")
+            mtime, key = file.stat().st_mtime_ns, f"{split}/{name}"
+            touched = "mtime_ns" in record and mtime != record["mtime_ns"] and seen.get(key) != [size, mtime]
+            if checksums or touched:
+                if _sha256(file) != record.get("sha256"):
+                    raise ValueError(f"{file}: its SHA-256 differs from the manifest's: changed after it was "
+                                     f"generated; {repair}")
+                seen[key] = [size, mtime]
+    if seen != seen_before:
+        with contextlib.suppress(OSError), written_whole(seen_path) as tmp:  # a read-only copy is checked each time
+            tmp.write_text(json.dumps(seen))
 
 
 def _write_stats(root: Path) -> None:
@@ -250,8 +341,9 @@ def _fingerprint_status(cfg: dict[str, Any]) -> str:
     return f"{recorded[:12]} ({'matches the current preset' if recorded == current else 'STALE: regenerate it'})"
 
 
-def dataset_info(root: str | Path) -> str:
-    """A human-readable summary of a generated dataset folder."""
+def dataset_info(root: str | Path, checksums: bool = False) -> str:
+    """A human-readable summary of a generated dataset folder, with the check of its files
+    against the manifest (`verify_dataset`; ``checksums``: every byte too)."""
     root = Path(root)
     manifest_path = root / "manifest.json"
     if not manifest_path.exists():
@@ -265,6 +357,12 @@ def dataset_info(root: str | Path) -> str:
     lines = [f"dataset {root.name}: preset {cfg['preset']}, size {cfg['size']}, "
              f"{'complete' if manifest.get('complete') else 'INCOMPLETE (run generate again to resume)'}",
              f"  protocol fingerprint {_fingerprint_status(cfg)}"]
+    try:
+        verify_dataset(root, checksums=checksums)
+        lines.append(f"  files: as generated (names, sizes and attributes{', and checksums,' if checksums else ''} "
+                     f"checked against the manifest{'' if checksums else '; --checksums reads every byte'})")
+    except (FileNotFoundError, ValueError) as err:
+        lines.append(f"  files: DAMAGED: {err}")
     for split in SPLITS:
         files = {k: v for k, v in manifest["files"].items() if k.startswith(split + "/")}
         if not files:

@@ -76,7 +76,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gno_ext._files import written_whole
+from gno_ext._files import check_self_contained, written_whole
 from gno_ext.mesh import MeshSample
 from gno_ext.schema import BCType
 from gno_ext.solvers.fem import (
@@ -366,6 +366,7 @@ class MeshDataset(torch.utils.data.Dataset):
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: no such file")
         with h5py.File(self.path, "r") as f:
+            check_self_contained(f, self.path)
             if f.attrs.get("layout") != LAYOUT:
                 raise ValueError(f"{self.path}: not a mesh dataset of layout {LAYOUT} (its layout attribute is "
                                  f"{f.attrs.get('layout')!r})")

@@ -26,6 +26,7 @@ __all__ = ["register_model", "get_model", "model_class", "available_models", "sa
 _MODELS: dict[str, type[nn.Module]] = {}
 _LAZY: dict[str, Callable[[], None]] = {}
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+LAYER_COUNTS = ("depth", "n_layers", "num_layers", "layers", "n_blocks")  # constructor arguments that count layers
 
 
 def register_model(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
@@ -192,6 +193,12 @@ def _check_shapes(config: dict[str, Any], config_file: Path, weights_file: Path)
             stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except Exception as err:  # safetensors raises its own error type for a damaged file
         raise ValueError(f"{weights_file}: cannot be read as safetensors ({err})") from err
+    # a layer count beyond the file's tensor count cannot fit it (each layer has weights): refused
+    # before even the skeleton is built, which takes a minute at depth=10000
+    for key, value in config["kwargs"].items():
+        if key in LAYER_COUNTS and isinstance(value, int) and value > len(stored):
+            raise ValueError(f"{config_file}: {key}={value} layers, but {weights_file} holds {len(stored)} tensors; "
+                             "nothing was built")
     try:
         with torch.device("meta"):
             skeleton = get_model(config["name"], **config["kwargs"])

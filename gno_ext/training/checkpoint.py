@@ -102,6 +102,23 @@ def save_training_checkpoint(run_dir: str | Path, step: int, model: nn.Module, o
     return final
 
 
+def _load_state(file: Path) -> dict[str, Any]:
+    """The optimizer, scheduler and random states of ``file``, loaded without running any of its
+    code (``weights_only``); a file that holds anything else, or is damaged, raises a one-line
+    `ValueError` that names it (not torch's advice to turn the protection off)."""
+    if not file.is_file():
+        raise FileNotFoundError(f"{file}: no such file (an incomplete training checkpoint)")
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # UnpicklingError (objects that only code can rebuild), or a damaged file
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{file}: refused: it holds something other than tensors and plain values, or is "
+                         f"damaged ({first[:200]}); nothing in it was run") from None
+    if not isinstance(state, dict) or "optimizer" not in state:
+        raise ValueError(f"{file}: not a training state (expected the optimizer's, scheduler's and random states)")
+    return state
+
+
 def load_training_checkpoint(path: str | Path, model: nn.Module, optimizer: Any = None, scheduler: Any = None,
                              ema: nn.Module | None = None, restore_rng: bool = True) -> dict[str, Any]:
     """Restore a run's state from checkpoint folder ``path``; returns its trainer state.
@@ -117,7 +134,7 @@ def load_training_checkpoint(path: str | Path, model: nn.Module, optimizer: Any 
         if not (path / "ema.safetensors").is_file():
             raise FileNotFoundError(f"{path}: trainer.ema is on but the checkpoint has no ema.safetensors")
         load_weights(ema, path / "ema.safetensors", "the model's exponential average")
-    state = torch.load(path / "training_state.pt", map_location="cpu", weights_only=True)
+    state = _load_state(path / "training_state.pt")
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
     if scheduler is not None:

@@ -63,7 +63,7 @@ def prepare_data(cfg: Mapping[str, Any], progress: bool = True) -> None:
 
     from gno_ext.data import get_preset
     from gno_ext.data.fingerprint import check_protocol
-    from gno_ext.data.generate import generate
+    from gno_ext.data.generate import generate, verify_dataset
 
     folder = _generated_root(cfg) / "datasets" / str(cfg["preset"])
     manifest = folder / "manifest.json"
@@ -72,6 +72,7 @@ def prepare_data(cfg: Mapping[str, Any], progress: bool = True) -> None:
         # a cached dataset of an older protocol stops the run (generate() checks it when resuming)
         check_protocol(folder, recorded, get_preset(str(cfg["preset"])), str(cfg["size"]))
         if recorded.get("complete"):
+            verify_dataset(folder)  # every split's files as generated, before any training
             return
     generate(str(cfg["preset"]), size=str(cfg["size"]), out=_generated_root(cfg), device=cfg.get("device"),
              progress=progress)

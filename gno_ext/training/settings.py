@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, get_type_hints
 
-__all__ = ["CurriculumSettings", "DROSettings", "EMASettings", "OptimizerSettings", "Settings", "TrainerSettings",
-           "defaults"]
+__all__ = ["CurriculumSettings", "DROSettings", "EMASettings", "EvalSettings", "OptimizerSettings", "Settings",
+           "TrainerSettings", "defaults"]
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,21 @@ class OptimizerSettings:
 
 
 @dataclass(frozen=True)
+class EvalSettings:
+    """The ``eval`` section: the test rollouts at the end of training (and after
+    ``at_epochs``), checked before training so that a bad value does not fail after it."""
+
+    enabled: Annotated[bool, Flag()] = True
+    split: Annotated[str, Choice("test", "valid", "train")] = "test"
+    steps: Annotated[int, Number(1, integer=True)] = 10
+    start_frame: Annotated[int, Number(0, integer=True)] = 0
+    batch_size: Annotated[int, Number(1, integer=True)] = 16
+    max_trajectories: Annotated[int | None, Number(1, integer=True, nullable=True)] = None
+    figures: Annotated[int, Number(0, integer=True)] = 3
+    at_epochs: tuple[int, ...] = ()  # checked against trainer.epochs (`gno_ext.training.loop.test_epochs`)
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything the training loop reads from a recipe's configuration besides the data, the
     model's own arguments and the run folder.
@@ -145,6 +160,10 @@ class Settings:
     ----------
     trainer : TrainerSettings
     optimizer : OptimizerSettings
+    eval : EvalSettings
+    seed : int
+        The run's seed (an integer >= 0: ``seed=1.7`` would train with seed 1 in a folder named
+        ``seed1.7``).
     balance_weight : float
         ``model.balance_weight``: weight of the gates' load-balance term in the loss.
     physics_weight : float
@@ -153,6 +172,8 @@ class Settings:
 
     trainer: TrainerSettings = field(default_factory=TrainerSettings)
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
+    eval: EvalSettings = field(default_factory=EvalSettings)
+    seed: Annotated[int, Number(0, integer=True)] = 0
     balance_weight: Annotated[float, Number(0)] = 0.0
     physics_weight: Annotated[float, Number(0)] = 0.0
 
@@ -162,8 +183,10 @@ class Settings:
         ``optimizer`` and ``model`` sections; absent keys take their defaults), checked."""
         model = cfg.get("model") or {}
         weights = {k: model[k] for k in ("balance_weight", "physics_weight") if k in model}
+        top = {"seed": _checked(cls, _field(cls, "seed"), cfg["seed"], "seed")} if "seed" in cfg else {}
         return cls(trainer=_read(TrainerSettings, cfg.get("trainer") or {}, "trainer."),
                    optimizer=_read(OptimizerSettings, cfg.get("optimizer") or {}, "optimizer."),
+                   eval=_read(EvalSettings, cfg.get("eval") or {}, "eval."), **top,
                    **{k: _checked(cls, _field(cls, k), v, f"model.{k}") for k, v in weights.items()})
 
     @property

@@ -243,3 +243,77 @@ def test_a_second_process_waits_for_the_first_and_only_our_temporaries_are_remov
     # the first process's dataset is not mixed with another shard size
     with pytest.raises(ValueError, match="refusing to mix"):
         generate("heat-param", "smoke", tmp_path, device="cpu", shard_size=1, progress=False)
+
+
+def test_a_dataset_is_checked_against_its_manifest_before_use(tmp_path, capsys):
+    """A generated dataset is verified when it is opened, not only when it is generated: a shard
+    written to after generation (same size), a shard of another dataset dropped into a split, a
+    file whose attributes name another dataset and a deleted split each stop with a message that
+    names the file; `gno-data info` says so and exits 1."""
+    import importlib
+    import os
+    import shutil
+
+    from gno_ext.data.generate import verify_dataset
+    from gno_ext.training.recipe_data import prepare_data
+
+    root = generate("heat-param", "smoke", tmp_path / "a", device="cpu", progress=False)
+    verify_dataset(root, checksums=True)
+    assert "files: as generated" in cli_info(root)
+    shard = sorted((root / "data" / "train").glob("*.hdf5"))[0]
+    pristine = shard.read_bytes()
+    cfg = {"kind": "generated", "preset": "heat-param", "size": "smoke", "root": str(tmp_path / "a")}
+
+    # written to in place after generation: same size, new modification time -> the checksum is compared
+    with h5py.File(shard, "r+") as f:
+        f["t0_fields/u"][0] = 0.0
+    assert shard.stat().st_size == len(pristine)
+    with pytest.raises(ValueError, match=rf"{shard.name}: its SHA-256 differs .* changed after it was generated"):
+        GeneratedDataset(root, split="train")
+    with pytest.raises(ValueError, match="SHA-256 differs"):
+        prepare_data(cfg, progress=False)  # before any training
+    assert cli(["info", str(root)]) == 1 and "files: DAMAGED" in capsys.readouterr().out
+    # a copy with a new modification time but the same bytes is accepted, and its checksum is
+    # remembered (not read again at the next opening)
+    shard.write_bytes(pristine)
+    GeneratedDataset(root, split="train")
+    generate_module = importlib.import_module("gno_ext.data.generate")  # (the package exports a function of that name)
+
+    def no_reading(path):
+        raise AssertionError(f"{path} read again")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(generate_module, "_sha256", no_reading)
+        verify_dataset(root)
+    os.utime(shard, ns=(0, 0))  # touched again: read again
+    verify_dataset(root)
+
+    # another preset's shard dropped into the split
+    other = generate("advection-param", "smoke", tmp_path / "b", device="cpu", progress=False)
+    foreign = sorted((other / "data" / "train").glob("*.hdf5"))[0]
+    shutil.copy(foreign, root / "data" / "train" / foreign.name)
+    with pytest.raises(ValueError, match=rf"{foreign.name}: not a file of this dataset .* move it out"):
+        GeneratedDataset(root, split="train")
+    (root / "data" / "train" / foreign.name).unlink()
+
+    # a file of the dataset's name and size whose attributes name another dataset
+    with h5py.File(shard, "r+") as f:
+        f["gno_ext"].attrs["preset"] = "advection-param"
+    manifest = json.loads((root / "manifest.json").read_text())
+    record = manifest["files"][f"train/{shard.name}"]
+    saved = dict(record)
+    record["bytes"] = shard.stat().st_size
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=rf"{shard.name}: its preset is 'advection-param', the dataset's 'heat-param'"):
+        verify_dataset(root, ["train"])
+    shard.write_bytes(pristine)
+    manifest["files"][f"train/{shard.name}"] = saved
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+    # the test split deleted: found when the data is prepared, before training
+    shutil.rmtree(root / "data" / "test")
+    with pytest.raises(FileNotFoundError, match=r"data/test: 1 of the 1 files the manifest lists are missing"):
+        prepare_data(cfg, progress=False)
+    with pytest.raises(FileNotFoundError, match="missing"):
+        GeneratedDataset(root, split="test")
+    verify_dataset(root, ["train", "valid"])  # the others are intact

@@ -192,6 +192,13 @@ def test_a_config_that_does_not_fit_its_weights_is_refused_before_the_model_is_b
                                          r"\(.*: \(16,\) in the file, \(4096,\) from the config.*\); nothing was built"):
         from_checkpoint(path)
     assert built == ["meta"]  # only the skeleton, which allocates nothing
+    # a layer count beyond the file's tensors: refused before even the skeleton (a minute at depth=10000)
+    config["kwargs"]["latent"], config["kwargs"]["depth"] = 16, 10_000
+    (path / "config.json").write_text(json.dumps(config))
+    built.clear()
+    with pytest.raises(ValueError, match=r"config.json: depth=10000 layers, but .*model.safetensors holds \d+ tensors"):
+        from_checkpoint(path)
+    assert built == []
 
 
 def test_registry():

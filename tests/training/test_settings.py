@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from gno_ext.training.settings import (
+    EvalSettings,
     OptimizerSettings,
     Settings,
     TrainerSettings,
@@ -20,6 +21,10 @@ CONF = Path(__file__).resolve().parents[2] / "recipes" / "conf"
                                       (OptimizerSettings, "optimizer/adamw.yaml")])
 def test_the_recipes_yaml_lists_every_setting_with_its_default(cls, path):
     assert yaml.safe_load((CONF / path).read_text()) == defaults(cls)
+
+
+def test_the_recipes_eval_section_lists_every_eval_setting_with_its_default():
+    assert yaml.safe_load((CONF / "config.yaml").read_text())["eval"] == defaults(EvalSettings)
 
 
 def test_absent_keys_take_the_defaults_and_given_ones_are_converted():
@@ -48,6 +53,14 @@ def test_absent_keys_take_the_defaults_and_given_ones_are_converted():
     ({"optimizer": {"betas": [0.9]}}, r"optimizer.betas: expected two numbers in \[0, 1\), got \[0.9\]"),
     ({"trainer": {"compile_options": 1}}, "trainer.compile_options: expected a mapping of inductor options, got 1"),
     ({"model": {"balance_weight": -1}}, "model.balance_weight: expected a number >= 0, got -1"),
+    # the evaluation's settings and the seed, checked before training rather than after it
+    ({"eval": {"steps": 0}}, "eval.steps: expected an integer >= 1, got 0"),
+    ({"eval": {"batch_size": 0}}, "eval.batch_size: expected an integer >= 1, got 0"),
+    ({"eval": {"max_trajectories": 0}}, "eval.max_trajectories: expected an integer >= 1 or null, got 0"),
+    ({"eval": {"split": "tests"}}, "eval.split: expected one of test, valid, train, got 'tests'"),
+    ({"eval": {"stpes": 3}}, r"eval.stpes: no such setting; did you mean eval.steps\?"),
+    ({"seed": 1.7}, "seed: expected an integer >= 0, got 1.7"),
+    ({"seed": -1}, "seed: expected an integer >= 0, got -1"),
 ])
 def test_a_bad_setting_is_named(cfg, message):
     with pytest.raises(ValueError, match=message):

@@ -74,6 +74,10 @@ def test_heat_param_smoke_end_to_end(train_module, tmp_path):
     later = evaluate.main([str(run), "--start-frame", "1", "--out", str(tmp_path / "from1")])
     assert later["start_frame"] == 1 and later["steps"] == report["steps"] - 1 == len(later["per_step_nmse"])
     assert later["nmse"]["mean"] != report["nmse"]["mean"]
+    for bad in (["--max-trajectories", "0"], ["--start-frame", "-1"], ["--steps", "0"]):  # (0 evaluated everything)
+        with pytest.raises(SystemExit):
+            evaluate.main([str(run), *bad, "--out", str(tmp_path / "never")])
+    assert not (tmp_path / "never").exists()
     # a checkpoint's report goes under the run, named by the checkpoint, labelled with the model it
     # holds (before: RUN's model name, written into the checkpoint's own folder)
     other = save_checkpoint(get_model("persistence"), tmp_path / "other-run" / "model")
@@ -327,6 +331,21 @@ def test_a_damaged_training_checkpoint_names_its_weights_file(tmp_path):
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(ValueError, match=r"model.safetensors: cannot be read as safetensors"):
         load_training_checkpoint(path, model, opt, sched)
+    # a training state that only code could rebuild is refused in one line, without torch's
+    # advice to turn the protection off; so is one that is not a training state
+    model = get_model("gno", latent=16, patch=8, depth=1, heads=2, n_kernels=2)
+    path = save_training_checkpoint(tmp_path / "run2", 3, model, opt, sched, {"epoch": 0}, {})
+    torch.save({"optimizer": Unpicklable()}, path / "training_state.pt")
+    with pytest.raises(ValueError, match=r"training_state.pt: refused: it holds something other than tensors") as err:
+        load_training_checkpoint(path, model, opt, sched)
+    assert "weights_only" not in str(err.value) and "\n" not in str(err.value)
+    torch.save([1, 2], path / "training_state.pt")
+    with pytest.raises(ValueError, match="training_state.pt: not a training state"):
+        load_training_checkpoint(path, model, opt, sched)
+
+
+class Unpicklable:
+    """An object that only code could rebuild (unpickling would import this module)."""
 
 
 @pytest.mark.slow
