@@ -14,11 +14,11 @@ from typing import Any
 from gno_ext.adapters.custom import ArrayDataset, open_custom
 from gno_ext.adapters.generated import GeneratedDataset
 from gno_ext.adapters.pdebench import PDEBenchDataset, parameters_from_name
-from gno_ext.adapters.windows import Windows
+from gno_ext.adapters.windows import TrajectoryData, Windows
 from torch.utils.data import Dataset
 
-__all__ = ["open_dataset", "ArrayDataset", "GeneratedDataset", "PDEBenchDataset", "WellAdapter", "Windows", "open_custom",
-           "parameters_from_name"]
+__all__ = ["open_dataset", "ArrayDataset", "GeneratedDataset", "PDEBenchDataset", "TrajectoryData", "WellAdapter",
+           "Windows", "open_custom", "parameters_from_name"]
 
 
 def open_dataset(kind: str, path: str | Path, n_steps_input: int = 1, n_steps_output: int = 1,

@@ -39,7 +39,7 @@ import h5py
 import numpy as np
 import torch
 from gno_ext.adapters.files import ProcessFiles, open_h5
-from gno_ext.adapters.windows import Windows, window_boundary_values
+from gno_ext.adapters.windows import Windows, WindowedTrajectories, window_boundary_values
 from torch.utils.data import Dataset
 
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, PDESample
@@ -82,7 +82,7 @@ def _rows(value: Any, n: int, name: str, per_sample_ndim: int) -> Any:
                      f"got {tuple(arr.shape)}")
 
 
-class ArrayDataset(Dataset):
+class ArrayDataset(WindowedTrajectories, Dataset):
     """Windows over arrays of trajectories.
 
     Parameters
@@ -137,6 +137,16 @@ class ArrayDataset(Dataset):
         self.bc = bc
         self.trajectories = list(range(n)) if trajectories is None else [int(i) for i in trajectories]
         self.windows = Windows([t] * len(self.trajectories), n_steps_input, n_steps_output, stride)
+
+    def parameter_values(self) -> torch.Tensor:
+        """The parameters ``(N, P)`` of the trajectories (`gno_ext.adapters.TrajectoryData`)."""
+        return torch.as_tensor(np.stack([np.asarray(self.theta(t)).reshape(-1) for t in self.trajectories]),
+                               dtype=torch.float32)
+
+    def trajectory_boundary_kinds(self) -> np.ndarray:
+        if self.bc.batched:  # one spec per trajectory
+            return self.bc.kind[torch.as_tensor(self.trajectories)].numpy()
+        return np.broadcast_to(self.bc.kind.numpy(), (len(self.trajectories), self.bc.kind.shape[-1]))
 
     def __len__(self) -> int:
         return len(self.windows)

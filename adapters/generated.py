@@ -17,13 +17,13 @@ import torch
 from torch.utils.data import Dataset
 
 from gno_ext.adapters.files import ProcessFiles, open_h5
-from gno_ext.adapters.windows import Windows, window_boundary_values
+from gno_ext.adapters.windows import Windows, WindowedTrajectories, window_boundary_values
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch, PDESample
 
 __all__ = ["GeneratedDataset"]
 
 
-class GeneratedDataset(Dataset):
+class GeneratedDataset(WindowedTrajectories, Dataset):
     """Windows of a generated dataset split.
 
     Parameters
@@ -101,6 +101,13 @@ class GeneratedDataset(Dataset):
                 with open_h5(self.files[i]) as f:
                     for order, name in m["fields"] + ([("t1_fields", "velocity_field")] if m["velocity"] else []):
                         self._memory[(i, order, name)] = f[order][name][()]
+
+    def parameter_values(self) -> torch.Tensor:
+        """The parameters ``(N, P)`` of the trajectories (`gno_ext.adapters.TrajectoryData`)."""
+        return torch.stack([self.meta_per_file[i]["theta"][j] for i, j in self.index])
+
+    def trajectory_boundary_kinds(self) -> np.ndarray:
+        return np.stack([self.meta_per_file[i]["kind"][j].numpy() for i, j in self.index])
 
     def _array(self, i: int, order: str, name: str):
         if self._memory is not None:

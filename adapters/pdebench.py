@@ -27,7 +27,7 @@ import h5py
 import numpy as np
 import torch
 from gno_ext.adapters.files import ProcessFiles, open_h5
-from gno_ext.adapters.windows import Windows, check_window_settings, split_trajectories
+from gno_ext.adapters.windows import Windows, WindowedTrajectories, check_window_settings, split_trajectories
 from torch.utils.data import Dataset
 
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, PDESample
@@ -73,7 +73,7 @@ def _boundary_from_name(name: str) -> BCType | None:
     return None
 
 
-class PDEBenchDataset(Dataset):
+class PDEBenchDataset(WindowedTrajectories, Dataset):
     """Windows of one PDEBench file.
 
     Parameters
@@ -209,6 +209,19 @@ class PDEBenchDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.windows) if self.trajectories else 0
+
+    def parameter_values(self) -> torch.Tensor:
+        """The file's one parameter vector, ``(1, P)`` (`gno_ext.adapters.TrajectoryData`)."""
+        return self.theta.reshape(1, -1)
+
+    def trajectory_boundary_kinds(self) -> np.ndarray:
+        return np.broadcast_to(self.bc.kind.numpy(), (len(self.windows.lengths), self.bc.kind.shape[-1]))
+
+    def window_boundary_kinds(self) -> np.ndarray:
+        return super().window_boundary_kinds()[:len(self)]  # (none where the split holds no trajectory)
+
+    def rollout_indices(self, start: int = 0) -> list[int]:
+        return super().rollout_indices(start) if self.trajectories else []
 
     def __getitem__(self, index: int) -> PDESample:
         slot, start = self.windows.locate(index)

@@ -33,7 +33,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from gno_ext.adapters.files import ProcessFiles, open_h5
-from gno_ext.adapters.windows import check_window_settings
+from gno_ext.adapters.windows import check_start, check_window_settings
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, PDESample
 
 __all__ = ["WellAdapter", "WELL_BC"]
@@ -135,6 +135,25 @@ class WellAdapter(Dataset):
 
     def __len__(self) -> int:
         return len(self.well)
+
+    def parameter_values(self) -> Tensor:
+        """One row per distinct parameter vector of the files, ``(G, P)``
+        (`gno_ext.adapters.TrajectoryData`)."""
+        return torch.tensor(sorted(self._groups), dtype=torch.float32).reshape(len(self._groups), -1)
+
+    def window_boundary_kinds(self) -> np.ndarray:
+        kind = self[0].bc.kind.numpy()  # one boundary configuration per dataset
+        return np.broadcast_to(kind, (len(self), kind.shape[-1]))
+
+    def rollout_indices(self, start: int = 0) -> list[int]:
+        found = [i for i in range(len(self)) if self.locate(i)[2] == start]
+        if start and not found:
+            check_start(start, 0)
+        return found
+
+    def trajectory_lengths(self) -> list[int]:
+        meta = self.well.metadata  # per file: its trajectories and their frames
+        return [int(n) for n, k in zip(meta.n_steps_per_trajectory, meta.n_trajectories_per_file) for _ in range(k)]
 
     def locate(self, index: int) -> tuple[str, int, int]:
         """``(file name, trajectory, start frame)`` of sample ``index`` (as ``WellDataset`` indexes)."""

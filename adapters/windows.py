@@ -2,17 +2,69 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-from dataclasses import dataclass
-
 import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 from torch.utils.data import ConcatDataset
 
-__all__ = ["Windows", "window_boundary_values", "BatchedConcat", "split_trajectories", "check_window_settings"]
+__all__ = ["Windows", "window_boundary_values", "BatchedConcat", "split_trajectories", "check_window_settings",
+           "TrajectoryData", "WindowedTrajectories", "check_start"]
+
+
+@runtime_checkable
+class TrajectoryData(Protocol):
+    """What training and evaluation read of a data source besides its samples, from metadata
+    (no field is loaded). Every adapter implements it; a dataset of your own that does too gets
+    DRO groups per parameter value and boundary configuration, and rollouts from any start frame
+    (without it: one configuration, the parameters of its first sample, one rollout per window).
+    """
+
+    def parameter_values(self) -> torch.Tensor:
+        """The parameter vectors ``(N, P)``: one row per trajectory (per file where a file holds
+        one parameter value: The Well, PDEBench)."""
+
+    def window_boundary_kinds(self) -> np.ndarray:
+        """The boundary type of every face (or segment) for every window, ``(len(self), F)``."""
+
+    def rollout_indices(self, start: int = 0) -> list[int]:
+        """The window of each trajectory that starts at frame ``start``, in order."""
+
+    def trajectory_lengths(self) -> list[int]:
+        """The frames of every trajectory."""
+
+
+def check_start(start: int, windows: int) -> None:
+    """Raise a `ValueError` unless frame ``start`` begins one of the ``windows`` windows of the
+    shortest trajectory (the message says what is possible)."""
+    if not 0 <= start < windows:
+        raise ValueError(f"eval.start_frame={start}: the shortest trajectory holds {windows} rollout window(s) "
+                         f"of this length (starts 0 to {windows - 1}); choose an earlier start or fewer eval.steps")
+
+
+class WindowedTrajectories:
+    """`TrajectoryData` for a dataset whose windows are ``self.windows`` (`Windows`, one entry
+    per trajectory): a subclass gives ``parameter_values`` and ``trajectory_boundary_kinds``."""
+
+    windows: Windows
+
+    def trajectory_boundary_kinds(self) -> np.ndarray:
+        """The boundary type of every face for every trajectory, ``(N, F)``."""
+        raise NotImplementedError
+
+    def window_boundary_kinds(self) -> np.ndarray:
+        return np.repeat(np.asarray(self.trajectory_boundary_kinds()), self.windows._per, axis=0)
+
+    def rollout_indices(self, start: int = 0) -> list[int]:
+        per = self.windows._per
+        check_start(start, int(per[per > 0].min()) if (per > 0).any() else 0)
+        return [int(o) + start for o, n in zip(self.windows._offsets[:-1], per) if n > 0]
+
+    def trajectory_lengths(self) -> list[int]:
+        return [int(n) for n in self.windows.lengths]
 
 
 def window_boundary_values(values: torch.Tensor, frames: np.ndarray, n_steps_input: int) -> torch.Tensor:

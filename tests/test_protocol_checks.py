@@ -4,7 +4,6 @@ quote from their output."""
 
 import json
 import math
-import re
 from pathlib import Path
 
 import pytest

@@ -401,6 +401,23 @@ class MeshDataset(torch.utils.data.Dataset):
         """The trajectory of every window, ``(len(self),)``."""
         return torch.arange(self.n_trajectories).repeat_interleave(self.starts)
 
+    # gno_ext.adapters.TrajectoryData
+    def parameter_values(self) -> Tensor:
+        """The parameters ``(N, P)`` of the trajectories."""
+        return self.data["theta"].float()
+
+    def window_boundary_kinds(self) -> np.ndarray:
+        """The type of each boundary segment for every window, ``(len(self), S)``."""
+        return self.segment_kinds()[self.window_trajectories()].numpy()
+
+    def rollout_indices(self, start: int = 0) -> list[int]:
+        from gno_ext.adapters.windows import check_start
+        check_start(start, self.starts)
+        return [t * self.starts + start for t in range(self.n_trajectories)]
+
+    def trajectory_lengths(self) -> list[int]:
+        return [int(self.data["u"].shape[1])] * self.n_trajectories
+
     def __getitem__(self, i: int) -> MeshSample:
         if not 0 <= i < len(self):
             raise IndexError(f"window {i}: the dataset has {len(self)}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import ConcatDataset, Dataset
 
+from gno_ext.adapters.windows import TrajectoryData
 from gno_ext.data.generate import default_cache, default_root  # noqa: F401 (default_cache: part of this module's API)
 from gno_ext.losses import bin_parameters
 from gno_ext.schema import PDEBatch
@@ -87,69 +88,92 @@ def resolved_root(cfg: Mapping[str, Any]) -> str | None:
 def open_split(cfg: Mapping[str, Any], split: str, n_steps_input: int, n_steps_output: int,
                metadata_only: bool = False) -> Dataset:
     """Open one split of the data described by ``cfg`` as a dataset of `PDESample` windows
-    (``metadata_only``: do not read a generated split into memory)."""
-    from gno_ext.adapters import GeneratedDataset, PDEBenchDataset, open_dataset
+    (``metadata_only``: do not read a generated split into memory), by the opener of its
+    ``data.kind`` (`SOURCES`)."""
+    kind = cfg["kind"]
+    if kind not in SOURCES:
+        raise ValueError(f"data.kind: expected {', '.join(SOURCES)}, got {kind!r}")
+    return SOURCES[kind](cfg, split, n_steps_input, n_steps_output, metadata_only)
+
+
+def _open_mesh(cfg: Mapping[str, Any], split: str, t_in: int, t_out: int, metadata_only: bool) -> Dataset:
+    from gno_ext.data.mesh import MeshDataset
+
+    domains = list(cfg["domains"])
+    if not domains:
+        raise ValueError("data.domains: name at least one domain")
+    pde = str(cfg.get("pde", "heat"))
+    parts = [MeshDataset(_generated_root(cfg) / "mesh" / f"{pde}-{d}" / f"{split}.h5", t_in, t_out) for d in domains]
+    segments = {d: p.n_segments for d, p in zip(domains, parts)}
+    if len(set(segments.values())) > 1:  # a DRO configuration is the type of every segment
+        raise ValueError(f"data.domains: {segments} boundary segments per domain; a run takes domains with "
+                         f"the same number (train the square, with its four sides, on its own)")
+    return parts[0] if len(parts) == 1 else ConcatDataset(parts)
+
+
+def _open_generated(cfg: Mapping[str, Any], split: str, t_in: int, t_out: int, metadata_only: bool) -> Dataset:
+    from gno_ext.adapters import GeneratedDataset
+
+    folder = _generated_root(cfg) / "datasets" / str(cfg["preset"])
+    in_memory = cfg.get("in_memory", "auto")
+    if in_memory == "auto":  # in memory when the split's files are small enough (each process holds a copy)
+        size = sum(f.stat().st_size for f in (folder / "data" / split).glob("*.hdf5"))
+        in_memory = size <= float(cfg.get("in_memory_limit_gb", 4)) * 2**30
+    return GeneratedDataset(folder, t_in, t_out, split=split, in_memory=bool(in_memory) and not metadata_only)
+
+
+def _open_the_well(cfg: Mapping[str, Any], split: str, t_in: int, t_out: int, metadata_only: bool) -> Dataset:
+    from gno_ext.adapters import open_dataset
+
+    if not cfg.get("root"):
+        raise FileNotFoundError(TRL_HELP if cfg.get("name") == "turbulent_radiative_layer_2D" else
+                                f"data.root: set it to The Well's base path (the folder holding datasets/) "
+                                f"for {cfg.get('name')}")
+    root = Path(cfg["root"])
+    if not root.exists():
+        raise FileNotFoundError(f"data.root={root}: no such folder.\n{TRL_HELP}")
+    return open_dataset("the_well", root, t_in, t_out, split=split, name=cfg.get("name"),
+                        normalize=bool(cfg.get("normalize", False)), reader=cfg.get("reader", "the_well"))
+
+
+def _open_pdebench(cfg: Mapping[str, Any], split: str, t_in: int, t_out: int, metadata_only: bool) -> Dataset:
+    from gno_ext.adapters import PDEBenchDataset
     from gno_ext.adapters.windows import BatchedConcat
 
-    kind = cfg["kind"]
-    if kind == "mesh":
-        from gno_ext.data.mesh import MeshDataset
-        domains = list(cfg["domains"])
-        if not domains:
-            raise ValueError("data.domains: name at least one domain")
-        pde = str(cfg.get("pde", "heat"))
-        parts = [MeshDataset(_generated_root(cfg) / "mesh" / f"{pde}-{d}" / f"{split}.h5", n_steps_input,
-                             n_steps_output) for d in domains]
-        segments = {d: p.n_segments for d, p in zip(domains, parts)}
-        if len(set(segments.values())) > 1:  # a DRO configuration is the type of every segment
-            raise ValueError(f"data.domains: {segments} boundary segments per domain; a run takes domains with "
-                             f"the same number (train the square, with its four sides, on its own)")
-        return parts[0] if len(parts) == 1 else ConcatDataset(parts)
-    if kind == "generated":
-        folder = _generated_root(cfg) / "datasets" / str(cfg["preset"])
-        in_memory = cfg.get("in_memory", "auto")
-        if in_memory == "auto":  # in memory when the split's files are small enough (each process holds a copy)
-            size = sum(f.stat().st_size for f in (folder / "data" / split).glob("*.hdf5"))
-            in_memory = size <= float(cfg.get("in_memory_limit_gb", 4)) * 2**30
-        return GeneratedDataset(folder, n_steps_input, n_steps_output, split=split,
-                                in_memory=bool(in_memory) and not metadata_only)
-    if kind == "the_well":
-        if not cfg.get("root"):
-            raise FileNotFoundError(TRL_HELP if cfg.get("name") == "turbulent_radiative_layer_2D" else
-                                    f"data.root: set it to The Well's base path (the folder holding datasets/) "
-                                    f"for {cfg.get('name')}")
-        root = Path(cfg["root"])
-        if not root.exists():
-            raise FileNotFoundError(f"data.root={root}: no such folder.\n{TRL_HELP}")
-        return open_dataset("the_well", root, n_steps_input, n_steps_output, split=split, name=cfg.get("name"),
-                            normalize=bool(cfg.get("normalize", False)), reader=cfg.get("reader", "the_well"))
-    if kind == "pdebench":
-        if not cfg.get("root"):
-            raise FileNotFoundError(f"data.root: set it to the folder holding PDEBench files matching "
-                                    f"{cfg['pattern']!r} (download them from DaRUS, see PDEBench's README)")
-        files = sorted(Path(cfg["root"]).glob(str(cfg["pattern"])))
-        if not files:
-            raise FileNotFoundError(f"data.root={cfg['root']}: no file matches {cfg['pattern']!r}")
-        parts = [PDEBenchDataset(f, n_steps_input, n_steps_output, split=split, boundary=cfg.get("boundary"),
-                                 parameters=cfg.get("parameters"), group=i) for i, f in enumerate(files)]
-        return BatchedConcat(parts)
-    if kind == "custom":
-        if not cfg.get("root"):
-            raise FileNotFoundError("data.root: set it to a generated dataset folder or an .h5/.npz file")
-        root = Path(cfg["root"])
-        if root.is_dir():
-            return open_dataset("custom", root, n_steps_input, n_steps_output, split=split)
-        from gno_ext.adapters.windows import split_trajectories
+    if not cfg.get("root"):
+        raise FileNotFoundError(f"data.root: set it to the folder holding PDEBench files matching "
+                                f"{cfg['pattern']!r} (download them from DaRUS, see PDEBench's README)")
+    files = sorted(Path(cfg["root"]).glob(str(cfg["pattern"])))
+    if not files:
+        raise FileNotFoundError(f"data.root={cfg['root']}: no file matches {cfg['pattern']!r}")
+    return BatchedConcat([PDEBenchDataset(f, t_in, t_out, split=split, boundary=cfg.get("boundary"),
+                                          parameters=cfg.get("parameters"), group=i) for i, f in enumerate(files)])
 
-        # a single file carries no split: consecutive blocks of trajectories (data.split_fractions)
-        n = len(open_dataset("custom", root, 1, 1).trajectories)
-        fractions = tuple(cfg.get("split_fractions") or (0.8, 0.1, 0.1))
-        chosen = split_trajectories(n, split, fractions)
-        if not chosen:
-            raise ValueError(f"data.root={root}: its {n} trajectories leave the {split} split empty with "
-                             f"data.split_fractions={list(fractions)}")
-        return open_dataset("custom", root, n_steps_input, n_steps_output, trajectories=chosen)
-    raise ValueError(f"data.kind: expected generated, mesh, the_well, pdebench or custom, got {kind!r}")
+
+def _open_custom(cfg: Mapping[str, Any], split: str, t_in: int, t_out: int, metadata_only: bool) -> Dataset:
+    from gno_ext.adapters import open_dataset
+    from gno_ext.adapters.windows import split_trajectories
+
+    if not cfg.get("root"):
+        raise FileNotFoundError("data.root: set it to a generated dataset folder or an .h5/.npz file")
+    root = Path(cfg["root"])
+    if root.is_dir():
+        return open_dataset("custom", root, t_in, t_out, split=split)
+    # a single file carries no split: consecutive blocks of trajectories (data.split_fractions)
+    n = len(open_dataset("custom", root, 1, 1).trajectories)
+    fractions = tuple(cfg.get("split_fractions") or (0.8, 0.1, 0.1))
+    chosen = split_trajectories(n, split, fractions)
+    if not chosen:
+        raise ValueError(f"data.root={root}: its {n} trajectories leave the {split} split empty with "
+                         f"data.split_fractions={list(fractions)}")
+    return open_dataset("custom", root, t_in, t_out, trajectories=chosen)
+
+
+# data.kind -> the opener of a split: (cfg, split, n_steps_input, n_steps_output, metadata_only) -> Dataset.
+# A new source is an adapter (implementing gno_ext.adapters.TrajectoryData) and a line here.
+SOURCES: dict[str, Callable[[Mapping[str, Any], str, int, int, bool], Dataset]] = {
+    "generated": _open_generated, "mesh": _open_mesh, "the_well": _open_the_well, "pdebench": _open_pdebench,
+    "custom": _open_custom}
 
 
 @dataclass(frozen=True)
@@ -167,20 +191,12 @@ class DataSpec:
 
 def parameter_values(ds: Dataset) -> Tensor:
     """The parameter vectors ``(N, P)`` of a dataset's trajectories (files for The Well and
-    PDEBench), read from metadata without loading fields."""
+    PDEBench), read from metadata without loading fields (`gno_ext.adapters.TrajectoryData`; a
+    dataset without it: its first sample's parameters)."""
     if isinstance(ds, ConcatDataset):
         return torch.cat([parameter_values(d) for d in ds.datasets])
-    if hasattr(ds, "meta_per_file"):  # GeneratedDataset
-        return torch.stack([ds.meta_per_file[i]["theta"][j] for i, j in ds.index])
-    if hasattr(ds, "segment_kinds"):  # MeshDataset
-        return ds.data["theta"].float()
-    if hasattr(ds, "_groups"):  # WellAdapter: one row per distinct parameter value
-        return torch.tensor(sorted(ds._groups), dtype=torch.float32).reshape(len(ds._groups), -1)
-    if hasattr(ds, "theta") and isinstance(ds.theta, Tensor):  # PDEBenchDataset: one value per file
-        return ds.theta.reshape(1, -1)
-    if hasattr(ds, "trajectories") and callable(getattr(ds, "theta", None)):  # ArrayDataset
-        return torch.as_tensor(np.stack([np.asarray(ds.theta(t)).reshape(-1) for t in ds.trajectories]),
-                               dtype=torch.float32)
+    if isinstance(ds, TrajectoryData):
+        return ds.parameter_values()
     return ds[0].theta.reshape(1, -1)
 
 
@@ -241,21 +257,13 @@ def model_kwargs_from_data(cls: type, spec: DataSpec, kwargs: Mapping[str, Any])
 
 
 def window_boundary_kinds(ds: Dataset) -> np.ndarray:
-    """Boundary type of every face for every window, ``(len(ds), F)``, from metadata."""
+    """Boundary type of every face for every window, ``(len(ds), F)``, from metadata (a dataset
+    without `gno_ext.adapters.TrajectoryData`: its first sample's configuration for every window)."""
     if isinstance(ds, ConcatDataset):
         return np.concatenate([window_boundary_kinds(d) for d in ds.datasets])
-    if hasattr(ds, "meta_per_file"):  # GeneratedDataset
-        rows = np.stack([ds.meta_per_file[i]["kind"][j].numpy() for i, j in ds.index])
-        return np.repeat(rows, ds.windows._per, axis=0)
-    if hasattr(ds, "segment_kinds"):  # MeshDataset: the type of each boundary segment
-        return ds.segment_kinds()[ds.window_trajectories()].numpy()
-    if hasattr(ds, "bc") and hasattr(ds, "windows"):
-        bc = ds.bc
-        if bc.batched:  # ArrayDataset with one spec per trajectory
-            rows = bc.kind[torch.as_tensor(ds.trajectories)].numpy()
-            return np.repeat(rows, ds.windows._per, axis=0)
-        return np.broadcast_to(bc.kind.numpy(), (len(ds), bc.kind.shape[-1]))
-    kind = ds[0].bc.kind.numpy()  # one configuration for the whole dataset (The Well: per dataset)
+    if isinstance(ds, TrajectoryData):
+        return ds.window_boundary_kinds()
+    kind = ds[0].bc.kind.numpy()
     return np.broadcast_to(kind, (len(ds), kind.shape[-1]))
 
 
@@ -490,49 +498,30 @@ class CurriculumBatchSampler:
 def rollout_indices(ds: Dataset, start: int = 0) -> list[int]:
     """Indices of the windows that start at frame ``start`` of a trajectory (one rollout per
     trajectory, from its first frame by default), in order. A trajectory too short to hold a
-    window from ``start`` raises a `ValueError` that says how many windows it has."""
+    window from ``start`` raises a `ValueError` that says how many windows it has. A dataset
+    without `gno_ext.adapters.TrajectoryData` is taken as one window per trajectory."""
     if isinstance(ds, ConcatDataset):
         out, offset = [], 0
         for d in ds.datasets:
             out += [offset + i for i in rollout_indices(d, start)]
             offset += len(d)
         return out
-    if hasattr(ds, "segment_kinds"):  # MeshDataset
-        _check_start(start, ds.starts)
-        return [t * ds.starts + start for t in range(ds.n_trajectories)]
-    windows = getattr(ds, "windows", None)
-    if windows is not None:
-        per = [int(n) for n in windows._per if n > 0]
-        _check_start(start, min(per, default=0))
-        return [int(o) + start for o, n in zip(windows._offsets[:-1], windows._per) if n > 0]
-    if hasattr(ds, "locate"):  # WellAdapter
-        found = [i for i in range(len(ds)) if ds.locate(i)[2] == start]
-        if start and not found:
-            _check_start(start, 0)
-        return found
+    if isinstance(ds, TrajectoryData):
+        return ds.rollout_indices(start)
     if start:
         raise ValueError(f"eval.start_frame={start}: this dataset ({type(ds).__name__}) has one window per "
                          "trajectory; only a start at frame 0 is possible")
     return list(range(len(ds)))
 
 
-def _check_start(start: int, windows: int) -> None:
-    if not 0 <= start < windows:
-        raise ValueError(f"eval.start_frame={start}: the shortest trajectory holds {windows} rollout window(s) "
-                         f"of this length (starts 0 to {windows - 1}); choose an earlier start or fewer eval.steps")
-
-
 def trajectory_lengths(ds: Dataset) -> list[int]:
-    """Frames of every trajectory of ``ds`` (from metadata)."""
+    """Frames of every trajectory of ``ds`` (from metadata, `gno_ext.adapters.TrajectoryData`)."""
     if isinstance(ds, ConcatDataset):
         return [n for d in ds.datasets for n in trajectory_lengths(d)]
-    if hasattr(ds, "windows"):
-        return [int(n) for n in ds.windows.lengths]
-    if hasattr(ds, "segment_kinds"):  # MeshDataset
-        return [int(ds.data["u"].shape[1])] * ds.n_trajectories
-    if hasattr(ds, "well"):  # WellAdapter
-        return [int(n) for n in ds.well.metadata.n_steps_per_trajectory]
-    raise TypeError(f"{type(ds).__name__}: cannot tell its trajectory lengths")
+    if isinstance(ds, TrajectoryData):
+        return ds.trajectory_lengths()
+    raise TypeError(f"{type(ds).__name__}: cannot tell its trajectory lengths (it does not implement "
+                    "gno_ext.adapters.TrajectoryData)")
 
 
 def batch_to(batch: PDEBatch, device: torch.device) -> PDEBatch:

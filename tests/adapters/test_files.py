@@ -4,9 +4,9 @@ storage in other files) and does not declare far more than it stores."""
 import h5py
 import numpy as np
 import pytest
-
 from gno_ext.adapters import PDEBenchDataset
 from gno_ext.adapters.files import open_h5
+
 from gno_ext.data.mesh import MeshDataset
 
 
