@@ -120,6 +120,10 @@ class ArrayDataset(WindowedTrajectories, Dataset):
             if not np.isfinite(values).all():
                 row = np.argwhere(~np.isfinite(values))[0].tolist()
                 raise ValueError(f"{name}: theta{row} = {values[tuple(row)]}: the parameters must be finite numbers")
+            if values.ndim == 1 and len(values) == n > 1:  # one value per trajectory, or one vector for all?
+                raise ValueError(f"{name}: theta of shape ({n},) is ambiguous with {n} trajectories: pass "
+                                 f"theta[:, None], shape ({n}, 1), for one parameter per trajectory, or a vector "
+                                 f"of {n} parameters shared by every trajectory as shape (1, {n}) tiled to ({n}, {n})")
         u, theta, theta_field, group = _wrap(u), _wrap(theta), _wrap(theta_field), _wrap(group)
         self.u, self.name, self.dt, self.stride = u, name, float(dt), stride
         self.grid = grid or Grid(tuple(u.shape[3:]))
@@ -184,6 +188,9 @@ class ArrayDataset(WindowedTrajectories, Dataset):
         field = None
         if self.theta_field is not None:
             field = torch.as_tensor(np.stack([self.theta_field(t) for t in traj]), dtype=torch.float32)
+            bad = ~torch.isfinite(field.flatten(1)).all(1)
+            if bad.any():
+                raise ValueError(f"{self.name}: NaN or Inf in theta_field of trajectory {traj[int(bad.nonzero()[0])]}")
         return PDEBatch(u_in=u[:, :n_in], u_out=u[:, n_in:], theta=theta, bc=bc, grid=self.grid,
                         dt=torch.full((len(indices),), self.dt * self.stride), theta_field=field,
                         group=torch.as_tensor([int(self.group(t)) for t in traj], dtype=torch.long),
@@ -202,6 +209,8 @@ class ArrayDataset(WindowedTrajectories, Dataset):
             raise ValueError(f"{self.name}: NaN or Inf in trajectory {traj}, frame {frame}")
         n_in = len(inputs)
         field = None if self.theta_field is None else torch.as_tensor(self.theta_field(traj), dtype=torch.float32)
+        if field is not None and not torch.isfinite(field).all():
+            raise ValueError(f"{self.name}: NaN or Inf in theta_field of trajectory {traj}")
         return PDESample(u_in=arr[:n_in], u_out=arr[n_in:],
                          theta=torch.as_tensor(self.theta(traj), dtype=torch.float32).reshape(-1),
                          bc=self._bc(traj, np.concatenate([inputs, outputs])), grid=self.grid,

@@ -68,6 +68,19 @@ def test_bad_input(tmp_path):
     ds = ArrayDataset(u, name="mine")
     with pytest.raises(ValueError, match="mine: NaN or Inf in trajectory 2, frame 4"):
         ds[2 * 5 + 3]
+    # (before: a theta of shape (N,) was taken as one vector of N parameters shared by every
+    # trajectory, and NaN in theta_field passed)
+    with pytest.raises(ValueError, match=r"theta of shape \(4,\) is ambiguous with 4 trajectories: pass theta\[:, None\]"):
+        ArrayDataset(a["u"], theta=np.arange(4.0))
+    assert ArrayDataset(a["u"], theta=np.arange(4.0)[:, None])[5].theta.tolist() == [1.0]
+    field = np.zeros((4, 2, 8, 8), np.float32)
+    field[3, 1, 0, 0] = np.nan
+    with_field = ArrayDataset(a["u"], theta_field=field, name="mine")
+    with pytest.raises(ValueError, match="mine: NaN or Inf in theta_field of trajectory 3"):
+        with_field[3 * 5]
+    with pytest.raises(ValueError, match="mine: NaN or Inf in theta_field of trajectory 3"):
+        with_field.__getitems__([0, 3 * 5])
+    with_field[0]  # the others read
     np.savez(tmp_path / "x.npz", v=a["u"])
     with pytest.raises(KeyError, match="missing the required array 'u'"):
         open_dataset("custom", tmp_path / "x.npz")
