@@ -84,6 +84,33 @@ def velocity_from_vorticity(w: Tensor, grid: Grid | None = None) -> Tensor:
     return vel.reshape(*lead, 2, *grid.shape)
 
 
+def _forcing_spectrum(forcing: Tensor | None | str, grid: Grid, w0: Tensor) -> Tensor | float:
+    """The spectrum of the body force ``forcing`` ("kolmogorov", None: 0, or a tensor of shape
+    (B or 1, 1, H, W)), checked against ``grid`` and the batch of ``w0``."""
+    if isinstance(forcing, str):
+        if forcing != "kolmogorov":
+            raise ValueError(f"forcing: expected 'kolmogorov', None or a tensor, got {forcing!r}")
+        forcing = kolmogorov_forcing(grid, w0.dtype, w0.device)
+    if forcing is None:
+        return 0.0
+    forcing = torch.as_tensor(forcing, dtype=w0.dtype, device=w0.device)
+    batch = w0.shape[0]
+    if forcing.ndim != 4 or forcing.shape[0] not in (1, batch) or tuple(forcing.shape[1:]) != (1, *grid.shape):
+        raise ValueError(f"forcing: expected shape (1 or {batch}, 1, {grid.shape[0]}, {grid.shape[1]}), "
+                         f"got {tuple(forcing.shape)}")
+    return torch.fft.rfft2(forcing, dim=DIMS)
+
+
+def _without_nyquist(w_hat: Tensor, grid: Grid) -> Tensor:
+    """``w_hat`` with its Nyquist modes zeroed (in place): they carry no real velocity (odd
+    derivatives there are not real), so that the velocity and vorticity returned describe the
+    same flow."""
+    for axis, n in enumerate(grid.shape):
+        if n % 2 == 0:
+            w_hat.select(axis - 2, n // 2 if axis == 0 else -1).zero_()
+    return w_hat
+
+
 def solve_navier_stokes(w0: Tensor, nu: float | Tensor, times: Sequence[float] | Tensor, *,
                         grid: Grid | None = None, bc: BoundarySpec | None = None,
                         forcing: Tensor | None | str = "kolmogorov", cfl: float = 0.4,
@@ -137,18 +164,7 @@ def solve_navier_stokes(w0: Tensor, nu: float | Tensor, times: Sequence[float] |
     if dt is not None:
         batch_parameter("dt", dt, 1, w0)
     t_out = check_times(times)
-    if isinstance(forcing, str):
-        if forcing != "kolmogorov":
-            raise ValueError(f"forcing: expected 'kolmogorov', None or a tensor, got {forcing!r}")
-        forcing = kolmogorov_forcing(grid, w0.dtype, w0.device)
-    if forcing is not None:
-        forcing = torch.as_tensor(forcing, dtype=w0.dtype, device=w0.device)
-        if forcing.ndim != 4 or forcing.shape[0] not in (1, batch) or tuple(forcing.shape[1:]) != (1, *grid.shape):
-            raise ValueError(f"forcing: expected shape (1 or {batch}, 1, {grid.shape[0]}, {grid.shape[1]}), "
-                             f"got {tuple(forcing.shape)}")
-        f_hat = torch.fft.rfft2(forcing, dim=DIMS)
-    else:
-        f_hat = 0.0
+    f_hat = _forcing_spectrum(forcing, grid, w0)
     kx, ky = wavenumbers(grid, w0.dtype, w0.device)
     lin = -nu_b.view(-1, 1, 1, 1) * (kx ** 2 + ky ** 2)
     mask = dealias_mask(grid, w0.device)
@@ -179,12 +195,7 @@ def solve_navier_stokes(w0: Tensor, nu: float | Tensor, times: Sequence[float] |
         record = lambda w_hat: torch.fft.irfft2(w_hat, s=grid.shape, dim=DIMS)
     else:
         record = lambda w_hat: _streamfunction_velocity(w_hat, kx, ky, grid)
-    w_hat = torch.fft.rfft2(w0, dim=DIMS)
-    # Nyquist modes carry no real velocity (odd derivatives there are not real): drop them so
-    # that the returned velocity and vorticity describe the same flow.
-    for axis, n in enumerate(grid.shape):
-        if n % 2 == 0:
-            w_hat.select(axis - 2, n // 2 if axis == 0 else -1).zero_()
+    w_hat = _without_nyquist(torch.fft.rfft2(w0, dim=DIMS), grid)
     cause = lambda b, w: f"velocity (largest |u| {float(_streamfunction_velocity(w, kx, ky, grid)[b].abs().max()):.3g})"
     frames = march(w_hat, t_out, max_dt, step, dt, record, stats, max_steps, cause)
     return torch.stack(frames, 1)
