@@ -7,13 +7,14 @@ anything: JSON and safetensors only.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +91,26 @@ def get_model(name: str, **kwargs: Any) -> nn.Module:
     ------
     KeyError
         If no model has that name; the message lists the available ones.
+    ValueError
+        If a keyword is not an argument of the model (`check_model_kwargs`).
     """
+    check_model_kwargs(name, kwargs)
     return model_class(name)(**kwargs)
+
+
+def check_model_kwargs(name: str, kwargs: Mapping[str, Any], prefix: str = "") -> None:
+    """Raise a `ValueError` naming the first of ``kwargs`` that the model ``name`` does not take
+    (``prefix`` + the keyword, e.g. ``model.kwargs.bogus``), with the closest argument or the list
+    of them; a model that takes ``**kwargs`` accepts any."""
+    params = inspect.signature(model_class(name).__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    names = [k for k, p in params.items() if k != "self" and p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    for key in kwargs:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"did you mean {prefix}{close[0]}?" if close else f"its arguments: {', '.join(names)}"
+            raise ValueError(f"{prefix}{key}: not an argument of the model {name!r}; {hint}")
 
 
 def _tensor_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -55,7 +55,7 @@ from tqdm.auto import tqdm
 
 from gno_ext._files import Busy, held
 from gno_ext.losses import Curriculum, RunningGroupLosses
-from gno_ext.models.registry import get_model, model_class, save_checkpoint
+from gno_ext.models.registry import check_model_kwargs, get_model, model_class, save_checkpoint
 from gno_ext.training.captured import CapturedSteps, check_capture_settings
 from gno_ext.training.checkpoint import (
     latest_checkpoint,
@@ -299,14 +299,16 @@ def _valid_split(data_cfg: Mapping[str, Any], t_in: int, say: Callable[[str], No
 
 
 def _check_model_and_data(cfg: Mapping[str, Any], problem: Problem, capture: bool) -> None:
-    """Refuse a model that takes another kind of data than the recipe gives (grids or meshes),
-    and CUDA-graph capture of batches whose shapes change, before any work is done."""
+    """Refuse a model that takes another kind of data than the recipe gives (grids or meshes), a
+    model keyword it does not take, and CUDA-graph capture of batches whose shapes change, before
+    any work is done."""
     data_cfg = cfg["data"]
     takes = getattr(model_class(cfg["model"]["name"]), "data_kind", "grid")
     if takes != problem.name:
         hint = "model=gno_mesh" if problem.name == "mesh" else "a grid model (gno, gno_fno, fno, ...)"
         raise ValueError(f"model={cfg['model']['name']} takes {takes} data, but data.kind={data_cfg['kind']} gives "
                          f"{problem.name} batches: use {hint}")
+    check_model_kwargs(cfg["model"]["name"], cfg["model"].get("kwargs") or {}, prefix="model.kwargs.")
     if capture and not problem.capturable:
         raise ValueError(f"trainer.capture=true: data.kind={data_cfg['kind']} batches change shape from batch to "
                          "batch (the node count of the meshes), which a CUDA graph cannot replay; set "

@@ -206,6 +206,9 @@ def test_registry():
     assert isinstance(get_model("gno", latent=32, patch=8, depth=1, heads=4), GNO)
     with pytest.raises(KeyError, match="unknown model 'gnoo'; available: .*gno"):
         get_model("gnoo")
+    # a keyword the model does not take: one line naming it (before: Python's TypeError)
+    with pytest.raises(ValueError, match="dpeth: not an argument of the model 'gno'; did you mean depth"):
+        get_model("gno", dpeth=2)
 
 
 def test_paper_defaults():

@@ -74,6 +74,10 @@ def test_advection_mesh_smoke_end_to_end(train_module, tmp_path, cache):
 def test_mesh_and_grid_models_are_not_mixed_and_mesh_runs_are_not_captured(train_module, tmp_path):
     with pytest.raises(ValueError, match="model=fno takes grid data, but data.kind=mesh gives mesh batches"):
         train_module.main(["--recipe", "heat-mesh", "size=smoke", "model=fno", f"output_root={tmp_path}", *QUIET])
+    with pytest.raises(ValueError, match=r"model.kwargs.bogus: not an argument of the model 'gno_fno'"):
+        train_module.main(["--recipe", "heat-param", "size=smoke", "+model.kwargs.bogus=1", f"output_root={tmp_path}",
+                           *QUIET])  # before any data is made or any run folder written
+    assert not list(tmp_path.iterdir())
     with pytest.raises(ValueError, match="model=gno_mesh takes mesh data"):
         train_module.main(["--recipe", "heat-param", "size=smoke", "model=gno_mesh", f"output_root={tmp_path}",
                            *QUIET])
