@@ -26,6 +26,9 @@ __all__ = ["GeneratedDataset"]
 class GeneratedDataset(WindowedTrajectories, Dataset):
     """Windows of a generated dataset split.
 
+    A dataset folder with a ``manifest.json`` (made by ``gno-data generate``) is checked against
+    it first (`gno_ext.data.generate.verify_dataset`: its files, their sizes and attributes).
+
     Parameters
     ----------
     path : str or Path
@@ -38,9 +41,6 @@ class GeneratedDataset(WindowedTrajectories, Dataset):
         (out-of-distribution experiments).
     in_memory : bool
         Read every field into memory once (fast random access when the split fits in RAM).
-
-    A dataset folder with a ``manifest.json`` (made by ``gno-data generate``) is checked against
-    it first (`gno_ext.data.generate.verify_dataset`: its files, their sizes and attributes).
     """
 
     def __init__(self, path: str | Path, n_steps_input: int = 1, n_steps_output: int = 1, split: str = "train",

@@ -223,6 +223,9 @@ class PDEBenchDataset(WindowedTrajectories, Dataset):
     def rollout_indices(self, start: int = 0) -> list[int]:
         return super().rollout_indices(start) if self.trajectories else []
 
+    def trajectory_lengths(self) -> list[int]:
+        return super().trajectory_lengths() if self.trajectories else []
+
     def __getitem__(self, index: int) -> PDESample:
         slot, start = self.windows.locate(index)
         traj = self.trajectories[slot]
