@@ -211,9 +211,11 @@ def test_a_failing_overwrite_leaves_the_old_run_and_bad_settings_are_named(train
         ("trainer.dro.bins=0", "trainer.dro.bins: expected an integer >= 1, got 0"),
         ("optimizer.schedule=linear", "optimizer.schedule: expected one of cosine, constant, got 'linear'"),
         ("trainer.capture=yes", "trainer.capture: expected true or false, got 'yes'"),
+        ("+model.kwargs.foo=1", "model.kwargs.foo: not an argument of the model"),  # (before: a late TypeError)
+        ("eval.steps=0", "eval.steps: expected an integer >= 1, got 0"),  # (before: failed after training)
+        ("seed=1.5", "seed: expected an integer >= 0, got 1.5"),
     ]
     late = [  # errors found once the data and the model are set up (each deleted the old run first)
-        ("+model.kwargs.foo=1", TypeError, "unexpected keyword argument 'foo'"),
         ("model.kwargs.hidden_channels=-3", ValueError, "hidden_channels: must be an integer >= 1, got -3"),
         ("trainer.compile=maybe", ValueError, "compile mode 'maybe': unknown"),
     ]
