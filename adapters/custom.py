@@ -113,6 +113,10 @@ class ArrayDataset(WindowedTrajectories, Dataset):
         if not hasattr(u, "shape") or len(u.shape) < 4:
             raise ValueError(f"u: expected an array of shape (N, T, C, *S), got {getattr(u, 'shape', type(u))}")
         n, t = u.shape[:2]
+        for key, value in (("u", u), ("theta", theta), ("theta_field", theta_field)):
+            if value is not None and np.dtype(getattr(value, "dtype", np.asarray(value).dtype)).kind == "c":
+                raise ValueError(f"{name}: {key} holds complex values; the models take real fields (pass the real "
+                                 f"and imaginary parts as two channels)")
         if not (np.isfinite(dt) and dt > 0):
             raise ValueError(f"{name}: dt = {dt}: the time between frames must be a finite number above 0")
         if theta is not None:

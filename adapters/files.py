@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import h5py
+import numpy as np
 
 from gno_ext._files import check_self_contained
 
-__all__ = ["ProcessFiles", "open_h5"]
+__all__ = ["ProcessFiles", "grid_of", "open_h5"]
 
 
 def open_h5(path: str | Path) -> h5py.File:
@@ -38,6 +39,26 @@ def open_h5(path: str | Path) -> h5py.File:
         f.close()
         raise
     return f
+
+
+def grid_of(f: h5py.File, path: str | Path) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The cells per axis and the box's side lengths of a file in The Well's layout, from its
+    ``dimensions`` coordinates (cell centres, evenly spaced). Coordinates that are not evenly
+    spaced, or an axis of fewer than two points, raise a `ValueError` naming the file and the
+    axis: the models take a uniform grid, and its extent would be wrong."""
+    shape, extent = [], []
+    for axis in f["dimensions"].attrs["spatial_dims"]:
+        axis = axis.decode() if isinstance(axis, bytes) else str(axis)
+        c = np.asarray(f["dimensions"][axis][()], dtype=np.float64)
+        if c.ndim != 1 or len(c) < 2:
+            raise ValueError(f"{path}: dimensions/{axis} holds {c.size} coordinate(s); a grid axis needs at least 2")
+        steps = np.diff(c)
+        if not (steps[0] > 0 and np.allclose(steps, steps[0], rtol=1e-3, atol=0)):
+            raise ValueError(f"{path}: dimensions/{axis} is not evenly spaced (steps {steps.min():.6g} to "
+                             f"{steps.max():.6g}); the models take a uniform grid")
+        shape.append(len(c))
+        extent.append(float(len(c) * steps[0]))
+    return tuple(shape), tuple(extent)
 
 
 class ProcessFiles:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from gno_ext.adapters.files import ProcessFiles, open_h5
+from gno_ext.adapters.files import ProcessFiles, grid_of, open_h5
 from gno_ext.adapters.windows import Windows, WindowedTrajectories, window_boundary_values
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch, PDESample
 
@@ -70,7 +70,7 @@ class GeneratedDataset(WindowedTrajectories, Dataset):
                 fields = [("t0_fields", k) for k in f["t0_fields"].attrs["field_names"]]
                 fields += [("t1_fields", k) for k in f["t1_fields"].attrs["field_names"] if k != "velocity_field"]
                 n, t = f[fields[0][0]][fields[0][1]].shape[:2]
-                dims = [f["dimensions"][a][()] for a in f["dimensions"].attrs["spatial_dims"]]
+                shape, extent = grid_of(f, file)
                 self.meta_per_file.append({
                     "fields": fields, "n": n, "theta": torch.from_numpy(f["gno_ext/theta"][()]).float(),
                     "kind": torch.from_numpy(f["gno_ext/bc_kind"][()]).long(),
@@ -79,12 +79,18 @@ class GeneratedDataset(WindowedTrajectories, Dataset):
                     "group": f["gno_ext/group"][()] if "group" in f["gno_ext"] else np.zeros(n, np.int64),
                     "velocity": "velocity_field" in f["t1_fields"],
                     "dt": float(f["dimensions/time"][1] - f["dimensions/time"][0]),
-                    "grid": Grid(tuple(len(c) for c in dims), tuple(float(len(c) * (c[1] - c[0])) for c in dims)),
+                    "grid": Grid(shape, extent),
                     "preset": str(f["gno_ext"].attrs.get("preset", "")),
                     "parameter_names": [n.decode() if isinstance(n, bytes) else str(n)
                                         for n in f["gno_ext"].attrs.get("parameter_names", [])],
                 })
                 lengths += [t] * n
+        grids = [m["grid"] for m in self.meta_per_file]
+        for file, grid in zip(self.files, grids):  # a batch takes one grid: the split's files share it
+            if (grid.shape, grid.extent) != (grids[0].shape, grids[0].extent):
+                raise ValueError(f"{file}: its grid {grid.shape} of extent {grid.extent} differs from "
+                                 f"{self.files[0].name}'s {grids[0].shape} of extent {grids[0].extent}; one split "
+                                 "holds one grid")
         self.parameter_names = self.meta_per_file[0]["parameter_names"]  # the columns of theta
         self.index = [(i, j) for i, m in enumerate(self.meta_per_file) for j in range(m["n"])
                       if parameter_filter is None or parameter_filter(float(m["theta"][j, 0]))]

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from gno_ext.adapters.files import ProcessFiles, open_h5
+from gno_ext.adapters.files import ProcessFiles, grid_of, open_h5
 from gno_ext.adapters.windows import check_start, check_window_settings
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, PDESample
 
@@ -122,10 +122,16 @@ class WellAdapter(Dataset):
         self.field_names = [n for order in sorted(meta.field_names) for n in meta.field_names[order]]
         values = sorted({tuple(p.get(k, np.nan) for k in self.parameter_names) for p in params})
         self._groups = {v: i for i, v in enumerate(values)}
-        with open_h5(files[0]) as f:
-            dims = [f["dimensions"][a][()] for a in f["dimensions"].attrs["spatial_dims"]]
-        extent = tuple(float(len(c) * (c[1] - c[0])) for c in dims)
-        self.grid = Grid(tuple(meta.spatial_resolution), extent)
+        grids = {}
+        for file in files:  # one grid for the split: the first file's is every file's
+            with open_h5(file) as f:
+                grids[file] = grid_of(f, file)
+        first = files[0]
+        for file, grid in grids.items():
+            if grid != grids[first]:
+                raise ValueError(f"{file}: its grid {grid[0]} of extent {grid[1]} differs from {first.name}'s "
+                                 f"{grids[first][0]} of extent {grids[first][1]}; one split holds one grid")
+        self.grid = Grid(tuple(meta.spatial_resolution), grids[first][1])
         self._files = ProcessFiles()
         if reader == "h5py":  # what does not change from window to window, once
             first = self.well[0]

@@ -460,11 +460,25 @@ def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, ou
     if out_dir is None:
         own = checkpoint.resolve() == (run_dir / "model").resolve()
         out_dir = run_dir / "eval" if own else run_dir / "eval" / _checkpoint_label(run_dir, checkpoint)
+    _check_report_folder(Path(out_dir))
     if (Path(out_dir) / "report.json").exists() and not overwrite:
         raise FileExistsError(f"{Path(out_dir) / 'report.json'}: an earlier report is there; write this one elsewhere "
                               "(--out DIR) or replace it (--overwrite)")
     return evaluate_run(cfg, model, training_groups(cfg, train_ds)[3], Path(out_dir), device, precision,
                         checkpoint=str(checkpoint), metrics=run_dir / "metrics.jsonl")
+
+
+def _check_report_folder(out_dir: Path) -> None:
+    """Refuse a report folder that is a file, or lies inside a saved model or a checkpoint (a
+    folder holding ``model.safetensors``, or under a run's ``model/`` or ``checkpoints/``): a
+    report written there would mix with the weights it describes or another run's."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileExistsError(f"--out {out_dir}: is a file; name a folder for the report")
+    for folder in (out_dir, *out_dir.parents):
+        if (folder / "model.safetensors").is_file() or (
+                folder.name in ("model", "checkpoints") and (folder.parent / "config.yaml").is_file()):
+            raise ValueError(f"--out {out_dir}: inside {folder}, which holds a saved model or checkpoints; write "
+                             "the report elsewhere (the default is the run's eval/ folder)")
 
 
 def _checkpoint_label(run_dir: Path, checkpoint: Path) -> str:

@@ -58,3 +58,39 @@ def test_a_mesh_dataset_with_external_storage_is_refused(tmp_path):
         f.create_dataset("u", shape=(16,), dtype="f4", external=[(str(secret), 0, 64)])
     with pytest.raises(ValueError, match="keeps its values in other files"):
         MeshDataset(tmp_path / "train.h5")
+
+
+def test_uneven_coordinates_and_a_split_of_two_grids_are_named(tmp_path):
+    """(Before: uneven coordinates gave a wrong extent without a word, and a split whose files
+    had different extents was read with the first file's grid.)"""
+    import shutil
+
+    from gno_ext.adapters import GeneratedDataset
+    from gno_ext.data import generate
+
+    root = generate("heat-param", "smoke", tmp_path / "gen", device="cpu", progress=False)
+    train = root / "data" / "train"
+    shard = sorted(train.glob("*.hdf5"))[0]
+    (root / "manifest.json").unlink()  # data of one's own: no manifest to check it against
+    copy = train / "z-copy.hdf5"  # (sorted after the shard: the shard sets the grid)
+    shutil.copy(shard, copy)
+    with h5py.File(copy, "r+") as f:
+        f["dimensions/x"][...] = 2 * f["dimensions/x"][()]  # evenly spaced, twice the extent
+    with pytest.raises(ValueError, match=r"z-copy.hdf5: its grid \(16, 16\) of extent \(2.0, 1.0\) differs from heat-param_\w+.hdf5's"):
+        GeneratedDataset(root, split="train")
+    with h5py.File(copy, "r+") as f:
+        x = f["dimensions/x"][()] / 2
+        x[-1] += 0.05  # the last cell moved
+        f["dimensions/x"][...] = x
+    with pytest.raises(ValueError, match=r"z-copy.hdf5: dimensions/x is not evenly spaced"):
+        GeneratedDataset(root, split="train")
+
+
+def test_complex_arrays_are_refused_not_truncated():
+    from gno_ext.adapters import ArrayDataset
+
+    u = np.zeros((2, 4, 1, 8, 8), np.complex64)
+    with pytest.raises(ValueError, match="mine: u holds complex values; .* real and imaginary parts as two channels"):
+        ArrayDataset(u, name="mine")
+    with pytest.raises(ValueError, match="theta holds complex values"):
+        ArrayDataset(u.real, theta=np.ones((2, 1), np.complex128))

@@ -78,6 +78,11 @@ def test_heat_param_smoke_end_to_end(train_module, tmp_path):
         with pytest.raises(SystemExit):
             evaluate.main([str(run), *bad, "--out", str(tmp_path / "never")])
     assert not (tmp_path / "never").exists()
+    # a report folder inside a saved model (this run's or another's) or a file is refused
+    for out, error in ((run / "model" / "reports", ValueError), (run / "config.yaml", FileExistsError)):
+        with pytest.raises(error, match=r"--out .*(holds a saved model|is a file)"):
+            evaluate.main([str(run), "--out", str(out)])
+    assert not (run / "model" / "reports").exists()
     # a checkpoint's report goes under the run, named by the checkpoint, labelled with the model it
     # holds (before: RUN's model name, written into the checkpoint's own folder)
     other = save_checkpoint(get_model("persistence"), tmp_path / "other-run" / "model")
