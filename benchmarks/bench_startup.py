@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     import torch
 
+    from gno_ext._files import write_json
+
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.steps < 2:
         parser.error(f"--steps: at least 2 (the first captured step is the second), got {args.steps}")
@@ -83,8 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
               "recipe": args.recipe, "size": args.size, "steps": args.steps, "rows": rows}
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.out, result)
     return result
 
 

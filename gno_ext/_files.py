@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fcntl
+import json
 import os
 import socket
 from collections.abc import Callable, Iterator
@@ -75,6 +76,13 @@ def written_whole(path: str | Path) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)  # (gone after the rename)
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    """Write ``data`` as indented JSON to ``path``, whole or not at all (`written_whole`)."""
+    with written_whole(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+    return Path(path)
 
 
 # how many times the bytes it stores a dataset may declare: uncompressed, and compressed (gzip

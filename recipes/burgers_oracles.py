@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from gno_ext._files import write_json
 from gno_ext.losses import nmse
 from gno_ext.schema import Grid
 from gno_ext.solvers import gaussian_random_field, solve_burgers
@@ -115,8 +115,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         print(f"{extent:9.4g} {f'[{interval[0]:g}, {interval[1]:g}]':>16s} {start:4d} "
               + " ".join(f"{v:18.4g}" for v in row["nmse"].values()) + f" {row['vanished_share']:9.0%}", flush=True)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"rows": rows, "torch": torch.__version__}, indent=1) + "\n")
+        write_json(args.out, {"rows": rows, "torch": torch.__version__})
     return rows
 
 

@@ -20,13 +20,13 @@ the forced flow.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from gno_ext._files import write_json
 from gno_ext.data.presets import get_preset
 from gno_ext.data.simulate import simulate
 from gno_ext.losses import nmse
@@ -71,8 +71,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "re": [float(t.theta) for t in chosen], "frames": int(u.shape[1]), "rows": rows,
               "torch": torch.__version__}
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.out, result)
     return result
 
 

@@ -274,11 +274,9 @@ def adopt(run: Run, source: Path, results: Path = RESULTS) -> Path:
 
 def write_result(target: Path, result: dict[str, Any]) -> Path:
     """Write a result file whole or not at all (a temporary name, then renamed)."""
-    from gno_ext._files import written_whole
+    from gno_ext._files import write_json
 
-    with written_whole(target) as tmp:
-        tmp.write_text(json.dumps(result, indent=1) + "\n")
-    return target
+    return write_json(target, result)
 
 
 def _values(found: list[dict[str, Any]], metric: str, recipe: str, row: str) -> list[float]:

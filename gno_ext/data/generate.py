@@ -30,7 +30,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from gno_ext._files import held, written_whole
+from gno_ext._files import held, write_json
 from gno_ext.data.fingerprint import check_protocol, fingerprint, protocol, protocol_digest
 from gno_ext.data.presets import SPLITS, Preset, Trajectory, get_preset
 from gno_ext.data.simulate import simulate
@@ -46,11 +46,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def _write_json(path: Path, data: dict) -> None:
-    with written_whole(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=1))
 
 
 def shards(preset: Preset, size: str, split: str, shard_size: int) -> list[tuple[str, list[Trajectory]]]:
@@ -189,7 +184,7 @@ def _generate(preset: Preset, size: str, root: Path, device: str, batch_size: in
             print(f"{path}: does not match the size and checksum the manifest recorded; generating it again",
                   flush=True)
             del manifest["files"][key]
-            _write_json(manifest_path, manifest)
+            write_json(manifest_path, manifest)
         parts = []
         for k in range(0, len(trajs), batch_size):
             parts.append(simulate(preset, trajs[k : k + batch_size], size, device))
@@ -209,14 +204,14 @@ def _generate(preset: Preset, size: str, root: Path, device: str, batch_size: in
         stat = path.stat()
         manifest["files"][key] = {"trajectories": len(trajs), "bytes": stat.st_size, "sha256": _sha256(path),
                                   "mtime_ns": stat.st_mtime_ns}
-        _write_json(manifest_path, manifest)
+        write_json(manifest_path, manifest)
         if on_shard is not None:
             on_shard(path)
     bar.close()
     _write_stats(root)
     manifest["splits"] = sorted(set(manifest.get("splits", [])) | set(splits))
     manifest["complete"] = set(manifest["splits"]) == set(SPLITS)
-    _write_json(manifest_path, manifest)
+    write_json(manifest_path, manifest)
     return root
 
 
@@ -305,8 +300,8 @@ def verify_dataset(root: str | Path, splits: tuple[str, ...] | list[str] | None 
                                      f"generated; {repair}")
                 seen[key] = [size, mtime]
     if seen != seen_before:
-        with contextlib.suppress(OSError), written_whole(seen_path) as tmp:  # a read-only copy is checked each time
-            tmp.write_text(json.dumps(seen))
+        with contextlib.suppress(OSError):  # a read-only copy is checked each time
+            write_json(seen_path, seen)
 
 
 def _write_stats(root: Path) -> None:
