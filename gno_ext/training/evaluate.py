@@ -446,6 +446,13 @@ def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, ou
         if checkpoint is None:
             raise FileNotFoundError(f"{run_dir}: no final model and no checkpoint to evaluate")
     checkpoint = Path(checkpoint)
+    if out_dir is None:
+        own = checkpoint.resolve() == (run_dir / "model").resolve()
+        out_dir = run_dir / "eval" if own else run_dir / "eval" / _checkpoint_label(run_dir, checkpoint)
+    _check_report_folder(Path(out_dir))  # before the model is built and the data opened
+    if (Path(out_dir) / "report.json").exists() and not overwrite:
+        raise FileExistsError(f"{Path(out_dir) / 'report.json'}: an earlier report is there; write this one elsewhere "
+                              "(--out DIR) or replace it (--overwrite)")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     device_type = torch.device(device).type
     if precision is None:
@@ -457,13 +464,6 @@ def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, ou
     model = from_checkpoint(checkpoint, device=device)
     cfg["model"] = {**cfg.get("model", {}), "name": model.model_config["name"]}  # the model evaluated, not the run's
     train_ds = open_split(cfg["data"], "train", int(cfg["data"].get("n_steps_input", 1)), 1, metadata_only=True)
-    if out_dir is None:
-        own = checkpoint.resolve() == (run_dir / "model").resolve()
-        out_dir = run_dir / "eval" if own else run_dir / "eval" / _checkpoint_label(run_dir, checkpoint)
-    _check_report_folder(Path(out_dir))
-    if (Path(out_dir) / "report.json").exists() and not overwrite:
-        raise FileExistsError(f"{Path(out_dir) / 'report.json'}: an earlier report is there; write this one elsewhere "
-                              "(--out DIR) or replace it (--overwrite)")
     return evaluate_run(cfg, model, training_groups(cfg, train_ds)[3], Path(out_dir), device, precision,
                         checkpoint=str(checkpoint), metrics=run_dir / "metrics.jsonl")
 
