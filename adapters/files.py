@@ -16,7 +16,7 @@ import numpy as np
 
 from gno_ext._files import check_self_contained
 
-__all__ = ["ProcessFiles", "grid_of", "open_h5"]
+__all__ = ["ProcessFiles", "check_one_grid", "grid_of", "open_h5"]
 
 
 def open_h5(path: str | Path) -> h5py.File:
@@ -59,6 +59,15 @@ def grid_of(f: h5py.File, path: str | Path) -> tuple[tuple[int, ...], tuple[floa
         shape.append(len(c))
         extent.append(float(len(c) * steps[0]))
     return tuple(shape), tuple(extent)
+
+
+def check_one_grid(files: list[Path], grids: list[tuple[tuple[int, ...], tuple[float, ...]]]) -> None:
+    """Raise a `ValueError` naming the first of ``files`` whose grid (cells per axis, side lengths;
+    `grid_of`) differs from the first file's: one split is read on one grid."""
+    for file, grid in zip(files, grids):
+        if grid != grids[0]:
+            raise ValueError(f"{file}: its grid {grid[0]} of extent {grid[1]} differs from {Path(files[0]).name}'s "
+                             f"{grids[0][0]} of extent {grids[0][1]}; one split holds one grid")
 
 
 class ProcessFiles:

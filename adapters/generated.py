@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from gno_ext.adapters.files import ProcessFiles, grid_of, open_h5
+from gno_ext.adapters.files import ProcessFiles, check_one_grid, grid_of, open_h5
 from gno_ext.adapters.windows import Windows, WindowedTrajectories, window_boundary_values
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch, PDESample
 
@@ -85,12 +85,8 @@ class GeneratedDataset(WindowedTrajectories, Dataset):
                                         for n in f["gno_ext"].attrs.get("parameter_names", [])],
                 })
                 lengths += [t] * n
-        grids = [m["grid"] for m in self.meta_per_file]
-        for file, grid in zip(self.files, grids):  # a batch takes one grid: the split's files share it
-            if (grid.shape, grid.extent) != (grids[0].shape, grids[0].extent):
-                raise ValueError(f"{file}: its grid {grid.shape} of extent {grid.extent} differs from "
-                                 f"{self.files[0].name}'s {grids[0].shape} of extent {grids[0].extent}; one split "
-                                 "holds one grid")
+        # a batch takes one grid: the split's files share it
+        check_one_grid(self.files, [(m["grid"].shape, m["grid"].extent) for m in self.meta_per_file])
         self.parameter_names = self.meta_per_file[0]["parameter_names"]  # the columns of theta
         self.index = [(i, j) for i, m in enumerate(self.meta_per_file) for j in range(m["n"])
                       if parameter_filter is None or parameter_filter(float(m["theta"][j, 0]))]

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from gno_ext.adapters.files import ProcessFiles, grid_of, open_h5
+from gno_ext.adapters.files import ProcessFiles, check_one_grid, grid_of, open_h5
 from gno_ext.adapters.windows import check_start, check_window_settings
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, PDESample
 
@@ -99,7 +99,9 @@ class WellAdapter(Dataset):
         files = sorted(list(folder.glob("*.hdf5")) + list(folder.glob("*.h5")))
         if not files:
             raise FileNotFoundError(f"{folder}: no .hdf5 or .h5 file")
-        params = [check_well_file(f) for f in files]  # every field's shape against the file's axes
+        checked = [check_well_file(f) for f in files]  # every field's shape against the file's axes
+        params = [scalars for scalars, _ in checked]
+        check_one_grid(files, [grid for _, grid in checked])  # (before The Well's own assertion on it)
         for f, p in zip(files, params):
             missing = sorted(set().union(*params) - set(p))
             if missing:
@@ -122,16 +124,7 @@ class WellAdapter(Dataset):
         self.field_names = [n for order in sorted(meta.field_names) for n in meta.field_names[order]]
         values = sorted({tuple(p.get(k, np.nan) for k in self.parameter_names) for p in params})
         self._groups = {v: i for i, v in enumerate(values)}
-        grids = {}
-        for file in files:  # one grid for the split: the first file's is every file's
-            with open_h5(file) as f:
-                grids[file] = grid_of(f, file)
-        first = files[0]
-        for file, grid in grids.items():
-            if grid != grids[first]:
-                raise ValueError(f"{file}: its grid {grid[0]} of extent {grid[1]} differs from {first.name}'s "
-                                 f"{grids[first][0]} of extent {grids[first][1]}; one split holds one grid")
-        self.grid = Grid(tuple(meta.spatial_resolution), grids[first][1])
+        self.grid = Grid(tuple(meta.spatial_resolution), checked[0][1][1])
         self._files = ProcessFiles()
         if reader == "h5py":  # what does not change from window to window, once
             first = self.well[0]
@@ -292,13 +285,15 @@ class WellAdapter(Dataset):
                         meta=[self._meta(i, place) for i, place in zip(indices, places)])
 
 
-def check_well_file(path: Path) -> dict[str, float]:
-    """Check a file of The Well's layout and return its constant scalars.
+def check_well_file(path: Path) -> tuple[dict[str, float], tuple[tuple[int, ...], tuple[float, ...]]]:
+    """Check a file of The Well's layout and return its constant scalars and its grid (cells per
+    axis and side lengths, `gno_ext.adapters.files.grid_of`).
 
     Every field's shape must be what the file's axes give (trajectories, time, space and the
-    component axes of its tensor order), the time axis must increase strictly and the constant
-    scalars must be finite: a mismatch raises `ValueError` naming the file, the field and both
-    shapes, before any window is read (a short field would otherwise be broadcast into a batch).
+    component axes of its tensor order), the time axis must increase strictly, the coordinates
+    must be evenly spaced and the constant scalars must be finite: a mismatch raises `ValueError`
+    naming the file, the field and both shapes, before any window is read (a short field would
+    otherwise be broadcast into a batch).
     """
     with open_h5(path) as f:
         try:
@@ -333,4 +328,4 @@ def check_well_file(path: Path) -> dict[str, float]:
                 scalars[key] = float(v[()])
                 if not np.isfinite(scalars[key]):
                     raise ValueError(f"{path}: constant scalar {key} = {scalars[key]}: not a finite number")
-        return scalars
+        return scalars, grid_of(f, path)

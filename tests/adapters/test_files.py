@@ -94,3 +94,17 @@ def test_complex_arrays_are_refused_not_truncated():
         ArrayDataset(u, name="mine")
     with pytest.raises(ValueError, match="theta holds complex values"):
         ArrayDataset(u.real, theta=np.ones((2, 1), np.complex128))
+
+
+def test_a_well_split_of_two_grids_is_named(tmp_path):
+    """The Well's files of one split must share a grid (before: the first file's was used for all)."""
+    pytest.importorskip("the_well")
+    from gno_ext.adapters.fixtures import write_trl_dataset, write_well_trl
+    from gno_ext.adapters.the_well import WellAdapter
+
+    base = write_trl_dataset(tmp_path / "well", shape=(16, 48))
+    train = base / "datasets" / "turbulent_radiative_layer_2D" / "data" / "train"
+    other = sorted(train.glob("*.hdf5"))[-1]
+    write_well_trl(other, 0.32, shape=(16, 24), t=12)
+    with pytest.raises(ValueError, match=rf"{other.name}: its grid \(16, 24\) of extent .* differs from"):
+        WellAdapter(base, name="turbulent_radiative_layer_2D", split="train")
