@@ -38,7 +38,7 @@ from typing import Any
 import h5py
 import numpy as np
 import torch
-from gno_ext.adapters.files import ProcessFiles, open_h5
+from gno_ext.adapters.files import ProcessFiles, open_h5, reading
 from gno_ext.adapters.windows import Windows, WindowedTrajectories, window_boundary_values
 from torch.utils.data import Dataset
 
@@ -68,6 +68,8 @@ class H5Array:
 def _wrap(value: Any) -> Any:
     return H5Array(value) if isinstance(value, h5py.Dataset) else value
 
+
+LAYOUT = "the custom layout"
 
 def _rows(value: Any, n: int, name: str, per_sample_ndim: int) -> Any:
     """Accept per-dataset (no leading N) or per-trajectory arrays; return a row accessor."""
@@ -175,6 +177,10 @@ class ArrayDataset(WindowedTrajectories, Dataset):
         """
         if not isinstance(self.u, (np.ndarray, torch.Tensor)):
             return [self[i] for i in indices]
+        with reading(self.name, LAYOUT):
+            return self._batch(indices)
+
+    def _batch(self, indices: list[int]) -> PDEBatch:
         slots, starts = self.windows.locate_many(np.asarray(indices))
         traj = np.asarray(self.trajectories)[slots]
         n_in, n_out = self.windows.n_steps_input, self.windows.n_steps_output
@@ -202,6 +208,10 @@ class ArrayDataset(WindowedTrajectories, Dataset):
                               for t, s in zip(traj, starts)])
 
     def __getitem__(self, index: int) -> PDESample:
+        with reading(self.name, LAYOUT):
+            return self._sample(index)
+
+    def _sample(self, index: int) -> PDESample:
         slot, start = self.windows.locate(index)
         traj = self.trajectories[slot]
         inputs, outputs = self.windows.frames(start)
@@ -239,32 +249,33 @@ def open_custom(path: str | Path, n_steps_input: int = 1, n_steps_output: int = 
         attrs = dict(store.attrs)
     else:
         raise ValueError(f"{path}: expected an .h5, .hdf5 or .npz file")
-    keys = set(store.keys())
-    if "u" not in keys:
-        raise KeyError(f"{path}: missing the required array 'u' (found: {sorted(keys)})")
-    get = lambda k: store[k] if k in keys else None
-    scalar = lambda k, default: float(np.asarray(store[k])) if k in keys else float(attrs.get(k, default))
-    u = store["u"]
-    extent = get("extent") if "extent" in keys else attrs.get("extent")
-    grid = Grid(tuple(u.shape[3:]), tuple(np.asarray(extent).tolist()) if extent is not None else ())
-    bc = None
-    if "bc_kind" in keys:
-        codes = np.asarray(store["bc_kind"])
-        valid = {int(k) for k in BCType}
-        whole = np.issubdtype(codes.dtype, np.integer) or (np.isfinite(codes).all() and (codes == np.round(codes)).all())
-        if not whole or not set(np.unique(codes).astype(np.int64).tolist()) <= valid:
-            bad = next(v for v in codes.reshape(-1).tolist() if not (float(v).is_integer() and int(v) in valid))
-            raise ValueError(f"{path}: bc_kind holds {bad!r}, not a BCType code ({', '.join(f'{int(k)} {k.name}' for k in BCType)})")
-        kind = torch.as_tensor(codes.astype(np.int64), dtype=torch.long)
-        values = get("bc_values")
-        values = (torch.as_tensor(np.asarray(values), dtype=torch.float32) if values is not None
-                  else torch.zeros(*kind.shape, 1, 1))
-        coeffs = get("bc_coeffs")
-        bc = BoundarySpec(kind, values, None if coeffs is None else torch.as_tensor(np.asarray(coeffs),
-                                                                                    dtype=torch.float32))
-    return ArrayDataset(u, theta=get("theta"), grid=grid, dt=scalar("dt", 1.0), bc=bc,
-                        theta_field=get("theta_field"), group=get("group"), n_steps_input=n_steps_input,
-                        n_steps_output=n_steps_output, name=path.name, **kwargs)
+    with reading(path, LAYOUT):
+        keys = set(store.keys())
+        if "u" not in keys:
+            raise KeyError(f"{path}: missing the required array 'u' (found: {sorted(keys)})")
+        get = lambda k: store[k] if k in keys else None
+        scalar = lambda k, default: float(np.asarray(store[k])) if k in keys else float(attrs.get(k, default))
+        u = store["u"]
+        extent = get("extent") if "extent" in keys else attrs.get("extent")
+        grid = Grid(tuple(u.shape[3:]), tuple(np.asarray(extent).tolist()) if extent is not None else ())
+        bc = None
+        if "bc_kind" in keys:
+            codes = np.asarray(store["bc_kind"])
+            valid = {int(k) for k in BCType}
+            whole = np.issubdtype(codes.dtype, np.integer) or (np.isfinite(codes).all() and (codes == np.round(codes)).all())
+            if not whole or not set(np.unique(codes).astype(np.int64).tolist()) <= valid:
+                bad = next(v for v in codes.reshape(-1).tolist() if not (float(v).is_integer() and int(v) in valid))
+                raise ValueError(f"{path}: bc_kind holds {bad!r}, not a BCType code ({', '.join(f'{int(k)} {k.name}' for k in BCType)})")
+            kind = torch.as_tensor(codes.astype(np.int64), dtype=torch.long)
+            values = get("bc_values")
+            values = (torch.as_tensor(np.asarray(values), dtype=torch.float32) if values is not None
+                      else torch.zeros(*kind.shape, 1, 1))
+            coeffs = get("bc_coeffs")
+            bc = BoundarySpec(kind, values, None if coeffs is None else torch.as_tensor(np.asarray(coeffs),
+                                                                                        dtype=torch.float32))
+        return ArrayDataset(u, theta=get("theta"), grid=grid, dt=scalar("dt", 1.0), bc=bc,
+                            theta_field=get("theta_field"), group=get("group"), n_steps_input=n_steps_input,
+                            n_steps_output=n_steps_output, name=path.name, **kwargs)
 
 
 class _NpzArrays:

@@ -1,13 +1,17 @@
-"""HDF5 files opened lazily, once per process.
+"""HDF5 files opened lazily, once per process, and errors that name the file read.
 
 h5py handles do not survive a fork or a pickle into DataLoader workers: `ProcessFiles` opens a
 file on first use in each process, keeps it open for later reads, and pickles as empty.
+`reading` is the boundary every adapter reads a file through: whatever a malformed file makes
+go wrong becomes one `ValueError` that names the file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Hashable
+import warnings
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +20,44 @@ import numpy as np
 
 from gno_ext._files import check_self_contained
 
-__all__ = ["ProcessFiles", "check_one_grid", "grid_of", "open_h5"]
+__all__ = ["ProcessFiles", "check_one_grid", "grid_of", "open_h5", "reading"]
+
+
+@contextlib.contextmanager
+def reading(path: str | Path, layout: str) -> Iterator[None]:
+    """Name ``path`` (a file, or the folder of a split) in any error raised while it is read as
+    ``layout`` (e.g. "The Well's layout"). The project's own errors (`ValueError`, `KeyError`,
+    `FileNotFoundError`) that do not name it get it in front; what a malformed file makes the
+    readers below raise (h5py's `OSError` for a missing attribute or object, numpy's and
+    torch's `TypeError` for a dataset of text, an `IndexError` for a dataset of the wrong
+    shape, the assertions of The Well's reader, ...) becomes a `ValueError` that names the file and the layout, with the reader's
+    message on the same line (the original is chained; ``GNO_EXT_DEBUG=1`` shows its
+    traceback in the command-line tools). A complex value read where a real one belongs
+    (numpy's and torch's warning that it drops the imaginary part) is an error too."""
+    path = Path(path)
+    try:
+        with warnings.catch_warnings():  # a complex value read where a real one belongs: an error
+            warnings.filterwarnings("error", category=np.exceptions.ComplexWarning)
+            warnings.filterwarnings("error", message="Casting complex values to real")  # (torch's)
+            yield
+    except Warning as err:
+        raise ValueError(f"{path}: holds complex values where {layout} has real numbers ({_one_line(str(err))})") \
+            from None
+    except (ValueError, KeyError, FileNotFoundError) as err:
+        message = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+        if str(path) in message or (path.name and f"{path.name}:" in message):
+            raise
+        kind = FileNotFoundError if isinstance(err, FileNotFoundError) else KeyError if isinstance(err, KeyError) \
+            else ValueError
+        raise kind(f"{path}: {_one_line(message)}") from err
+    except (OSError, TypeError, IndexError, AttributeError, RuntimeError, ArithmeticError, AssertionError) as err:
+        raise ValueError(f"{path}: not readable in {layout} ({type(err).__name__}: {_one_line(str(err))})") from err
+
+
+def _one_line(message: str) -> str:
+    """The first line of a message, at most 300 characters."""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    return first if len(first) <= 300 else first[:297] + "..."
 
 
 def open_h5(path: str | Path) -> h5py.File:

@@ -26,7 +26,7 @@ from typing import Any
 import h5py
 import numpy as np
 import torch
-from gno_ext.adapters.files import ProcessFiles, open_h5
+from gno_ext.adapters.files import ProcessFiles, open_h5, reading
 from gno_ext.adapters.windows import Windows, WindowedTrajectories, check_window_settings, split_trajectories
 from torch.utils.data import Dataset
 
@@ -73,6 +73,8 @@ def _boundary_from_name(name: str) -> BCType | None:
     return None
 
 
+LAYOUT = "PDEBench's layout"
+
 class PDEBenchDataset(WindowedTrajectories, Dataset):
     """Windows of one PDEBench file.
 
@@ -107,46 +109,48 @@ class PDEBenchDataset(WindowedTrajectories, Dataset):
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: no such PDEBench file")
         check_window_settings(n_steps_input, n_steps_output, stride)
-        with open_h5(self.path) as f:
-            self.layout, self.fields, shape, coords, n_traj, n_frames, attrs = self._inspect(f)
-        self.params = {**parameters_from_name(self.path.name), **attrs}
-        bad = {k: v for k, v in self.params.items() if not np.isfinite(v)}
-        if bad:
-            name, value = next(iter(bad.items()))
-            raise ValueError(f"{self.path}: parameter {name} = {value} (from the attributes or the file name): "
-                             "not a finite number")
-        names = list(parameters) if parameters is not None else sorted(self.params)
-        missing = [n for n in names if n not in self.params]
-        if missing:
-            raise KeyError(f"{self.path.name}: parameter(s) {missing} not found in the attributes or the "
-                           f"file name (found: {sorted(self.params)})")
-        self.theta = torch.tensor([self.params[n] for n in names], dtype=torch.float32)
-        self.parameter_names = names
-        kind = BCType.parse(boundary) if boundary is not None else _boundary_from_name(self.path.name)
-        if kind is None:
-            raise ValueError(f"{self.path.name}: the boundary type is not in the file name, which is not one of "
-                             f"PDEBench's published names; pass boundary='periodic' (or 'open', 'dirichlet', "
-                             f"'neumann')")
-        d = len(shape)
-        self.bc = BoundarySpec.from_types([kind] * (2 * d))
-        names = (["x", "y", "z"][:d] if self.layout == "seed" else ["x-coordinate", "y-coordinate", "z-coordinate"][:d])
-        for axis, (c, n) in enumerate(zip(coords[:d], shape)):
-            _check_axis(self.path, names[axis], c, {n}, f"the fields' axis {axis + 1} of {n} cells")
-        t = coords[d]
-        # PDEBench's 1-D files store one time more than frames (the end time): both are accepted
-        _check_axis(self.path, "t-coordinate" if self.layout != "seed" else "grid/t", t, {n_frames, n_frames + 1},
-                    f"the {n_frames} frames")
-        spacing = [float(c[1] - c[0]) if len(c) > 1 else 1.0 for c in coords[:d]]
-        self.grid = Grid(shape, tuple(n * h for n, h in zip(shape, spacing)))
-        self.dt = float(t[1] - t[0]) * stride if len(t) > 1 else 1.0
-        self.trajectories = split_trajectories(n_traj, split, split_fractions)
-        if parameter_filter is not None and not parameter_filter(dict(self.params)):
-            self.trajectories = []
-        self.windows = Windows([n_frames] * max(len(self.trajectories), 1), n_steps_input, n_steps_output, stride)
-        self.group = group
-        self._files = ProcessFiles()  # one handle per DataLoader worker
+        with reading(self.path, LAYOUT):
+            with open_h5(self.path) as f:
+                self.layout, self.fields, shape, coords, n_traj, n_frames, attrs = self._inspect(f)
+            self.params = {**parameters_from_name(self.path.name), **attrs}
+            bad = {k: v for k, v in self.params.items() if not np.isfinite(v)}
+            if bad:
+                name, value = next(iter(bad.items()))
+                raise ValueError(f"{self.path}: parameter {name} = {value} (from the attributes or the file name): "
+                                 "not a finite number")
+            names = list(parameters) if parameters is not None else sorted(self.params)
+            missing = [n for n in names if n not in self.params]
+            if missing:
+                raise KeyError(f"{self.path.name}: parameter(s) {missing} not found in the attributes or the "
+                               f"file name (found: {sorted(self.params)})")
+            self.theta = torch.tensor([self.params[n] for n in names], dtype=torch.float32)
+            self.parameter_names = names
+            kind = BCType.parse(boundary) if boundary is not None else _boundary_from_name(self.path.name)
+            if kind is None:
+                raise ValueError(f"{self.path.name}: the boundary type is not in the file name, which is not one of "
+                                 f"PDEBench's published names; pass boundary='periodic' (or 'open', 'dirichlet', "
+                                 f"'neumann')")
+            d = len(shape)
+            self.bc = BoundarySpec.from_types([kind] * (2 * d))
+            names = (["x", "y", "z"][:d] if self.layout == "seed" else ["x-coordinate", "y-coordinate", "z-coordinate"][:d])
+            for axis, (c, n) in enumerate(zip(coords[:d], shape)):
+                _check_axis(self.path, names[axis], c, {n}, f"the fields' axis {axis + 1} of {n} cells")
+            t = coords[d]
+            # PDEBench's 1-D files store one time more than frames (the end time): both are accepted
+            _check_axis(self.path, "t-coordinate" if self.layout != "seed" else "grid/t", t, {n_frames, n_frames + 1},
+                        f"the {n_frames} frames")
+            spacing = [float(c[1] - c[0]) if len(c) > 1 else 1.0 for c in coords[:d]]
+            self.grid = Grid(shape, tuple(n * h for n, h in zip(shape, spacing)))
+            self.dt = float(t[1] - t[0]) * stride if len(t) > 1 else 1.0
+            self.trajectories = split_trajectories(n_traj, split, split_fractions)
+            if parameter_filter is not None and not parameter_filter(dict(self.params)):
+                self.trajectories = []
+            self.windows = Windows([n_frames] * max(len(self.trajectories), 1), n_steps_input, n_steps_output, stride)
+            self.group = group
+            self._files = ProcessFiles()  # one handle per DataLoader worker
 
-    # ------------------------------------------------------------------ layout detection
+        # ------------------------------------------------------------------ layout detection
+
     def _inspect(self, f: h5py.File):
         attrs = {k.lower(): float(v) for k, v in f.attrs.items()
                  if np.isscalar(v) and isinstance(v, (int, float, np.integer, np.floating))}
@@ -193,19 +197,20 @@ class PDEBenchDataset(WindowedTrajectories, Dataset):
         return self._files.get(self.path)
 
     def _frames(self, traj: int, frames: np.ndarray) -> np.ndarray:
-        f = self._file()
-        sel = slice(int(frames[0]), int(frames[-1]) + 1, int(frames[1] - frames[0]) if len(frames) > 1 else 1)
-        if self.layout == "tensor":
-            arr = f["tensor"][traj, sel][:, None]
-        elif self.layout == "cfd":
-            arr = np.stack([f[k][traj, sel] for k in self.fields], 1)
-        else:
-            arr = np.moveaxis(f[self.seeds[traj]]["data"][sel], -1, 1)
-        finite = np.isfinite(arr.reshape(arr.shape[0], -1)).all(1)
-        if not finite.all():
-            bad = int(frames[np.flatnonzero(~finite)[0]])
-            raise ValueError(f"{self.path.name}: NaN or Inf in trajectory {traj}, frame {bad}")
-        return arr
+        with reading(self.path, LAYOUT):
+            f = self._file()
+            sel = slice(int(frames[0]), int(frames[-1]) + 1, int(frames[1] - frames[0]) if len(frames) > 1 else 1)
+            if self.layout == "tensor":
+                arr = f["tensor"][traj, sel][:, None]
+            elif self.layout == "cfd":
+                arr = np.stack([f[k][traj, sel] for k in self.fields], 1)
+            else:
+                arr = np.moveaxis(f[self.seeds[traj]]["data"][sel], -1, 1)
+            finite = np.isfinite(arr.reshape(arr.shape[0], -1)).all(1)
+            if not finite.all():
+                bad = int(frames[np.flatnonzero(~finite)[0]])
+                raise ValueError(f"{self.path.name}: NaN or Inf in trajectory {traj}, frame {bad}")
+            return arr
 
     def __len__(self) -> int:
         return len(self.windows) if self.trajectories else 0

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from gno_ext.adapters.files import ProcessFiles, check_one_grid, grid_of, open_h5
+from gno_ext.adapters.files import ProcessFiles, check_one_grid, grid_of, open_h5, reading
 from gno_ext.adapters.windows import check_start, check_window_settings
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, PDESample
 
@@ -40,6 +40,8 @@ __all__ = ["WellAdapter", "WELL_BC"]
 
 WELL_BC = {0: BCType.WALL, 1: BCType.OPEN, 2: BCType.PERIODIC}  # the_well.data.datasets.BoundaryCondition
 
+
+LAYOUT = "The Well's layout"
 
 def _split_folder(path: Path, name: str | None, split: str) -> Path:
     if (path / "datasets").is_dir():
@@ -95,7 +97,7 @@ class WellAdapter(Dataset):
             raise ValueError("normalize=True needs reader='the_well' (the direct reader returns raw fields)")
         self.reader, self.stride = reader, stride
 
-        folder = _split_folder(Path(path), name, split)
+        self.folder = folder = _split_folder(Path(path), name, split)
         files = sorted(list(folder.glob("*.hdf5")) + list(folder.glob("*.h5")))
         if not files:
             raise FileNotFoundError(f"{folder}: no .hdf5 or .h5 file")
@@ -109,28 +111,28 @@ class WellAdapter(Dataset):
         include = [f.name for f, p in zip(files, params) if parameter_filter is None or parameter_filter(p)]
         if not include:
             raise ValueError(f"{folder}: parameter_filter kept no file")
-        self.well = WellDataset(path=str(folder), n_steps_input=n_steps_input, n_steps_output=n_steps_output,
-                                use_normalization=normalize, normalize_time_grid=False, min_dt_stride=stride,
-                                max_dt_stride=stride, include_filters=include if parameter_filter else [],
-                                **well_kwargs)
-        kept = {Path(p).name for p in self.well.files_paths}
-        if parameter_filter is not None and kept != set(include):
-            # WellDataset filters by substring: a kept name inside another name pulls that file in too
-            raise ValueError(f"{folder}: file names overlap ({sorted(kept - set(include))} matched the filter too); "
-                             f"select files with the split folder instead")
-        meta = self.well.metadata
-        self.metadata = meta
-        self.parameter_names = list(meta.constant_scalar_names)
-        self.field_names = [n for order in sorted(meta.field_names) for n in meta.field_names[order]]
-        values = sorted({tuple(p.get(k, np.nan) for k in self.parameter_names) for p in params})
-        self._groups = {v: i for i, v in enumerate(values)}
-        self.grid = Grid(tuple(meta.spatial_resolution), checked[0][1][1])
-        self._files = ProcessFiles()
-        if reader == "h5py":  # what does not change from window to window, once
-            first = self.well[0]
-            self._codes = first["boundary_conditions"].long().flatten().tolist()
-            self._folder = folder
-            self._scalars = {Path(f).name: p for f, p in zip(files, params)}
+        with reading(folder, LAYOUT):  # The Well's reader meets every file's structure
+            self.well = WellDataset(path=str(folder), n_steps_input=n_steps_input, n_steps_output=n_steps_output,
+                                    use_normalization=normalize, normalize_time_grid=False, min_dt_stride=stride,
+                                    max_dt_stride=stride, include_filters=include if parameter_filter else [],
+                                    **well_kwargs)
+            kept = {Path(p).name for p in self.well.files_paths}
+            if parameter_filter is not None and kept != set(include):
+                # WellDataset filters by substring: a kept name inside another name pulls that file in too
+                raise ValueError(f"{folder}: file names overlap ({sorted(kept - set(include))} matched the filter too); "
+                                 f"select files with the split folder instead")
+            meta = self.well.metadata
+            self.metadata = meta
+            self.parameter_names = list(meta.constant_scalar_names)
+            self.field_names = [n for order in sorted(meta.field_names) for n in meta.field_names[order]]
+            values = sorted({tuple(p.get(k, np.nan) for k in self.parameter_names) for p in params})
+            self._groups = {v: i for i, v in enumerate(values)}
+            self.grid = Grid(tuple(meta.spatial_resolution), checked[0][1][1])
+            self._files = ProcessFiles()
+            if reader == "h5py":  # what does not change from window to window, once
+                first = self.well[0]
+                self._codes = first["boundary_conditions"].long().flatten().tolist()
+                self._scalars = {Path(f).name: p for f, p in zip(files, params)}
 
     def __len__(self) -> int:
         return len(self.well)
@@ -168,7 +170,7 @@ class WellAdapter(Dataset):
         """The field datasets of a file in ``WellDataset``'s order with their flags, and its time
         axis, read once per file and process (attributes are slow to read)."""
         def read() -> tuple[list[tuple[h5py.Dataset, bool, bool]], np.ndarray]:
-            f = self._files.get(self._folder / name)
+            f = self._files.get(self.folder / name)
             fields = []
             for order in ("t0_fields", "t1_fields", "t2_fields"):
                 if order in f:
@@ -242,6 +244,10 @@ class WellAdapter(Dataset):
                 "index": index, **dict(zip(("file", "trajectory", "start"), place))}
 
     def __getitem__(self, index: int) -> PDESample:
+        with reading(self.folder, LAYOUT):
+            return self._sample(index)
+
+    def _sample(self, index: int) -> PDESample:
         if self.reader == "h5py":
             batch = self.__getitems__([index])
             return PDESample(u_in=batch.u_in[0], u_out=batch.u_out[0], theta=batch.theta[0], bc=batch.bc[0],
@@ -269,7 +275,10 @@ class WellAdapter(Dataset):
         equals `collate` of the samples. With ``reader="the_well"`` the list of samples."""
         if self.reader == "the_well":
             return [self[i] for i in indices]
-        indices = [int(i) for i in indices]
+        with reading(self.folder, LAYOUT):
+            return self._batch([int(i) for i in indices])
+
+    def _batch(self, indices: list[int]) -> PDEBatch:
         places = [self.locate(i) for i in indices]
         fields, constant, times = self._read(places)
         frames = torch.from_numpy(fields)
@@ -295,7 +304,7 @@ def check_well_file(path: Path) -> tuple[dict[str, float], tuple[tuple[int, ...]
     naming the file, the field and both shapes, before any window is read (a short field would
     otherwise be broadcast into a batch).
     """
-    with open_h5(path) as f:
+    with reading(path, LAYOUT), open_h5(path) as f:
         try:
             n = int(f.attrs["n_trajectories"])
             dims = f["dimensions"]

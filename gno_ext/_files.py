@@ -2,16 +2,23 @@
 
 A file is written under a temporary name beside its target and renamed onto it only when the
 write ends without an error, so a reader (or a resumed job) never sees a half-written dataset,
-manifest or result. `held` gives a folder one writing process (an advisory lock that the
-operating system releases when the process ends, however it ends)."""
+manifest or result (`written_whole`, and `written_whole_folder` for a folder of files). A write
+that fails because the disk (or the quota, or the file-size limit) is full raises `DiskFull`,
+which names the file and the folder's free space, not the writer's own message ("unexpected pos
+1920 vs 1812", HDF5's error stack); nothing of the partial write is left behind. `held` gives a
+folder one writing process (an advisory lock that the operating system releases when the
+process ends, however it ends)."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
 import os
+import resource
+import shutil
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -63,19 +70,118 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
+class DiskFull(OSError):
+    """A write failed for lack of space: the disk or the quota is full (``errno.ENOSPC``,
+    ``errno.EDQUOT``), or the process's file-size limit was reached (``errno.EFBIG``, ``ulimit
+    -f``). The message names the file, the cause and the free space of its folder."""
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+FULL_BELOW = 2**20  # a folder with less free space than this after a failed write is full
+
+
+def _lack_of_space(err: BaseException, tmp: Path) -> int | None:
+    """The errno of the lack of space that made a write to ``tmp`` (a file, or a folder of
+    files) fail with ``err``, or None when it failed for another reason. Libraries report it
+    their own way: an `OSError` with the errno (Python's files), the errno inside the message
+    (HDF5: ``errno = 28``; the safetensors writer: ``os error 28``), or nothing at all (torch's
+    zip writer: "unexpected pos 576 vs 534"); for the last, the partial files (at the
+    process's file-size limit) or the folder's free space tell (read before they are
+    removed)."""
+    messages, seen, e = [], set(), err
+    while e is not None and id(e) not in seen:  # the exception, its cause and its context, in turn
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in NO_SPACE:
+            return e.errno
+        messages.append(str(e))
+        e = e.__cause__ or e.__context__
+    text = " ".join(messages)
+    for code in NO_SPACE:
+        if f"errno = {code}," in text or f"os error {code})" in text:
+            return code
+    if not isinstance(err, (OSError, RuntimeError)):  # (a bad value, not a failed write)
+        return None
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    try:
+        written = [tmp] if tmp.is_file() else [p for p in tmp.rglob("*") if p.is_file()]
+        if limit != resource.RLIM_INFINITY and any(p.stat().st_size >= limit for p in written):
+            return errno.EFBIG
+        return errno.ENOSPC if shutil.disk_usage(tmp.parent).free < FULL_BELOW else None
+    except OSError:
+        return None
+
+
+def space_error(path: Path, tmp: Path, err: BaseException) -> DiskFull | None:
+    """`DiskFull` for the failed write of ``path`` (into ``tmp``) when ``err`` came from a lack
+    of space (see `_lack_of_space`), else None. Call it before removing the partial write."""
+    code = _lack_of_space(err, tmp)
+    if code is None:
+        return None
+    try:
+        free = f"{shutil.disk_usage(path.parent).free} bytes free there"
+    except OSError:
+        free = "free space unknown"
+    limit = " (the process's file-size limit, ulimit -f)" if code == errno.EFBIG else ""
+    return DiskFull(code, f"{path}: not written: {os.strerror(code)}{limit} in {path.parent} ({free}); the partial "
+                          "write was removed; make room and run the command again (it resumes)")
+
+
+@contextlib.contextmanager
+def _whole(path: Path, tmp: Path, commit: Callable[[], None]) -> Iterator[Path]:
+    """Yield ``tmp``; ``commit`` it to ``path`` when the block ends without an error; remove it
+    in any case (a file, or a folder with what it holds), raising `DiskFull` where the block
+    failed for lack of space."""
+    try:
+        yield tmp
+        commit()
+    except Exception as err:
+        full = space_error(path, tmp, err)
+        if full is None:
+            raise
+        raise full from err
+    finally:  # (gone after the commit)
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def written_whole(path: str | Path) -> Iterator[Path]:
     """Yield the temporary path to write ``path``'s contents to; on leaving the block without an
     error it is renamed to ``path`` (atomically, replacing an older file), and on an error it is
-    removed and ``path`` is left as it was. The parent folder is created."""
+    removed and ``path`` is left as it was (`DiskFull` when the disk was full). The parent
+    folder is created."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(path)
-    try:
-        yield tmp
+    with _whole(path, tmp, lambda: os.replace(tmp, path)) as out:
+        yield out
+
+
+@contextlib.contextmanager
+def written_whole_folder(path: str | Path) -> Iterator[Path]:
+    """`written_whole` for a folder: yield an empty temporary folder beside ``path`` to write
+    the files into; on success it takes the place of ``path`` (an older folder there is moved
+    aside first, then removed), on an error it is removed with what it holds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_name(path)
+    shutil.rmtree(tmp, ignore_errors=True)  # what a process of the same pid left
+    tmp.mkdir()
+
+    def commit() -> None:
+        if not path.exists():
+            os.replace(tmp, path)
+            return
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
         os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # (gone after the rename)
+        shutil.rmtree(old, ignore_errors=True)
+
+    with _whole(path, tmp, commit) as out:
+        yield out
 
 
 def write_json(path: str | Path, data: Any) -> Path:

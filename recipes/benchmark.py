@@ -135,4 +135,15 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import os
+    import sys
+
+    from gno_ext._files import DiskFull
+
+    try:
+        main()
+    except (FileNotFoundError, FileExistsError, ValueError, KeyError, DiskFull) as err:  # a bad file or value: one line
+        if os.environ.get("GNO_EXT_DEBUG"):
+            raise
+        print(f"error: {err.args[0] if isinstance(err, KeyError) and err.args else err}", file=sys.stderr)
+        sys.exit(2)

@@ -66,9 +66,11 @@ if __name__ == "__main__":
     import os
     import sys
 
+    from gno_ext._files import DiskFull
+
     try:
         main()
-    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as err:  # a bad path or setting: one line
+    except (FileNotFoundError, FileExistsError, ValueError, KeyError, DiskFull) as err:  # a bad path or setting, a full disk: one line
         if os.environ.get("GNO_EXT_DEBUG"):
             raise
         print(f"error: {err}", file=sys.stderr)

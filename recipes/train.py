@@ -147,6 +147,7 @@ if __name__ == "__main__":
     # names the root cause (rank, exception, traceback) instead of an exit code only.
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    from gno_ext._files import DiskFull
     from gno_ext.models.registry import MissingDependencyError
 
     try:
@@ -155,7 +156,7 @@ if __name__ == "__main__":
         print("\ninterrupted: the last checkpoint is kept; run the same command with resume=auto to continue",
               file=sys.stderr)
         sys.exit(130)
-    except (FileNotFoundError, FileExistsError, ValueError, KeyError, MissingDependencyError) as err:
+    except (FileNotFoundError, FileExistsError, ValueError, KeyError, MissingDependencyError, DiskFull) as err:
         # configuration and data errors: one clear line, no traceback (set GNO_EXT_DEBUG=1 for it)
         import os
 

@@ -646,12 +646,15 @@ def test_render_leaves_out_files_that_are_not_the_tables_results_and_names_them(
     (folder / "nonesuch-seed0.json").write_text(json.dumps({**good, "model": "nonesuch"}))
     (folder / "notes-seed0.json").write_text(json.dumps({"hello": 1}))
     (folder / "broken-seed0.json").write_text("{")
+    (folder / "typed-seed0.json").write_text(json.dumps({**good, "model": "typed", "per_step_nmse": [0.1, "0.1"]}))
     found, left_out = btab.load_results(tmp_path, "bc", tables["bc"])
     assert found == [good]
     text = " ".join(left_out)
     for expected in ("gno-seed1.json` (it holds seed '0')", "fno-seed0.json` (it holds table 'joint')",
                      "nonesuch-seed0.json` (row 'nonesuch' is not a row of the table)",
-                     "notes-seed0.json` (not a result file: no table, recipe, model, seed, nmse_mean)",
+                     "notes-seed0.json` (not a result file: no table, recipe, model, seed, size, epochs, batch_size, gpu, commit, "
+                     "nmse_mean)", "typed-seed0.json` (not a result file: per_step_nmse: [1]: expected a number, "
+                     "got \"0.1\")",
                      "broken-seed0.json` (not JSON"):
         assert expected in text, expected
     page = page_of(tmp_path, "bc", tables)

@@ -3,11 +3,11 @@ and the error against training time, each model in its own colour on every figur
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 from typing import Any
 
+from .runtime import load as load_runtime
 from .runtime import plot as plot_runtime
 from .tables import _mean, _shown, _tested, load_results
 
@@ -95,7 +95,13 @@ def write_figures(tables: dict[str, Any], results: Path, folder: Path) -> list[P
                 continue
             fig, ax = plt.subplots(figsize=(6.4, 3.8))
             for row, rs in shown:
-                curve = np.mean([r["per_step_nmse"] for r in rs], axis=0)
+                curves = [r["per_step_nmse"] for r in rs if r.get("per_step_nmse")]
+                if not curves:
+                    continue
+                if len({len(c) for c in curves}) > 1:
+                    raise ValueError(f"{results / name / recipe}: the seeds of {row} hold per_step_nmse of "
+                                     f"different lengths {sorted({len(c) for c in curves})} (one budget, one rollout)")
+                curve = np.mean(curves, axis=0)
                 ax.semilogy(np.arange(1, len(curve) + 1), curve, marker="o", ms=3, color=model_colour(row),
                             ls="--" if row == "persistence" else "-", label=f"{row} ({len(rs)} seed{'s' * (len(rs) > 1)})")
             ax.axhline(1.0, color="black", lw=0.8, ls=":", label="each frame's mean (nMSE 1)")
@@ -109,7 +115,7 @@ def write_figures(tables: dict[str, Any], results: Path, folder: Path) -> list[P
             plotted = _plot_epochs(table, found, recipe, plt)
             if plotted:
                 save(*plotted, f"{name}: {recipe}, error against training time", f"{name}-{recipe}-vs_gpu_minutes")
-    runtime = [json.loads(p.read_text()) for p in sorted((results / "runtime").glob("*.json"))]
+    runtime = load_runtime(results / "runtime")
     if runtime:
         path = folder / "runtime.png"
         plot_runtime(runtime, path)

@@ -16,6 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .runtime import commands as runtime_commands
+from .runtime import load as load_runtime
 from .runtime import summary as runtime_summary
 from .tables import (
     METRICS,
@@ -137,27 +139,6 @@ def _notes(results: Path, name: str) -> str | None:
     """The hand-written notes ``benchmarks/notes/NAME.md`` beside ``results``, filled (`fill`)."""
     path = results.parent / "notes" / f"{name}.md"
     return fill(path.read_text(), results, str(path)) if path.is_file() else None
-
-
-def _runtime_commands(found: list[dict[str, Any]], tables: dict[str, Any]) -> list[str]:
-    """The commands that reproduce runtime results: train the table's run again (where the run
-    folder is a benchmark run, ``<table>/<recipe>/<row>-seed<N>``; its result goes beside the
-    run, since the committed one would skip it), then time it."""
-    commands = []
-    for r in found:
-        for run in r["runs"]:
-            table, recipe, name = Path(run["run"]).parts[-3:]
-            row, _, seed = name.rpartition("-seed")
-            trajectories = sum(c["trajectories"] for c in run["classes"].values())
-            resolutions = sorted({p["res"] for c in run["classes"].values() for curve in c["solvers"].values()
-                                  for p in curve})
-            if table in tables and seed.isdigit():
-                commands.append(f"python recipes/benchmark.py run --table {table} --recipes {recipe} --rows {row} "
-                                f"--seeds {seed} --output-root runs --results runs/results")
-            commands.append(f"python benchmarks/bench_runtime.py run runs/{table}/{recipe}/{name} --out "
-                            f"runs/{RUNTIME}/{r['file']} --trajectories {trajectories} --resolutions "
-                            f"{' '.join(map(str, resolutions))} --repeats {r['repeats']}")
-    return commands
 
 
 def _worst_section(name: str, table: dict[str, Any], found: list[dict[str, Any]]) -> list[str]:
@@ -411,21 +392,16 @@ def index_page(tables: dict[str, Any], loaded: Loaded, results: Path = RESULTS) 
         done = len({(r["recipe"], r["model"]) for r in loaded[name][0]})
         out.append(f"| [`{name}`]({name}.md) | {table['title']} | {', '.join(table['recipes'])} | "
                    f"{done} of {len(table['recipes']) * len(table['rows'])} |")
-    if _runtime_files(results):
+    if load_runtime(results / RUNTIME):
         out.append("| [runtime](runtime.md) | trained models against the solvers at matched accuracy | | |")
     out.append("\n" + READING)
     return "\n".join(out)
 
 
-def _runtime_files(results: Path) -> list[dict[str, Any]]:
-    """The runtime results in ``results`` (`RUNTIME`), each with its file name."""
-    return [{**json.loads(p.read_text()), "file": p.name} for p in sorted((results / RUNTIME).glob("*.json"))]
-
-
 def runtime_page(tables: dict[str, Any], results: Path = RESULTS) -> str | None:
     """The page of the runtime results (trained models against the solvers at matched accuracy),
     or None where there are none."""
-    found = _runtime_files(results)
+    found = load_runtime(results / RUNTIME)
     if not found:
         return None
     runs = [run for r in found for run in r["runs"]]
@@ -439,7 +415,7 @@ def runtime_page(tables: dict[str, Any], results: Path = RESULTS) -> str | None:
            f"GPU: {', '.join(sorted({r['gpu'] for r in found}))}, torch {', '.join(sorted({r['torch'] for r in found}))}. "
            "Trained runs: " + ", ".join(f"`{'/'.join(Path(run['run']).parts[-3:])}`" for run in runs)
            + f". Files: `benchmarks/results/{RUNTIME}/`. Reproduce (on one GPU):\n",
-           "```bash\n" + "\n".join(_runtime_commands(found, tables)) + "\n```\n",
+           "```bash\n" + "\n".join(runtime_commands(found, tables)) + "\n```\n",
            f"![error against time per frame]({RUNTIME}.png)\n"]
     notes = _notes(results, RUNTIME)
     if notes:

@@ -3,8 +3,42 @@ solvers at coarser resolutions): their tables and their figure."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
+
+from .tables import INTEGER, TEXT, list_of, record
+
+RUN = record({"run": TEXT, "recipe": TEXT, "model": TEXT, "resolution": INTEGER,
+              "steps": lambda v: None if isinstance(v, int) and not isinstance(v, bool) and v > 0 else
+              f"expected a positive integer, got {v!r}"[:80], "classes": record({})},
+             required=("run", "recipe", "model", "resolution", "steps", "classes"))
+FILE = record({"gpu": TEXT, "torch": TEXT, "commit": TEXT, "repeats": INTEGER, "batches": list_of(INTEGER),
+               "runs": lambda v: list_of(RUN)(v) or (None if v else "expected at least one run, got []")},
+              required=("gpu", "torch", "commit", "repeats", "batches", "runs"))
+"""The top of a runtime file; `load` checks the rest by reading it as the page does."""
+
+
+def load(folder: Path) -> list[dict[str, Any]]:
+    """The runtime files in ``folder`` (``benchmarks/bench_runtime.py``'s), each with its file
+    name (``file``). A file that is not JSON, or lacks a value or holds one of another type
+    than the page and the figure read, raises a `ValueError` naming it and what is wrong."""
+    found = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{path}: not JSON ({err})") from None
+        wrong = FILE(data)
+        if wrong is None:  # the rest as the page reads it, on this file alone
+            try:
+                render(data), summary([data]), commands([{**data, "file": path.name}], {})
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError) as err:
+                wrong = f"{type(err).__name__}: {err}"
+        if wrong:
+            raise ValueError(f"{path}: not a runtime result of benchmarks/bench_runtime.py ({wrong})")
+        found.append({**data, "file": path.name})
+    return found
 
 
 def render(results: dict[str, Any]) -> str:
@@ -94,3 +128,24 @@ def plot(results: list[dict[str, Any]], path: Path, batches: list[str] | None = 
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def commands(found: list[dict[str, Any]], tables: dict[str, Any]) -> list[str]:
+    """The commands that reproduce runtime results: train the table's run again (where the run
+    folder is a benchmark run, ``<table>/<recipe>/<row>-seed<N>``; its result goes beside the
+    run, since the committed one would skip it), then time it."""
+    out = []
+    for r in found:
+        for run in r["runs"]:
+            table, recipe, name = Path(run["run"]).parts[-3:]
+            row, _, seed = name.rpartition("-seed")
+            trajectories = sum(c["trajectories"] for c in run["classes"].values())
+            resolutions = sorted({p["res"] for c in run["classes"].values() for curve in c["solvers"].values()
+                                  for p in curve})
+            if table in tables and seed.isdigit():
+                out.append(f"python recipes/benchmark.py run --table {table} --recipes {recipe} --rows {row} "
+                                f"--seeds {seed} --output-root runs --results runs/results")
+            out.append(f"python benchmarks/bench_runtime.py run runs/{table}/{recipe}/{name} --out "
+                            f"runs/runtime/{r['file']} --trajectories {trajectories} --resolutions "
+                            f"{' '.join(map(str, resolutions))} --repeats {r['repeats']}")
+    return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,103 @@ REQUIRED = ("table", "recipe", "model", "seed", "size", "epochs", "batch_size", 
             "nmse_mean", "nmse_std", "nmse_worst_group", "rel_l2_mean", "per_step_nmse", "paper_nmse")
 
 
+Check = Callable[[Any], "str | None"]
+"""A check of one value read from a file: what is wrong with it, or None."""
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (dict, list, str, int, float, bool, type(None))) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _kind(test: Callable[[Any], bool], what: str) -> Check:
+    return lambda v: None if test(v) else f"expected {what}, got {_short(v)}"
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+NUMBER = _kind(_is_number, "a number")
+INTEGER = _kind(lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")
+TEXT = _kind(lambda v: isinstance(v, str), "text")
+FLAG = _kind(lambda v: isinstance(v, bool), "true or false")
+
+
+def optional(check: Check) -> Check:
+    """``check``, or null."""
+    return lambda v: None if v is None else check(v)
+
+
+def list_of(check: Check) -> Check:
+    """A list whose every item passes ``check`` (the first that does not is named by index)."""
+    def checked(v: Any) -> str | None:
+        if not isinstance(v, list):
+            return f"expected a list, got {_short(v)}"
+        return next((f"[{i}]: {why}" for i, item in enumerate(v) if (why := check(item))), None)
+    return checked
+
+
+def record(fields: dict[str, Check], required: tuple[str, ...] = (), closed: bool = False) -> Check:
+    """A JSON object with the ``required`` keys, whose keys of ``fields`` pass their checks
+    (other keys are free, or refused where ``closed``: a misspelt key)."""
+    def checked(v: Any) -> str | None:
+        if not isinstance(v, dict):
+            return f"expected an object, got {_short(v)}"
+        missing = [k for k in required if k not in v]
+        if missing:
+            return f"no {', '.join(missing)}"
+        unknown = [str(k) for k in v if k not in fields] if closed else []
+        if unknown:
+            return f"unknown key(s) {', '.join(unknown)} (known: {', '.join(fields)})"
+        return next((f"{k}: {why}" for k, check in fields.items() if k in v and (why := check(v[k]))), None)
+    return checked
+
+
+def mapping_of(check: Check, nonempty: bool = False) -> Check:
+    """An object of named entries (text keys), each passing ``check`` (the first that does not
+    is named)."""
+    def checked(v: Any) -> str | None:
+        if not isinstance(v, dict) or (nonempty and not v):
+            return f"expected {'a non-empty' if nonempty else 'an'} object of named entries, got {_short(v)}"
+        return next((f"{k}: {why}" for k, item in v.items()
+                     if (why := "expected a text name" if not isinstance(k, str) else check(item))), None)
+    return checked
+
+
+GROUP = record({"group": INTEGER, "label": TEXT, "n": INTEGER, "nmse_mean": NUMBER, "rel_l2_mean": NUMBER},
+               required=("label", "nmse_mean"))
+TESTED = record({"epoch": INTEGER, "nmse_mean": NUMBER, "nmse_worst_group": NUMBER, "rel_l2_mean": NUMBER,
+                 "train_s": NUMBER}, required=("epoch", "nmse_mean", "train_s"))
+RESULT = record({
+    "table": TEXT, "recipe": TEXT, "model": TEXT, "model_config": TEXT, "overrides": list_of(TEXT),
+    "extra": list_of(TEXT), "seed": INTEGER, "size": TEXT, "epochs": INTEGER, "batch_size": INTEGER,
+    "processes": INTEGER, "lr": NUMBER, "precision": optional(TEXT), "n_params": INTEGER, "steps": INTEGER,
+    "gpu": TEXT, "wall_s": NUMBER, "commit": TEXT, "nmse_mean": NUMBER, "nmse_std": NUMBER,
+    "nmse_worst_group": GROUP, "rel_l2_mean": NUMBER, "per_step_nmse": list_of(NUMBER), "mse_mean": NUMBER,
+    "mse_std": NUMBER, "rollout_steps": INTEGER, "test_trajectories": INTEGER, "paper_nmse": optional(NUMBER),
+    "groups": list_of(GROUP), "resumed": FLAG, "train_s": optional(NUMBER), "same_run_as": TEXT,
+    "relabelled": TEXT, "at_epochs": list_of(TESTED),
+    "dro": optional(record({"tau": NUMBER, "temperature": TEXT, "weights": TEXT, "rate": NUMBER},
+                           required=("tau", "temperature"))),
+    "dro_weights": list_of(record({"epoch": INTEGER, "max": NUMBER, "min": NUMBER})),
+    "nmse_readings": optional(record({})), "per_trajectory": optional(record({})),
+}, required=("table", "recipe", "model", "seed", "size", "epochs", "batch_size", "gpu", "commit", "nmse_mean"))
+"""What the pages read of a result file: the keys they cannot do without, and the types of
+every key they read (a run writes `REQUIRED` and more)."""
+
+
+BUDGET = record({"size": TEXT, "sizes": mapping_of(TEXT), "overrides": list_of(TEXT)}, closed=True)
+ROW = optional(record({"model": TEXT, "overrides": list_of(TEXT), "paper": list_of(optional(NUMBER))}, closed=True))
+TABLE = record({"title": TEXT, "headline": FLAG, "paper_table": optional(TEXT),
+                "recipes": lambda v: list_of(TEXT)(v) or (None if v else "expected at least one recipe, got []"),
+                "rows": mapping_of(ROW, nonempty=True), "budget": optional(BUDGET), "worst": FLAG, "metric": TEXT,
+                "needs": optional(TEXT)}, required=("title", "recipes", "rows"), closed=True)
+TABLES_FILE = record({"budget": optional(BUDGET), "tables": mapping_of(TABLE, nonempty=True)}, required=("tables",),
+                     closed=True)
+"""What ``tables.yaml`` holds (`load_tables` refuses anything else, naming the table and key)."""
+
+
 # what a table's cells show (its `metric`): the rollout's normalised MSE, or its plain MSE in the
 # data's units where the paper reports that (The Well's turbulent radiative layer)
 METRICS = {"nmse": "nMSE", "mse": "MSE"}
@@ -39,7 +137,13 @@ def load_tables(path: str | Path = TABLES) -> dict[str, Any]:
     from the file's default ``budget`` and the table's own), its ``metric`` (`METRICS`, default
     ``nmse``) and ``needs`` (what a table of downloaded data needs before it can run, or None)."""
     path = Path(path)
-    data = yaml.safe_load(path.read_text())
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not valid YAML ({' '.join(str(err).split())})") from None
+    wrong = TABLES_FILE(data)
+    if wrong:
+        raise ValueError(f"{path}: {wrong}")
     tables = data["tables"]
     for name, table in tables.items():
         budget = {"size": "bench", "sizes": {}, "overrides": [], **(data.get("budget") or {}), **(table.get("budget") or {})}
@@ -127,8 +231,8 @@ def load_results(results: Path, name: str, table: dict[str, Any]) -> tuple[list[
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             left_out.append(f"`{shown}` (not JSON: {error})")
             continue
-        missing = [k for k in ("table", "recipe", "model", "seed", "nmse_mean") if not isinstance(result, dict) or k not in result]
-        why = (f"not a result file: no {', '.join(missing)}" if missing else
+        wrong = RESULT(result)
+        why = (f"not a result file: {wrong}" if wrong else
                misplaced(path, result) or
                (f"recipe {path.parent.name!r} is not a column of the table" if path.parent.name not in table["recipes"]
                 else f"row {result['model']!r} is not a row of the table" if result["model"] not in table["rows"]

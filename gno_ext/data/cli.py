@@ -17,6 +17,7 @@ import sys
 
 from pathlib import Path
 
+from gno_ext._files import DiskFull
 from gno_ext.data.generate import dataset_info, default_root, generate
 from gno_ext.data.presets import PRESETS, SIZES
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     (``GNO_EXT_DEBUG=1`` for the traceback)."""
     try:
         return _main(argv)
-    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as err:
+    except (FileNotFoundError, FileExistsError, ValueError, KeyError, DiskFull) as err:
         if os.environ.get("GNO_EXT_DEBUG"):
             raise
         print(f"gno-data: error: {err.args[0] if isinstance(err, KeyError) and err.args else err}", file=sys.stderr)

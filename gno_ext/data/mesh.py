@@ -41,27 +41,8 @@ Neumann: zero normal gradient, datum 0) and the same kind of initial field (not 
 boundary: the data matter only on inflow). It is solved by vertex-centred finite volumes
 (`gno_ext.solvers.fvm.advection_fvm`, second order, verified) at CFL 0.4.
 
-The HDF5 file (one per split), with ``n`` trajectories of ``T`` frames, ``N`` nodes and ``M``
-boundary nodes:
-
-| dataset | shape | meaning |
-| --- | --- | --- |
-| ``pos`` | (n, N, 2) | node positions |
-| ``u`` | (n, T, N, 1) | the field at the frames |
-| ``theta`` | (n, P) | $\alpha$ (heat), $(v_x, v_y)$ (advection) |
-| ``triangles`` | (n, K, 3) | the triangulation (counter-clockwise) |
-| ``edge_index`` | (n, 2, E) | the mesh's edges, both directions |
-| ``boundary_index`` | (n, M) | boundary nodes |
-| ``boundary_kind`` | (n, M) | `BCType` codes |
-| ``boundary_values`` | (n, M, 1) | the data (constant in time) |
-| ``boundary_normal`` | (n, M, 2) | outward unit normals (at a corner, the bisector) |
-| ``boundary_segment`` | (n, M) | the node's segment (0 or 1; 0 to 3 on the square) |
-
-with the attributes ``dataset_name`` (``heat_<domain>`` or ``advection_<domain>``), ``domain``,
-``dt`` (time between frames), ``parameter_names`` (``["alpha"]`` or ``["vx", "vy"]``),
-``field_names`` (``["temperature"]`` or ``["concentration"]``) and
-``layout`` (``"gno_ext.mesh/1"``). The file is written to a temporary name and renamed when
-complete.
+The files are in the layout that `gno_ext.adapters.mesh` documents and reads (`MeshDataset`),
+written under a temporary name and renamed when complete.
 """
 
 from __future__ import annotations
@@ -76,8 +57,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gno_ext._files import check_self_contained, written_whole
-from gno_ext.mesh import MeshSample
+from gno_ext._files import written_whole
+from gno_ext.adapters.mesh import FIELDS, LAYOUT
 from gno_ext.schema import BCType
 from gno_ext.solvers.fem import (
     TriangleMesh,
@@ -89,10 +70,8 @@ from gno_ext.solvers.fem import (
 )
 from gno_ext.solvers.fvm import advection_fvm
 
-__all__ = ["DOMAINS", "LAYOUT", "MESH_SIZES", "MeshDataset", "generate_advection_mesh", "generate_heat_mesh",
-           "grid_form", "prepare_mesh"]
+__all__ = ["DOMAINS", "MESH_SIZES", "generate_advection_mesh", "generate_heat_mesh", "grid_form", "prepare_mesh"]
 
-LAYOUT = "gno_ext.mesh/1"
 DOMAINS = ("annulus", "star", "l-shape", "square")
 SPLITS = ("train", "valid", "test")
 # The recipes' sizes: trajectories per domain and split, frames, mesh resolution (nodes: about
@@ -103,8 +82,6 @@ MESH_SIZES = {
     "bench": {"trajectories": {"train": 400, "valid": 32, "test": 64}, "frames": 11, "resolution": 8},
     "paper": {"trajectories": {"train": 1000, "valid": 100, "test": 200}, "frames": 21, "resolution": 12},
 }
-FIELDS = ("pos", "u", "theta", "triangles", "edge_index", "boundary_index", "boundary_kind", "boundary_values",
-          "boundary_normal", "boundary_segment")
 
 
 def generate_heat_mesh(path: str | Path, n_trajectories: int, domain: str = "annulus", frames: int = 11,
@@ -348,85 +325,3 @@ def _initial_field(x: Tensor, modes: int, g: torch.Generator) -> Tensor:
     phase = 2 * math.pi * torch.rand(modes, generator=g, dtype=torch.float64)
     amplitude = torch.randn(modes, generator=g, dtype=torch.float64) / math.sqrt(modes)
     return (amplitude * torch.cos(math.pi * x @ k.T + phase)).sum(1)
-
-
-class MeshDataset(torch.utils.data.Dataset):
-    """Windows of the trajectories of a mesh dataset file as `MeshSample`s (with their edges).
-
-    Parameters
-    ----------
-    path : str or Path
-        A file in the layout of the module's text.
-    n_steps_input, n_steps_output : int
-        Frames in and out per window; every start frame of every trajectory gives a window.
-    """
-
-    def __init__(self, path: str | Path, n_steps_input: int = 1, n_steps_output: int = 1) -> None:
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise FileNotFoundError(f"{self.path}: no such file")
-        with h5py.File(self.path, "r") as f:
-            check_self_contained(f, self.path)
-            if f.attrs.get("layout") != LAYOUT:
-                raise ValueError(f"{self.path}: not a mesh dataset of layout {LAYOUT} (its layout attribute is "
-                                 f"{f.attrs.get('layout')!r})")
-            missing = [name for name in FIELDS if name not in f]
-            if missing:
-                raise ValueError(f"{self.path}: missing dataset(s) {missing}")
-            self.data = {name: torch.from_numpy(f[name][()]) for name in FIELDS}
-            self.dt = float(f.attrs["dt"])
-            self.parameter_names = [str(n) for n in f.attrs.get("parameter_names", [])]
-            self.domain = str(f.attrs.get("domain", ""))
-        n, frames = self.data["u"].shape[:2]
-        if n_steps_input < 1 or n_steps_output < 1 or n_steps_input + n_steps_output > frames:
-            raise ValueError(f"n_steps_input={n_steps_input}, n_steps_output={n_steps_output}: the trajectories "
-                             f"of {self.path} have {frames} frames")
-        self.t_in, self.t_out = n_steps_input, n_steps_output
-        self.starts = frames - n_steps_input - n_steps_output + 1
-        self.n_trajectories = n
-        self.n_segments = int(self.data["boundary_segment"].max()) + 1
-
-    def __len__(self) -> int:
-        return self.n_trajectories * self.starts
-
-    def segment_kinds(self) -> Tensor:
-        """The boundary type of each segment of each trajectory, ``(n, S)``: every node of a
-        segment has its type (a node shared by two segments belongs to the one whose type it
-        takes)."""
-        segment, kind = self.data["boundary_segment"].long(), self.data["boundary_kind"].long()
-        out = torch.full((self.n_trajectories, self.n_segments), -1, dtype=torch.long)
-        return out.scatter_(1, segment, kind)
-
-    def window_trajectories(self) -> Tensor:
-        """The trajectory of every window, ``(len(self),)``."""
-        return torch.arange(self.n_trajectories).repeat_interleave(self.starts)
-
-    # gno_ext.adapters.TrajectoryData
-    def parameter_values(self) -> Tensor:
-        """The parameters ``(N, P)`` of the trajectories."""
-        return self.data["theta"].float()
-
-    def window_boundary_kinds(self) -> np.ndarray:
-        """The type of each boundary segment for every window, ``(len(self), S)``."""
-        return self.segment_kinds()[self.window_trajectories()].numpy()
-
-    def rollout_indices(self, start: int = 0) -> list[int]:
-        from gno_ext.adapters.windows import check_start
-        check_start(start, self.starts)
-        return [t * self.starts + start for t in range(self.n_trajectories)]
-
-    def trajectory_lengths(self) -> list[int]:
-        return [int(self.data["u"].shape[1])] * self.n_trajectories
-
-    def __getitem__(self, i: int) -> MeshSample:
-        if not 0 <= i < len(self):
-            raise IndexError(f"window {i}: the dataset has {len(self)}")
-        traj, start = divmod(i, self.starts)
-        d = {name: value[traj] for name, value in self.data.items()}
-        u = d["u"][start:start + self.t_in + self.t_out].transpose(0, 1)  # (N, T, 1)
-        return MeshSample(pos=d["pos"], u_in=u[:, :self.t_in], u_out=u[:, self.t_in:], theta=d["theta"],
-                          boundary_index=d["boundary_index"], boundary_kind=d["boundary_kind"],
-                          boundary_values=d["boundary_values"], boundary_normal=d["boundary_normal"],
-                          boundary_segment=d["boundary_segment"], edge_index=d["edge_index"], dt=self.dt,
-                          meta={"file": str(self.path), "trajectory": traj, "start": start,
-                                "triangles": d["triangles"]})

@@ -11,9 +11,6 @@ import difflib
 import functools
 import inspect
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +18,8 @@ from typing import Any
 import safetensors.torch
 import torch
 from torch import nn
+
+from gno_ext._files import written_whole_folder
 
 __all__ = ["register_model", "get_model", "model_class", "available_models", "save_checkpoint", "from_checkpoint"]
 
@@ -128,14 +127,29 @@ def _tensor_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
+def write_model_files(model: nn.Module, folder: Path, extra: dict[str, Any] | None = None) -> None:
+    """Write the weights of ``model`` and its configuration (``model_config`` with ``extra``)
+    into the existing ``folder`` (``model.safetensors`` and ``config.json``)."""
+    config = getattr(model, "model_config", None)
+    if config is None:
+        raise ValueError(f"{type(model).__name__} was not built through the model registry: no model_config")
+    try:
+        text = json.dumps({**config, "extra": extra or {}}, indent=1)
+    except TypeError as err:
+        raise ValueError(f"model_config of {config['name']!r} is not JSON-serialisable: {err}") from err
+    safetensors.torch.save_file(_tensor_state(model), str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    (folder / CONFIG_FILE).write_text(text)
+
+
 def save_checkpoint(model: nn.Module, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
     """Write ``model`` to the folder ``path`` atomically.
 
     The folder is written under a temporary name and renamed into place, so an interrupted
-    save never leaves a folder that looks complete. An existing checkpoint at ``path`` (a
-    folder holding only what this function writes) is replaced; anything else there (a file,
-    a run folder, a training checkpoint with its optimizer state) is left as it is and the
-    save raises `FileExistsError`.
+    save never leaves a folder that looks complete, and a failed one (a full disk raises
+    `gno_ext._files.DiskFull`) leaves nothing. An existing checkpoint at ``path`` (a folder
+    holding only what this function writes) is replaced; anything else there (a file, a run
+    folder, a training checkpoint with its optimizer state) is left as it is and the save
+    raises `FileExistsError`.
 
     Parameters
     ----------
@@ -146,13 +160,6 @@ def save_checkpoint(model: nn.Module, path: str | Path, extra: dict[str, Any] | 
     extra : dict, optional
         JSON-serialisable metadata stored beside the config (e.g. the training step).
     """
-    config = getattr(model, "model_config", None)
-    if config is None:
-        raise ValueError(f"{type(model).__name__} was not built through the model registry: no model_config")
-    try:
-        text = json.dumps({**config, "extra": extra or {}}, indent=1)
-    except TypeError as err:
-        raise ValueError(f"model_config of {config['name']!r} is not JSON-serialisable: {err}") from err
     path = Path(path)
     if path.exists():
         held = sorted(p.name for p in path.iterdir()) if path.is_dir() else None
@@ -160,21 +167,8 @@ def save_checkpoint(model: nn.Module, path: str | Path, extra: dict[str, Any] | 
             what = "a file" if held is None else f"a folder holding {', '.join(held[:4])}{', ...' if len(held) > 4 else ''}"
             raise FileExistsError(f"{path}: is {what}, not a model checkpoint; not replaced (remove it or save "
                                   "elsewhere)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        safetensors.torch.save_file(_tensor_state(model), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        (tmp / CONFIG_FILE).write_text(text)
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with written_whole_folder(path) as tmp:
+        write_model_files(model, tmp, extra)
     return path
 
 

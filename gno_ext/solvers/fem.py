@@ -58,17 +58,7 @@ class TriangleMesh:
     edge_segment: Tensor
 
     def __post_init__(self) -> None:
-        if self.nodes.ndim != 2 or self.nodes.shape[1] != 2:
-            raise ValueError(f"nodes: expected shape (N, 2), got {tuple(self.nodes.shape)}")
-        if self.triangles.ndim != 2 or self.triangles.shape[1] != 3:
-            raise ValueError(f"triangles: expected shape (T, 3), got {tuple(self.triangles.shape)}")
-        if self.triangles.min() < 0 or self.triangles.max() >= len(self.nodes):
-            raise ValueError(f"triangles: node ids must lie in [0, {len(self.nodes)})")
-        if (self.areas() <= 0).any():
-            raise ValueError("triangles: every triangle must be counter-clockwise with a positive area")
-        if self.boundary_edges.shape != (len(self.edge_segment), 2):
-            raise ValueError(f"boundary_edges: expected shape ({len(self.edge_segment)}, 2), got "
-                             f"{tuple(self.boundary_edges.shape)}")
+        _check_mesh(self)
 
     def areas(self) -> Tensor:
         a, b, c = (self.nodes[self.triangles[:, k]] for k in range(3))
@@ -146,6 +136,61 @@ class TriangleMesh:
         load.index_add_(0, edges[:, 0], length / 6 * (2 * ga + gb))
         load.index_add_(0, edges[:, 1], length / 6 * (ga + 2 * gb))
         return load
+
+
+def _check_mesh(mesh: TriangleMesh) -> None:
+    """A triangulation the solvers can use, or a `ValueError` that names the first node,
+    triangle or edge that is wrong: finite node positions, every node in a triangle, node ids in
+    range, triangles counter-clockwise with a positive area, no edge shared by more than two
+    triangles, and boundary edges that are exactly the triangulation's outer edges."""
+    nodes, triangles, edges, segment = mesh.nodes, mesh.triangles, mesh.boundary_edges, mesh.edge_segment
+    if nodes.ndim != 2 or nodes.shape[1] != 2 or not nodes.is_floating_point():
+        raise ValueError(f"nodes: expected a floating tensor of shape (N, 2), got {nodes.dtype} {tuple(nodes.shape)}")
+    if triangles.ndim != 2 or triangles.shape[1] != 3 or triangles.is_floating_point() or len(triangles) == 0:
+        raise ValueError(f"triangles: expected an integer tensor of shape (T, 3), T >= 1, got {triangles.dtype} "
+                         f"{tuple(triangles.shape)}")
+    bad = ~torch.isfinite(nodes).all(1)
+    if bad.any():
+        k = int(bad.nonzero()[0])
+        raise ValueError(f"nodes: node {k} is at {nodes[k].tolist()}, not a finite position")
+    out = (triangles < 0) | (triangles >= len(nodes))
+    if out.any():
+        k = int(out.any(1).nonzero()[0])
+        raise ValueError(f"triangles: triangle {k} has nodes {triangles[k].tolist()}; node ids lie in [0, {len(nodes)})")
+    unused = torch.ones(len(nodes), dtype=torch.bool)
+    unused[triangles.flatten()] = False
+    if unused.any():
+        k = int(unused.nonzero()[0])
+        raise ValueError(f"nodes: node {k} (at {nodes[k].tolist()}) belongs to no triangle; remove it (the "
+                         "solvers' matrices would be singular)")
+    area = mesh.areas()
+    flat = area <= 0
+    if flat.any():
+        k = int(flat.nonzero()[0])
+        what = "zero area (degenerate)" if float(area[k]) == 0 else "negative area (clockwise)"
+        raise ValueError(f"triangles: triangle {k} (nodes {triangles[k].tolist()}) has {what}, {float(area[k]):.3g}; "
+                         "every triangle must be counter-clockwise with a positive area")
+    undirected, count = mesh.directed_edges().sort(1).values.unique(dim=0, return_counts=True)
+    if (count > 2).any():
+        k = int((count > 2).nonzero()[0])
+        raise ValueError(f"triangles: the edge between nodes {undirected[k].tolist()} belongs to {int(count[k])} "
+                         "triangles (at most two: the triangles overlap)")
+    if edges.ndim != 2 or edges.shape[1] != 2 or segment.shape != (len(edges),):
+        raise ValueError(f"boundary_edges, edge_segment: expected shapes (E, 2) and (E,), got {tuple(edges.shape)} "
+                         f"and {tuple(segment.shape)}")
+    if len(segment) and segment.min() < 0:
+        raise ValueError(f"edge_segment: boundary edge {int((segment < 0).nonzero()[0])} has segment "
+                         f"{int(segment.min())}; segments are numbered from 0")
+    outer = {tuple(e) for e in mesh.outer_edges().sort(1).values.tolist()}
+    given = [tuple(e) for e in edges.sort(1).values.tolist()]
+    stray = next((k for k, e in enumerate(given) if e not in outer), None)
+    if stray is not None:
+        raise ValueError(f"boundary_edges: edge {stray} (nodes {list(given[stray])}) is not an outer edge of the "
+                         "triangulation (an edge of exactly one triangle)")
+    missing = sorted(outer - set(given))
+    if missing:
+        raise ValueError(f"boundary_edges: the outer edge between nodes {list(missing[0])} is missing ({len(missing)} "
+                         "missing): every boundary edge needs its segment, and so its condition")
 
 
 def annulus_mesh(r_in: float = 0.3, r_out: float = 1.0, rings: int = 8, sectors: int = 32) -> TriangleMesh:

@@ -11,14 +11,15 @@
 | ``config.yaml`` | the resolved run configuration |
 
 A checkpoint is written under a hidden temporary name and renamed into place once every file
-is there, so a save that is killed never shows up as a checkpoint; ``resume=auto`` takes the
-newest complete one.
+is there, so a save that is killed never shows up as a checkpoint (the next save removes what
+it left); ``resume=auto`` takes the newest complete one. A save that fails for lack of space
+removes its partial folder and raises `gno_ext._files.DiskFull`, naming the folder.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,7 +30,8 @@ import torch
 import yaml
 from torch import nn
 
-from gno_ext.models.registry import _tensor_state, load_weights, save_checkpoint
+from gno_ext._files import written_whole_folder
+from gno_ext.models.registry import _tensor_state, load_weights, write_model_files
 
 __all__ = ["save_training_checkpoint", "load_training_checkpoint", "latest_checkpoint", "list_checkpoints"]
 
@@ -82,24 +84,31 @@ def save_training_checkpoint(run_dir: str | Path, step: int, model: nn.Module, o
         Checkpoints kept (older ones are deleted after the new one is in place); 0 keeps all.
     """
     folder = Path(run_dir) / "checkpoints"
-    folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step_{step:08d}"
-    tmp = folder / f".tmp-step_{step:08d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_checkpoint(model, tmp, extra={"step": step})
-    if ema is not None:
-        safetensors.torch.save_file(_tensor_state(ema), str(tmp / "ema.safetensors"), metadata={"format": "pt"})
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state()},
-               tmp / "training_state.pt")
-    (tmp / "config.yaml").write_text(yaml.safe_dump(dict(config), sort_keys=False))
-    (tmp / STATE_FILE).write_text(json.dumps({**trainer_state, "step": step}, indent=1))  # written last
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    _remove_temporaries(folder)
+    with written_whole_folder(final) as tmp:
+        write_model_files(model, tmp, extra={"step": step})
+        if ema is not None:
+            safetensors.torch.save_file(_tensor_state(ema), str(tmp / "ema.safetensors"), metadata={"format": "pt"})
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state()},
+                   tmp / "training_state.pt")
+        (tmp / "config.yaml").write_text(yaml.safe_dump(dict(config), sort_keys=False))
+        (tmp / STATE_FILE).write_text(json.dumps({**trainer_state, "step": step}, indent=1))  # written last
     if keep > 0:
         for old in list_checkpoints(run_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+TEMPORARY = re.compile(r"^\.step_\d{8}\.(tmp|old)-\d+$")  # a save's temporary folders (gno_ext._files)
+
+
+def _remove_temporaries(folder: Path) -> None:
+    """Remove the temporary folders of saves that were killed (only folders named as ours; the
+    run folder's lock makes this process the only one saving into it)."""
+    for path in folder.glob(".step_*"):
+        if path.is_dir() and TEMPORARY.match(path.name):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _load_state(file: Path) -> dict[str, Any]:

@@ -97,7 +97,7 @@ def open_split(cfg: Mapping[str, Any], split: str, n_steps_input: int, n_steps_o
 
 
 def _open_mesh(cfg: Mapping[str, Any], split: str, t_in: int, t_out: int, metadata_only: bool) -> Dataset:
-    from gno_ext.data.mesh import MeshDataset
+    from gno_ext.adapters.mesh import MeshDataset
 
     domains = list(cfg["domains"])
     if not domains:

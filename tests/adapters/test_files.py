@@ -7,7 +7,7 @@ import pytest
 from gno_ext.adapters import PDEBenchDataset
 from gno_ext.adapters.files import open_h5
 
-from gno_ext.data.mesh import MeshDataset
+from gno_ext.adapters.mesh import MeshDataset
 
 
 def test_external_and_virtual_storage_in_other_files_is_refused(tmp_path):

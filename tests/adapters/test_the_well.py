@@ -75,7 +75,7 @@ def test_bad_paths(tmp_path):
     (tmp_path / "datasets" / "x").mkdir(parents=True)
     with pytest.raises(ValueError, match=r"needs name= \(datasets here: \['x'\]\)"):
         open_dataset("the_well", tmp_path)
-    with pytest.raises(ValueError, match="kind: expected .the_well., .pdebench. or .custom."):
+    with pytest.raises(ValueError, match="kind: expected .the_well., .pdebench., .custom. or .mesh."):
         open_dataset("zarr", tmp_path)
 
 

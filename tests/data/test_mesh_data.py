@@ -5,7 +5,8 @@ import h5py
 import pytest
 import torch
 
-from gno_ext.data.mesh import DOMAINS, FIELDS, LAYOUT, MeshDataset, generate_advection_mesh, generate_heat_mesh
+from gno_ext.adapters.mesh import FIELDS, LAYOUT, MeshDataset
+from gno_ext.data.mesh import DOMAINS, generate_advection_mesh, generate_heat_mesh
 from gno_ext.schema import BCType
 from gno_ext.solvers.fem import TriangleMesh, heat_fem
 from gno_ext.solvers.fvm import advection_fvm
@@ -48,6 +49,10 @@ def test_windows_are_valid_mesh_samples_of_every_start(dataset):
         MeshDataset(dataset, 3, 3)
     with pytest.raises(IndexError):
         ds[12]
+    from gno_ext.adapters import open_dataset  # the same reader, as every other source is opened
+
+    opened = open_dataset("mesh", dataset, n_steps_input=2, n_steps_output=1)
+    assert isinstance(opened, MeshDataset) and torch.equal(opened[5].u_in, s.u_in)
 
 
 @pytest.mark.parametrize("domain", DOMAINS)
@@ -180,6 +185,13 @@ def test_a_file_of_another_layout_is_named(tmp_path):
     with h5py.File(other, "w") as f:
         f.attrs["layout"] = "something"
     with pytest.raises(ValueError, match="not a mesh dataset of layout gno_ext.mesh/1"):
+        MeshDataset(other)
+    generate_heat_mesh(other, 2, frames=4, resolution=3)
+    with h5py.File(other, "r+") as f:  # one trajectory fewer in one dataset than in the others
+        pos = f["pos"][()]
+        del f["pos"]
+        f["pos"] = pos[:1]
+    with pytest.raises(ValueError, match=r"other.h5: dataset 'pos': shape \(1, 48, 2\) has n = 1, but 2 elsewhere"):
         MeshDataset(other)
     with pytest.raises(FileNotFoundError, match="no such file"):
         MeshDataset(tmp_path / "missing.h5")

@@ -68,8 +68,32 @@ def test_bad_meshes_and_settings_are_refused():
     mesh = annulus_mesh(rings=1, sectors=4)
     with pytest.raises(ValueError, match="counter-clockwise with a positive area"):
         TriangleMesh(mesh.nodes, mesh.triangles[:, [0, 2, 1]], mesh.boundary_edges, mesh.edge_segment)
-    with pytest.raises(ValueError, match=r"triangles: node ids must lie in \[0, 8\)"):
+    with pytest.raises(ValueError, match=r"triangles: triangle 2 has nodes \[3, 8, 4\]; node ids lie in \[0, 8\)"):
         TriangleMesh(mesh.nodes, mesh.triangles + 1, mesh.boundary_edges, mesh.edge_segment)
+    nodes = mesh.nodes.clone()
+    nodes[5, 1] = float("nan")  # (a NaN node made an all-NaN solution)
+    with pytest.raises(ValueError, match=r"nodes: node 5 is at \[.*, nan\], not a finite position"):
+        TriangleMesh(nodes, mesh.triangles, mesh.boundary_edges, mesh.edge_segment)
+    with pytest.raises(ValueError, match=r"nodes: node 8 \(at \[9.0, 9.0\]\) belongs to no triangle"):
+        TriangleMesh(torch.cat([mesh.nodes, torch.full((1, 2), 9.0, dtype=mesh.nodes.dtype)]), mesh.triangles,
+                     mesh.boundary_edges, mesh.edge_segment)
+    flat = mesh.nodes.clone()
+    a, b, c = mesh.triangles[3].tolist()
+    flat[c] = (flat[a] + flat[b]) / 2  # on the line through the other two
+    with pytest.raises(ValueError, match=r"triangles: triangle \d+ \(nodes .*\) has (zero|negative) area"):
+        TriangleMesh(flat, mesh.triangles, mesh.boundary_edges, mesh.edge_segment)
+    twice = torch.cat([mesh.triangles, mesh.triangles[:1]])
+    with pytest.raises(ValueError, match=r"the edge between nodes \[\d+, \d+\] belongs to 3 triangles"):
+        TriangleMesh(mesh.nodes, twice, mesh.boundary_edges, mesh.edge_segment)
+    with pytest.raises(ValueError, match=r"boundary_edges: the outer edge between nodes \[\d+, \d+\] is missing"):
+        TriangleMesh(mesh.nodes, mesh.triangles, mesh.boundary_edges[1:], mesh.edge_segment[1:])
+    inner = next(e for e in mesh.directed_edges().tolist()
+                 if sorted(e) not in mesh.boundary_edges.sort(1).values.tolist())
+    with pytest.raises(ValueError, match=r"boundary_edges: edge 0 \(nodes .*\) is not an outer edge"):
+        TriangleMesh(mesh.nodes, mesh.triangles, torch.cat([torch.tensor([inner]), mesh.boundary_edges]),
+                     torch.cat([mesh.edge_segment[:1], mesh.edge_segment]))
+    with pytest.raises(ValueError, match=r"edge_segment: boundary edge 0 has segment -1"):
+        TriangleMesh(mesh.nodes, mesh.triangles, mesh.boundary_edges, torch.cat([torch.tensor([-1]), mesh.edge_segment[1:]]))
     with pytest.raises(ValueError, match="expected 0 < r_in < r_out"):
         annulus_mesh(1.0, 0.5)
     with pytest.raises(ValueError, match="steps >= 1 expected"):

@@ -320,9 +320,20 @@ def test_interrupted_save_is_not_a_checkpoint(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints" / "step_00000004").mkdir(parents=True)
     (run / "checkpoints" / "step_00000004" / "trainer_state.json").write_text("{}")
-    (run / "checkpoints" / ".tmp-step_00000008-123").mkdir()  # a save killed before its rename
+    (run / "checkpoints" / ".step_00000008.tmp-123").mkdir()  # a save killed before its rename
     (run / "checkpoints" / "step_00000012").mkdir()  # a folder without its state file
     assert latest_checkpoint(run).name == "step_00000004"
+    from gno_ext.models import get_model
+    from gno_ext.training.checkpoint import save_training_checkpoint
+
+    model = get_model("gno", latent=16, patch=8, depth=1, heads=2, n_kernels=2)
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    (run / "checkpoints" / ".step_00000010.old-77").mkdir()  # a replacement killed half-way
+    (run / "checkpoints" / ".keep-me").mkdir()  # not a name of ours
+    save_training_checkpoint(run, 16, model, opt, sched, {"epoch": 0}, {}, keep=0)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        ".keep-me", "step_00000004", "step_00000012", "step_00000016"]  # the killed saves' folders removed
 
 
 def test_a_damaged_training_checkpoint_names_its_weights_file(tmp_path):
