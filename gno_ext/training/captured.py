@@ -35,8 +35,9 @@ optimizer step: state that the forward pass updates (batch-norm statistics) sees
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -44,9 +45,10 @@ from torch import Tensor
 
 from gno_ext.schema import PDEBatch
 from gno_ext.training.flat import FlatParameters
-from gno_ext.training.steps import Objective
+from gno_ext.training.steps import EagerSteps, Objective, Steps, unwrap_optimizer
 
-__all__ = ["CapturedSteps", "capture_step", "check_capture_settings", "signature"]
+__all__ = ["CapturedSteps", "CapturingSteps", "capture_step", "check_capture_settings", "signature",
+           "training_steps"]
 
 
 def capture_step(fn: Callable[[], Any], warmup: int = 3, pool: Any = None, stream: torch.cuda.Stream | None = None,
@@ -257,3 +259,62 @@ class CapturedSteps:
 
     def zero_grad(self) -> None:
         """Nothing to do: every replay overwrites the flat buffers' gradients in full."""
+
+    def running(self) -> contextlib.AbstractContextManager[Any]:
+        """Nothing: the caller runs on ``stream`` (see `CapturingSteps.running`)."""
+        return contextlib.nullcontext()
+
+    def updated(self) -> None:
+        pass
+
+
+class CapturingSteps:
+    """The steps of ``trainer.capture=true``: ``eager`` steps until the first update has made
+    the optimizer's state, then the steps that ``captured(stream)`` makes (`CapturedSteps`
+    on the loop's stream); the whole loop on one side stream (`running`). The `Steps`
+    interface, so the loop runs them as it runs eager steps."""
+
+    def __init__(self, eager: Steps, captured: Callable[[torch.cuda.Stream], Steps]) -> None:
+        self.steps, self._captured = eager, captured
+        self.stream: torch.cuda.Stream | None = None
+
+    @property
+    def replayed(self) -> bool:
+        return self.steps.replayed
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """The loop on a side stream of its own, after the work queued before it; the default
+        stream waits for it at the end."""
+        self.stream = torch.cuda.Stream()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            yield
+        torch.cuda.current_stream().wait_stream(self.stream)
+
+    def updated(self) -> None:
+        if not self.steps.replayed:  # the optimizer's state exists: replay from now on
+            self.steps = self._captured(self.stream)
+
+    def forward_backward(self, batch: Any, groups: Tensor, dro: bool, last_micro: bool) -> Tensor:
+        return self.steps.forward_backward(batch, groups, dro, last_micro)
+
+    def gradient_norm(self, clean: bool) -> float:
+        return self.steps.gradient_norm(clean)
+
+    def optimizer_step(self) -> None:
+        self.steps.optimizer_step()
+
+    def zero_grad(self) -> None:
+        self.steps.zero_grad()
+
+
+def training_steps(training: Any, objective: Objective, clip: float | None, accum: int, capture: bool) -> Steps:
+    """The loop's steps for ``training`` (`gno_ext.training.setup.Training`): `EagerSteps`,
+    with ``capture`` (``trainer.capture``) inside `CapturingSteps`."""
+    eager = EagerSteps(training.model, objective, training.accelerator, training.optimizer, training.flat,
+                       training.average, clip, accum)
+    if not capture:
+        return eager
+    return CapturingSteps(eager, lambda stream: CapturedSteps(training.flat, unwrap_optimizer(training.optimizer),
+                                                              objective, clip, stream, average=training.average))

@@ -40,7 +40,6 @@ import math
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +55,7 @@ from tqdm.auto import tqdm
 from gno_ext._files import Busy, held
 from gno_ext.losses import Curriculum, RunningGroupLosses
 from gno_ext.models.registry import check_model_kwargs, get_model, model_class, save_checkpoint
-from gno_ext.training.captured import CapturedSteps, check_capture_settings
+from gno_ext.training.captured import check_capture_settings, training_steps
 from gno_ext.training.checkpoint import (
     latest_checkpoint,
     load_training_checkpoint,
@@ -86,11 +85,9 @@ from gno_ext.training.setup import (
     set_up,
 )
 from gno_ext.training.steps import (
-    EagerSteps,
     Objective,
     Steps,
     make_objective,
-    unwrap_optimizer,
 )
 
 __all__ = ["EpochLoop", "Progress", "run_dir_of", "test_epochs", "train"]
@@ -156,20 +153,55 @@ def train(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _run(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None = None) -> tuple[Any, dict[str, Any]]:
-    """`train` up to the destruction of the process group: the accelerator and the result."""
+    """`train` up to the destruction of the process group: the accelerator and the result. Its
+    phases: the run's start (settings checked, processes, run folder, resumption), the training
+    data, the model, the set-up of its training, the epochs, and the final model's evaluation."""
+    start = _start(cfg, locks)
+    cfg, tr, place = start.cfg, start.settings.trainer, start.place
+    data, spec, values = _training_data(cfg, start)
+    raw, scale = _model_and_scale(cfg, spec, values, data.loader.dataset, data.problem, tr.loss_normalization,
+                                  place.device)
+    if not any(p.requires_grad for p in raw.parameters()):  # a reference with nothing to learn (persistence)
+        return _evaluate_only(cfg, raw, data.binner, place.run_dir, place.device, place.precision, start.use_cpu,
+                              place.main, start.replace, place.say)
+    training, plan, progress = _set_up_training(start, data, raw, scale)
+    steps = training_steps(training, plan.objective, tr.clip_grad, tr.grad_accum, tr.capture)
+    EpochLoop(cfg, start.settings, training, steps, plan, data, place).run(progress)
+    return training.accelerator, _finish(cfg, training, progress, plan.guard, data.binner, place)
+
+
+@dataclass
+class Start:
+    """A run as it starts: its configuration (a private copy, ``data.root`` resolved), its
+    checked settings, this process (`Place`), whether it runs on the CPU, the checkpoint it
+    resumes from (or None), whether it replaces an old run, its gradient synchronisation and
+    accelerate's state of the processes (``state``)."""
+
+    cfg: dict[str, Any]
+    settings: Settings
+    place: Place
+    use_cpu: bool
+    checkpoint: Path | None
+    replace: bool
+    grad_sync: str
+    state: Any
+
+
+def _start(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None) -> Start:
+    """Every setting checked before anything is generated or overwritten; the processes set up;
+    the run folder locked and the resumption decided; the seed set."""
     from accelerate import PartialState
     from accelerate.utils import set_seed
 
     cfg = json.loads(json.dumps(cfg))  # a plain, private copy
     data_cfg = cfg["data"]
     data_cfg["root"] = resolved_root(data_cfg)
-    settings = Settings.from_config(cfg)  # every setting checked before anything is generated or overwritten
+    settings = Settings.from_config(cfg)
     tr = settings.trainer
     test_epochs(cfg, tr.epochs)
     if tr.compile:  # the cache setting checked before anything is generated
         compile_cache_dir(tr.compile_cache, torch.device("cpu"))
-    problem = problem_for(data_cfg)
-    _check_model_and_data(cfg, problem, tr.capture)
+    _check_model_and_data(cfg, problem_for(data_cfg), tr.capture)
     # Accelerate sets up several CPU processes (gloo) only when told cpu=True
     use_cpu = tr.device == "cpu" or not torch.cuda.is_available()
     fresh_accelerate_state()
@@ -184,76 +216,83 @@ def _run(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None = None) -> t
     if checkpoint is not None:
         saved = yaml.safe_load((checkpoint / "config.yaml").read_text())
         _check_resume_config(saved, cfg, checkpoint)
-
-    main, rank, world, device = state.is_main_process, state.process_index, state.num_processes, state.device
-    if device.type == "cpu":  # an oversubscribed machine collapses with a thread per core
-        torch.set_num_threads(choose_cpu_threads(tr.cpu_threads, world))
-    grad_sync = resolve_grad_sync(tr.grad_sync, world, tr.capture, tr.flat_parameters)
+    place = Place(state.is_main_process, state.process_index, state.num_processes, state.device, run_dir, precision,
+                  state.print)
+    if place.device.type == "cpu":  # an oversubscribed machine collapses with a thread per core
+        torch.set_num_threads(choose_cpu_threads(tr.cpu_threads, place.world))
+    grad_sync = resolve_grad_sync(tr.grad_sync, place.world, tr.capture, tr.flat_parameters)
     if tr.capture:  # refused before any work is done
-        check_capture_settings(device, world, tr.grad_accum, precision, tr.compile, tr.flat_parameters, grad_sync)
-    seed = int(cfg["seed"])
-    set_seed(seed)
-    say = state.print
+        check_capture_settings(place.device, place.world, tr.grad_accum, precision, tr.compile, tr.flat_parameters,
+                               grad_sync)
+    set_seed(int(cfg["seed"]))
+    return Start(cfg, settings, place, use_cpu, checkpoint, replace, grad_sync, state)
 
-    # ---- data
-    if main:  # the others wait until the data exist
+
+def _training_data(cfg: dict[str, Any], start: Start) -> tuple[LoopData, Any, Any]:
+    """The data prepared (by the main process; the others wait), the training split and its
+    groups, the curriculum's sampler and the loader; the validation split is opened later, by
+    `_set_up_training`. Returns the loop's data, the data's spec and the training parameters."""
+    tr, place, data_cfg = start.settings.trainer, start.place, cfg["data"]
+    if place.main:  # the others wait until the data exist
         prepare_data(data_cfg, progress=tr.progress)
-    _wait_for_everyone(state)
-    t_in = int(data_cfg.get("n_steps_input", 1))
-    train_ds = open_split(data_cfg, "train", t_in, 1)
+    _wait_for_everyone(start.state)
+    train_ds = open_split(data_cfg, "train", int(data_cfg.get("n_steps_input", 1)), 1)
     spec, values, kinds, binner = training_groups(cfg, train_ds)
     configs = binner.configuration_ids(torch.as_tensor(np.ascontiguousarray(kinds))).numpy()
-    sampler = CurriculumBatchSampler(configs, tr.batch_size, rank, world, seed, tr.curriculum.order)
+    seed = int(cfg["seed"])
+    sampler = CurriculumBatchSampler(configs, tr.batch_size, place.rank, place.world, seed, tr.curriculum.order)
+    problem = problem_for(data_cfg)
     loader = DataLoader(train_ds, batch_sampler=sampler, collate_fn=problem.collate, num_workers=tr.num_workers,
-                        pin_memory=device.type == "cuda", persistent_workers=tr.num_workers > 0,  # no restart per epoch
-                        generator=torch.Generator().manual_seed(seed))
+                        pin_memory=place.device.type == "cuda", persistent_workers=tr.num_workers > 0,  # no restart
+                        generator=torch.Generator().manual_seed(seed))                                # per epoch
+    return LoopData(sampler, loader, binner, None, problem), spec, values
 
-    # ---- model and its normalisation
-    name = cfg["model"]["name"]
-    raw, scale = _model_and_scale(cfg, spec, values, train_ds, problem, tr.loss_normalization, device)
-    if not any(p.requires_grad for p in raw.parameters()):  # a reference with nothing to learn (persistence)
-        return _evaluate_only(cfg, raw, binner, run_dir, device, precision, use_cpu, main, replace, say)
 
-    # ---- set-up: model, optimizer, precision, DDP or flat averaging, EMA
-    steps_per_epoch = math.ceil(len(sampler.global_batches(0)) / tr.grad_accum)
+def _set_up_training(start: Start, data: LoopData, raw: nn.Module, scale: torch.Tensor
+                     ) -> tuple[Training, Plan, Progress]:
+    """The model's training set up (optimizer, precision, DDP or flat averaging, EMA), resumed
+    where a checkpoint is given; the run folder opened (an old run replaced only now); the run
+    said; the validation split opened (into ``data``); the curriculum and objective."""
+    cfg, settings, place = start.cfg, start.settings, start.place
+    tr = settings.trainer
+    steps_per_epoch = math.ceil(len(data.sampler.global_batches(0)) / tr.grad_accum)
     total_steps = tr.epochs * steps_per_epoch
     if tr.max_steps is not None:
         total_steps = min(total_steps, tr.max_steps)
-    training = set_up(raw, settings, precision, use_cpu, run_dir, grad_sync, world, device, total_steps)
+    training = set_up(raw, settings, place.precision, start.use_cpu, place.run_dir, start.grad_sync, place.world,
+                      place.device, total_steps)
     accelerator = training.accelerator
     guard = NonFiniteGuard(tr.max_nonfinite)
-    progress, st = _resume_from(checkpoint, training, guard, device, tr.capture, say) if checkpoint is not None \
-        else (Progress(), {})
-
-    if main:
-        _open_run_dir(run_dir, cfg, replace)
-    if replace:
+    progress, st = _resume_from(start.checkpoint, training, guard, place.device, tr.capture, place.say) \
+        if start.checkpoint is not None else (Progress(), {})
+    if place.main:
+        _open_run_dir(place.run_dir, cfg, start.replace)
+    if start.replace:
         _wait_for_everyone(accelerator)
     if tr.tensorboard:
         hp = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in _flatten(cfg).items()}
         accelerator.init_trackers("tb", config=hp)
-    say(_run_line(run_dir, name, raw, len(train_ds), binner, world, device, grad_sync, precision, total_steps,
-                  settings))
+    place.say(_run_line(place.run_dir, cfg["model"]["name"], raw, len(data.loader.dataset), data.binner, place.world,
+                        place.device, start.grad_sync, place.precision, total_steps, settings))
+    data.valid_ds = _valid_split(cfg["data"], int(cfg["data"].get("n_steps_input", 1)), place.say)
+    curriculum, objective = _objective(settings, training, scale, data.binner.n_groups, place.world, data.problem,
+                                       place.device, st)
+    return training, Plan(curriculum, objective, guard, total_steps), progress
 
-    valid_ds = _valid_split(data_cfg, t_in, say)
 
-    # ---- the epochs
-    curriculum, objective = _objective(settings, training, scale, binner.n_groups, world, problem, device, st)
-    steps = EagerSteps(training.model, objective, accelerator, training.optimizer, training.flat, training.average,
-                       tr.clip_grad, tr.grad_accum)
-    loop = EpochLoop(cfg, settings, training, curriculum, steps, objective, sampler, loader, binner, valid_ds,
-                     problem, guard, precision, run_dir, main, rank, world, device, total_steps, say)
-    loop.run(progress)
-
-    # ---- final model and evaluation
-    final = training.ema.module if training.ema is not None else raw
-    if main:
-        save_checkpoint(final, run_dir / "model", extra={"step": progress.step, "ema": training.ema is not None,
-                                                         "train_s": round(progress.train_s, 3)})
-    _wait_for_everyone(accelerator)
-    report = _final_evaluation(cfg, final, binner, run_dir, device, precision, say) if main else None
-    _wait_for_everyone(accelerator)
-    return accelerator, {"run_dir": str(run_dir), "step": progress.step, "skipped": guard.skipped, "report": report}
+def _finish(cfg: dict[str, Any], training: Training, progress: Progress, guard: NonFiniteGuard, binner: GroupBinner,
+            place: Place) -> dict[str, Any]:
+    """The final model (the EMA's where on) saved and evaluated by the main process; the run's
+    result."""
+    final = training.ema.module if training.ema is not None else training.raw
+    if place.main:
+        save_checkpoint(final, place.run_dir / "model", extra={"step": progress.step, "ema": training.ema is not None,
+                                                               "train_s": round(progress.train_s, 3)})
+    _wait_for_everyone(training.accelerator)
+    report = _final_evaluation(cfg, final, binner, place.run_dir, place.device, place.precision, place.say) \
+        if place.main else None
+    _wait_for_everyone(training.accelerator)
+    return {"run_dir": str(place.run_dir), "step": progress.step, "skipped": guard.skipped, "report": report}
 
 
 def _objective(settings: Settings, training: Training, scale: torch.Tensor, n_groups: int, world: int,
@@ -413,37 +452,68 @@ class Progress:
     train_s: float = 0.0
 
 
-class EpochLoop:
-    """The epochs of a run: the curriculum's batches (``sampler``) through the steps, each epoch's
-    objective (``curriculum``: MSE, then group DRO), the non-finite guard, the schedule and the
-    EMA, logging, one-step validation and checkpoints.
+@dataclass
+class Plan:
+    """What the epochs follow: the curriculum (MSE, then group DRO), the objective, the guard
+    against non-finite losses and gradients, and the optimizer steps to take."""
 
-    It starts with ``steps`` (`EagerSteps`) and, with ``trainer.capture=true``, takes
-    `CapturedSteps` once the first update has made the optimizer's state. With capture the
-    whole loop runs on one side stream (see `gno_ext.training.captured`).
+    curriculum: Curriculum
+    objective: Objective
+    guard: NonFiniteGuard
+    total_steps: int
+
+
+@dataclass
+class LoopData:
+    """The data of the epochs: the curriculum's batch sampler and the loader over it, the group
+    binner, the validation split (or None) and the problem (grid or mesh batches)."""
+
+    sampler: CurriculumBatchSampler
+    loader: DataLoader
+    binner: GroupBinner
+    valid_ds: Dataset | None
+    problem: Problem
+
+
+@dataclass
+class Place:
+    """This process in the run: main or not, its rank among ``world`` processes, its device,
+    the run folder, the precision and how it prints (``say``)."""
+
+    main: bool
+    rank: int
+    world: int
+    device: torch.device
+    run_dir: Path
+    precision: str
+    say: Callable[[str], None]
+
+
+class EpochLoop:
+    """The epochs of a run: the curriculum's batches (``data.sampler``) through the ``steps``,
+    each epoch's objective (``plan.curriculum``: MSE, then group DRO), the non-finite guard, the
+    schedule and the EMA, logging, one-step validation and checkpoints.
+
+    The steps (`gno_ext.training.steps.Steps`) may be eager or replayed from CUDA graphs: the
+    loop runs inside their ``running()`` context and tells them of every update
+    (``updated()``), and does not ask which they are.
     """
 
-    def __init__(self, cfg: dict[str, Any], settings: Settings, training: Training, curriculum: Curriculum,
-                 steps: Steps, objective: Objective, sampler: CurriculumBatchSampler, loader: DataLoader,
-                 binner: GroupBinner, valid_ds: Dataset | None,
-                 problem: Problem, guard: NonFiniteGuard, precision: str, run_dir: Path, main: bool, rank: int,
-                 world: int, device: torch.device, total_steps: int, say: Callable[[str], None]) -> None:
+    def __init__(self, cfg: dict[str, Any], settings: Settings, training: Training, steps: Steps, plan: Plan,
+                 data: LoopData, place: Place) -> None:
         self.cfg, self.settings, self.tr, self.training, self.steps = cfg, settings, settings.trainer, training, steps
-        self.curriculum = curriculum
-        self.objective, self.sampler, self.loader, self.binner, self.valid_ds = objective, sampler, loader, binner, valid_ds
-        self.problem, self.guard, self.precision, self.run_dir = problem, guard, precision, run_dir
-        self.main, self.rank, self.world, self.device = main, rank, world, device
-        self.total_steps, self.say = total_steps, say
-        self.stream: torch.cuda.Stream | None = None
+        self.curriculum, self.objective, self.guard, self.total_steps = (plan.curriculum, plan.objective, plan.guard,
+                                                                         plan.total_steps)
+        self.sampler, self.loader, self.binner, self.valid_ds, self.problem = (data.sampler, data.loader, data.binner,
+                                                                               data.valid_ds, data.problem)
+        self.main, self.rank, self.world, self.device = place.main, place.rank, place.world, place.device
+        self.run_dir, self.precision, self.say = place.run_dir, place.precision, place.say
         self.at_epochs = test_epochs(cfg, settings.trainer.epochs)
 
     def run(self, progress: Progress) -> None:
         """Train from ``progress`` (updated in place) to the last epoch or ``trainer.max_steps``."""
         self.progress = progress
-        if self.tr.capture:  # the whole loop on one side stream (see gno_ext.training.captured)
-            self.stream = torch.cuda.Stream()
-            self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream) if self.tr.capture else nullcontext():
+        with self.steps.running():
             self.training.model.train()
             self._since_log, self._window_seen, self._data_wait = time.perf_counter(), 0, [0.0]
             self._clock = self._started = time.perf_counter()
@@ -453,8 +523,6 @@ class EpochLoop:
                 if progress.step >= self.total_steps:
                     break
                 self._epoch(epoch, progress.batch if epoch == first else 0)
-        if self.tr.capture:
-            torch.cuda.current_stream().wait_stream(self.stream)
 
     def _epoch(self, epoch: int, start: int) -> None:
         tr, progress = self.tr, self.progress
@@ -529,10 +597,7 @@ class EpochLoop:
         self.steps.zero_grad()
         if finite:
             self._log_startup("first_step_s" if not self.steps.replayed else "first_captured_step_s")
-        if finite and self.tr.capture and not self.steps.replayed:  # the optimizer's state exists: replay from now on
-            clip = self.tr.clip_grad
-            self.steps = CapturedSteps(t.flat, unwrap_optimizer(t.optimizer), self.objective, clip, self.stream,
-                                       average=t.average)
+            self.steps.updated()
         return finite, grad_norm
 
     def _log_startup(self, name: str) -> None:

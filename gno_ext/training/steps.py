@@ -3,16 +3,18 @@
 A step is: the forward pass and the loss (`objective`), the backward pass, the gradients
 gathered into the flat buffers (averaged over processes where the loop does it), their norm
 (clipped where ``trainer.clip_grad`` is set) and the optimizer's update. `EagerSteps` runs them
-from Python; `gno_ext.training.captured.CapturedSteps` replays them from CUDA graphs. The loop
-takes the eager steps first and, with ``trainer.capture=true``, the captured ones once the
-optimizer's state exists; both answer to the same four methods (`Steps`).
+from Python; `gno_ext.training.captured.CapturedSteps` replays them from CUDA graphs, and
+`gno_ext.training.captured.CapturingSteps` (``trainer.capture=true``) runs the eager steps until
+the first update has made the optimizer's state, then the captured ones. All answer to the same
+interface (`Steps`), so the loop runs them alike and never asks how they run:
+`gno_ext.training.captured.training_steps` picks them from the settings.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
 import torch
@@ -58,6 +60,12 @@ class Steps(Protocol):
 
     def zero_grad(self) -> None:
         """Forget the gradients before the next step."""
+
+    def running(self) -> AbstractContextManager[Any]:
+        """The context the whole loop runs in (a side stream for captured steps)."""
+
+    def updated(self) -> None:
+        """Called after each update that was made (not after a skipped one)."""
 
 
 def make_objective(model: nn.Module, raw: nn.Module, autocast: Callable[[], Any], scale: Tensor, n_groups: int,
@@ -145,6 +153,12 @@ class EagerSteps:
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+
+    def running(self) -> AbstractContextManager[Any]:
+        return nullcontext()
+
+    def updated(self) -> None:
+        pass
 
 
 def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:

@@ -16,6 +16,56 @@ from .conftest import QUIET, TRAIN_PY, env_with_cache, logged, run_weights, torc
 CUDA = torch.device("cuda")
 
 
+class _Recorded:
+    """Steps that record the calls they get."""
+
+    def __init__(self, replayed: bool, calls: list[str]) -> None:
+        self.replayed, self.calls = replayed, calls
+
+    def forward_backward(self, batch, groups, dro, last_micro):
+        self.calls.append(f"{'captured' if self.replayed else 'eager'} forward_backward")
+        return torch.zeros(3)
+
+    def gradient_norm(self, clean):
+        self.calls.append(f"{'captured' if self.replayed else 'eager'} gradient_norm")
+        return 1.0
+
+    def optimizer_step(self):
+        self.calls.append(f"{'captured' if self.replayed else 'eager'} optimizer_step")
+
+    def zero_grad(self):
+        pass
+
+
+def test_capturing_steps_run_eagerly_until_the_first_update_then_replay():
+    """The steps own the switch to CUDA graphs (the loop only reports updates): eager steps
+    until the first update has made the optimizer's state, then the captured steps, made once
+    on the loop's stream."""
+    import inspect
+
+    from gno_ext.training.captured import CapturingSteps
+    from gno_ext.training.loop import EpochLoop
+
+    calls, made = [], []
+
+    def captured(stream):
+        made.append(stream)
+        return _Recorded(True, calls)
+
+    steps = CapturingSteps(_Recorded(False, calls), captured)
+    steps.forward_backward(None, None, False, True)
+    assert not steps.replayed and not made
+    for _ in range(3):
+        steps.gradient_norm(True)
+        steps.optimizer_step()
+        steps.updated()
+    assert steps.replayed and made == [None]  # made once (its stream: the loop's, set by running())
+    assert calls == ["eager forward_backward", "eager gradient_norm", "eager optimizer_step", "captured gradient_norm",
+                     "captured optimizer_step", "captured gradient_norm", "captured optimizer_step"]
+    loop = inspect.getsource(EpochLoop)  # the loop never asks whether its steps are captured
+    assert not any(word in loop for word in ("tr.capture", "CapturedSteps", "cuda.Stream", "cuda.stream"))
+
+
 @pytest.mark.parametrize("kwargs,message", [
     ({"device": torch.device("cpu")}, "CUDA graphs need a GPU; this run is on cpu"),
     ({"world": 2, "grad_sync": "ddp"}, "this run has 2 processes and trainer.grad_sync=ddp, but DDP's gradient "
