@@ -27,18 +27,17 @@ from gno_ext.layers.attention import AttentionKernel, AttentionKernelBank
 from gno_ext.layers.boundary import BoundaryTransfer, boundary_features, edge_tokens
 from gno_ext.layers.embeddings import (
     ConvRefine,
-    ParameterNormalizer,
     PatchEmbed,
     PatchProject,
-    field_statistics,
     sincos_position,
     token_shape,
 )
 from gno_ext.layers.gate import ParameterGate, Routing, gate_input, route_all
 from gno_ext.layers.mixture import GatedKernelMixture
+from gno_ext.models.base import SchemaModel
 from gno_ext.models.registry import register_model
 from gno_ext.models.rollout import rollout
-from gno_ext.schema import BoundarySpec, Grid, PDEBatch, check_model_inputs, model_inputs
+from gno_ext.schema import BoundarySpec, Grid, PDEBatch
 
 __all__ = ["GNO", "GNOBlock"]
 
@@ -104,7 +103,7 @@ class GNOBlock(nn.Module):
 
 
 @register_model("gno")
-class GNO(nn.Module):
+class GNO(SchemaModel):
     r"""Generalized Neural Operator for next-frame prediction.
 
     Defaults are the paper's (Appendix E): latent 256, patch 16, 8 blocks, 8 heads, MLP
@@ -156,7 +155,6 @@ class GNO(nn.Module):
                  depth: int = 8, heads: int = 8, mlp_ratio: float = 4.0, n_kernels: int = 4,
                  gate_hidden: int = 32, gate_noise: float = 0.0, boundary_transfer: bool = True,
                  log_params: Sequence[bool] | None = None, decoder: str = "linear", decoder_hidden: int = 32) -> None:
-        super().__init__()
         # (ndim is checked by PatchEmbed, built before anything that depends on it)
         require_at_least(1, in_channels=in_channels, t_in=t_in, latent=latent, patch=patch, depth=depth,
                          heads=heads, n_kernels=n_kernels, gate_hidden=gate_hidden)
@@ -171,12 +169,10 @@ class GNO(nn.Module):
         gate_inputs = n_params + 2 * field_channels
         if n_kernels > 1 and gate_inputs == 0:
             raise ValueError("n_kernels > 1 needs something to gate on: n_params or field_channels must be > 0")
-        self.in_channels, self.out_channels, self.n_params = in_channels, out_channels, n_params
-        self.field_channels, self.ndim, self.t_in, self.patch = field_channels, ndim, t_in, patch
-        self.boundary_transfer = boundary_transfer
-        self.register_buffer("u_mean", torch.zeros(in_channels))
-        self.register_buffer("u_std", torch.ones(in_channels))
-        self.param_norm = ParameterNormalizer(n_params, log_params) if n_params else None
+        super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
+        if not n_params:  # (no parameter statistics: the checkpoints of such GNOs hold none)
+            self.param_norm = None
+        self.out_channels, self.patch, self.boundary_transfer = out_channels, patch, boundary_transfer
         self.embed = PatchEmbed(t_in * in_channels, latent, patch, ndim)
         self.field_embed = PatchEmbed(field_channels, latent, patch, ndim) if field_channels else None
         self.theta_embed = nn.Sequential(nn.Linear(max(gate_inputs, 1), latent), nn.GELU(), nn.Linear(latent, latent))
@@ -185,28 +181,6 @@ class GNO(nn.Module):
             for _ in range(depth))
         self.project = PatchProject(latent, out_channels, patch, ndim)
         self.refine = ConvRefine(out_channels, t_in * in_channels, decoder_hidden, ndim) if decoder == "conv" else None
-
-    @torch.no_grad()
-    def fit_normalization(self, u: Tensor, theta: Tensor | None = None) -> GNO:
-        """Set the field and parameter normalisation from training data.
-
-        Parameters
-        ----------
-        u : Tensor, shape (N, T, C, *S) or (N, C, *S)
-            Field samples.
-        theta : Tensor, shape (N, P), optional
-            Parameter samples.
-        """
-        mean, std = field_statistics(u, self.in_channels, self.ndim)
-        if theta is not None and self.param_norm is not None:
-            self.param_norm.fit(theta)  # (checked before any statistic is set)
-        self.u_mean.copy_(mean)
-        self.u_std.copy_(std)
-        return self
-
-    def _inputs(self, u_in: Tensor, theta: Tensor | None, theta_field: Tensor | None) -> None:
-        check_model_inputs(u_in, theta, theta_field, t_in=self.t_in, in_channels=self.in_channels, ndim=self.ndim,
-                           n_params=self.n_params, field_channels=self.field_channels)
 
     def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
                 bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:
@@ -230,12 +204,10 @@ class GNO(nn.Module):
         -------
         Tensor, shape (B, 1, C_out, *S)
         """
-        u_in, theta, theta_field, bc, grid = model_inputs(u_in, theta, theta_field, bc, grid, ndim=self.ndim,
-                                                          check=self._inputs)
+        u_in, theta, theta_field, bc, grid = self.inputs(u_in, theta, theta_field, bc, grid)
         b, spatial = u_in.shape[0], tuple(u_in.shape[3:])
         grid_tokens = token_shape(spatial, self.patch)
-        std = self.u_std.view(1, 1, -1, *([1] * self.ndim))
-        x = ((u_in - self.u_mean.view_as(std)) / std).flatten(1, 2)
+        x = self.normalized_input(u_in)
         tokens = self.embed(x) + sincos_position(grid_tokens, self.embed.proj.out_channels, x.device, x.dtype)
         if self.field_embed is not None:
             tokens = tokens + self.field_embed(theta_field.to(x.dtype))
@@ -253,10 +225,10 @@ class GNO(nn.Module):
         delta = self.project(tokens, grid_tokens)
         if self.refine is not None:
             delta = self.refine(delta, x)
-        delta = delta[:, None]
         if self.out_channels == self.in_channels:
-            return u_in[:, -1:] + delta * std
-        return delta * std + self.u_mean.view_as(std)
+            return self.increment(u_in, delta)
+        std = self._std()
+        return delta[:, None] * std + self.u_mean.view_as(std)
 
     def rollout(self, batch: PDEBatch, steps: int) -> Tensor:
         """Autoregressive prediction of ``steps`` frames (see `gno_ext.models.rollout.rollout`).

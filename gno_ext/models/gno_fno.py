@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from gno_ext.layers.boundary import BoundaryTransfer, boundary_features
 from gno_ext.layers.spectral import GatedSpectralConv, condition_on
-from gno_ext.models.baselines.base import SchemaModel
+from gno_ext.models.base import SchemaModel
 from gno_ext.models.registry import register_model
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch
 

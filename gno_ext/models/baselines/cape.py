@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gno_ext.models.baselines.base import SchemaModel, neuralop_fno
+from gno_ext.models.base import SchemaModel, neuralop_fno
 from gno_ext.models.baselines.vit import ViTBackbone
 from gno_ext.models.registry import register_model
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch

@@ -2,7 +2,7 @@
 
 A strong, widely used reference that the paper does not list: the input frames, the normalised
 ``theta`` broadcast over the grid, the field parameters, and the boundary conditions painted on
-the cells next to each face (`gno_ext.models.baselines.base.boundary_channels`: type one-hot
+the cells next to each face (`gno_ext.models.base.boundary_channels`: type one-hot
 and data at the target time) go into an ``FNO`` as channels.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from gno_ext.models.baselines.base import N_TYPES, SchemaModel, boundary_channels, neuralop_fno
+from gno_ext.models.base import N_TYPES, SchemaModel, boundary_channels, neuralop_fno
 from gno_ext.models.registry import register_model
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch
 

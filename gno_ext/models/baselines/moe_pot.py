@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from gno_ext.layers.gate import record_balance_loss
 from gno_ext.layers.routing import one_hot
-from gno_ext.models.baselines.base import SchemaModel
+from gno_ext.models.base import SchemaModel
 from gno_ext.models.baselines.vit import ViTBackbone
 from gno_ext.models.registry import register_model
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch

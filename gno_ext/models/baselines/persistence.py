@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from gno_ext.models.baselines.base import SchemaModel
+from gno_ext.models.base import SchemaModel
 from gno_ext.models.registry import register_model
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from gno_ext.models.baselines.base import SchemaModel, neuralop_fno
+from gno_ext.models.base import SchemaModel, neuralop_fno
 from gno_ext.models.registry import register_model
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from torch import Tensor, nn
 
 from gno_ext.layers.embeddings import PatchEmbed
-from gno_ext.models.baselines.base import SchemaModel
+from gno_ext.models.base import SchemaModel
 from gno_ext.models.baselines.vit import ViTBackbone
 from gno_ext.models.registry import register_model
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch

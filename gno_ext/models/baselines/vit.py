@@ -17,7 +17,7 @@ from gno_ext.layers.embeddings import (
     sincos_position,
     token_shape,
 )
-from gno_ext.models.baselines.base import SchemaModel, TransformerBlock
+from gno_ext.models.base import SchemaModel, TransformerBlock
 from gno_ext.models.registry import register_model
 from gno_ext.schema import BoundarySpec, Grid, PDEBatch
 

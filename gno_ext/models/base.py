@@ -1,6 +1,7 @@
-"""What every baseline shares: the schema forward, normalisation, and condition encodings.
+"""What every grid model shares (the GNO, the GNO on the FNO and every baseline): the schema
+forward, the input checks, the normalisation, and condition encodings.
 
-A baseline predicts the next frame from ``u_in`` (B, T_in, C, *S) like the GNO, through
+A model predicts the next frame from ``u_in`` (B, T_in, C, *S) through
 ``forward(u_in, theta=, theta_field=, bc=, grid=)`` (or a `PDEBatch`), as an increment over
 the last input frame in the units of the training data's per-channel statistics. What a model
 uses of ``theta``, ``theta_field`` and ``bc`` is its own affair and said in its docstring.
@@ -92,7 +93,7 @@ class TransformerBlock(nn.Module):
 
 
 class SchemaModel(nn.Module):
-    """Base of the baselines: input checks, field and parameter normalisation, the increment.
+    """Base of the grid models: input checks, field and parameter normalisation, the increment.
 
     Parameters
     ----------
