@@ -28,7 +28,7 @@ Layers (``--layers``) and their paths (``--paths``, default: all of the layer's)
 
 On a GPU, ``--calls`` calls are captured in one CUDA graph and the graph's replays are timed
 (so launch overheads are left out, as in a model compiled with CUDA graphs); on a CPU the calls
-are timed one by one. Either way with `bench_model.timed`: warm-up runs (at least 2 s on a GPU),
+are timed one by one. Either way with `gno_ext.benchmark.timing.timed`: warm-up runs (at least 2 s on a GPU),
 then the median of ``--repeats`` synchronised runs. Inductor's FX graph cache (and with it
 AOTAutograd's cache) is off while a compiled row is timed: the caches do not see the kernels'
 launch settings, so a cached graph could run another row's kernel.
@@ -46,7 +46,6 @@ import argparse
 import contextlib
 import itertools
 import json
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -54,18 +53,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gno_ext.benchmark.timing import timed  # (the same timing as the model benchmark)
 from gno_ext.kernels import precision as kernel_precision
 from gno_ext.layers import _gathered, attention
 from gno_ext.layers.boundary import BoundaryTransfer
 from gno_ext.training import capture_step
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_model import timed  # noqa: E402  (the same timing as the model benchmark)
-
 
 def replay_time(fn: Callable[[], None], calls: int, repeats: int) -> float:
     """Seconds per call of ``fn``: ``calls`` calls captured in one CUDA graph
-    (`gno_ext.training.capture_step`), timed by replaying the graph (`bench_model.timed`)."""
+    (`gno_ext.training.capture_step`), timed by replaying the graph (`gno_ext.benchmark.timing.timed`)."""
 
     def many() -> None:
         for _ in range(calls):

@@ -60,15 +60,19 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
-from gno_ext.layers import AttentionKernel, AttentionKernelBank, BoundaryTransfer, FullPrecisionSpectralConv
+from gno_ext.benchmark.timing import timed
+from gno_ext.layers import (
+    AttentionKernel,
+    AttentionKernelBank,
+    BoundaryTransfer,
+    FullPrecisionSpectralConv,
+)
 from gno_ext.models import GNO, get_model
 from gno_ext.schema import BoundarySpec
 from gno_ext.training import FlatParameters, capture_step, compile_model
@@ -99,31 +103,6 @@ def make_inputs(batch: int, shape: tuple[int, int], channels: int, device: str) 
     values = (torch.rand(batch, 4, 2, 1, generator=g) * 20 - 10)
     return {"u": torch.randn(batch, 1, channels, *shape, generator=g).to(device), "theta": theta.to(device),
             "bc": BoundarySpec(kinds, values).to(device)}
-
-
-def timed(fn, repeats: int, device: str, warmup: int = 3, warmup_s: float = 2.0) -> float:
-    """Median time of ``fn`` over ``repeats`` synchronised runs, after ``warmup`` runs and at
-    least ``warmup_s`` seconds of runs on a GPU: timed straight after its compilation (a
-    minute with the GPU idle, at 345 MHz on an H100), the first model of a call came out 19 %
-    slower than the same model timed later, probably while the clocks came back up."""
-    start = time.perf_counter()
-    runs = 0
-    # CUDA graph trees: a warm-up run, a recording, then replays
-    while runs < warmup or device == "cuda" and time.perf_counter() - start < warmup_s:
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        runs += 1
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: str,
@@ -296,7 +275,8 @@ def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device
             optimizer: str = "flat", attention: str = "fused") -> None:
     """Print the GPU kernels of one compiled training step (inductor, no CUDA graphs, so that
     every kernel is seen), grouped by name and sorted by total time."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     model, x, opt, flat = setup(name, batch, shape, channels, device, chunk, boundary, optimizer=optimizer,
                                 attention=attention)
