@@ -184,6 +184,24 @@ def written_whole_folder(path: str | Path) -> Iterator[Path]:
         yield out
 
 
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """The mapping of the YAML file ``path`` (a run's ``config.yaml``), read safely (no tags that
+    build objects); a file that is not YAML, or holds something else than a mapping, raises a
+    one-line `ValueError` naming it (`FileNotFoundError` where it is missing)."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not a readable YAML configuration ({' '.join(str(err).split())[:300]})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    return data
+
+
 def write_json(path: str | Path, data: Any) -> Path:
     """Write ``data`` as indented JSON to ``path``, whole or not at all (`written_whole`)."""
     with written_whole(path) as tmp:

@@ -143,3 +143,24 @@ def test_the_cause_of_a_failed_write_is_read_however_the_writer_reports_it(tmp_p
     full = space_error(target, tmp, silent)
     assert full.errno == errno.ENOSPC and "4096 bytes free" in str(full) and str(target) in str(full)
     assert space_error(target, tmp, ValueError("bad value")) is None  # not a failed write, however full
+
+
+def test_a_run_configuration_that_is_not_plain_yaml_is_refused_naming_it(tmp_path):
+    """A run's config.yaml (read to resume, evaluate or collect a result) with a tag that would
+    build an object, broken YAML, or no mapping: one line naming the file, nothing built."""
+    from gno_ext._files import read_yaml_mapping
+    from gno_ext.training.evaluate import evaluate_saved
+
+    path = tmp_path / "config.yaml"
+    for text, message in (("a: !!python/object/apply:os.system ['true']\n", "not a readable YAML configuration"),
+                          ("a: [1, 2\n", "not a readable YAML configuration"),
+                          ("- 1\n- 2\n", "expected a mapping of settings, got list")):
+        path.write_text(text)
+        with pytest.raises(ValueError, match=message) as caught:
+            read_yaml_mapping(path)
+        assert str(caught.value).startswith(f"{path}: ") and "\n" not in str(caught.value)
+    path.write_text("a: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(ValueError, match=f"{path}: not a readable YAML configuration"):
+        evaluate_saved(tmp_path)
+    (tmp_path / "ok.yaml").write_text("seed: 1\n")
+    assert read_yaml_mapping(tmp_path / "ok.yaml") == {"seed": 1}

@@ -15,9 +15,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from gno_ext._files import Busy, held
+from gno_ext._files import Busy, held, read_yaml_mapping
 
 from .tables import REPO, RESULTS, Run, budget_difference, merge_overrides, write_result
 
@@ -219,7 +218,7 @@ def execute(run: Run, extra: list[str], results: Path = RESULTS, output_root: Pa
                   file=sys.stderr, flush=True)
             return None
         gpu = _gpu_name(slot)
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg = read_yaml_mapping(run_dir / "config.yaml")
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     result = result_from_run(run, cfg, report, run_dir, gpu, wall_s, extra, processes)
     result["resumed"] = resumed

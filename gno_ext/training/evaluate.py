@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from gno_ext._files import read_yaml_mapping
 from gno_ext.losses import mse_per_sample, nmse, relative_l2
 from gno_ext.models.rollout import rollout
 from gno_ext.schema import BCType, collate
@@ -439,7 +439,7 @@ def evaluate_saved(run_dir: str | Path, checkpoint: str | Path | None = None, ou
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise FileNotFoundError(f"{run_dir}: not a run folder (no config.yaml)")
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg = read_yaml_mapping(run_dir / "config.yaml")
     cfg["eval"] = {**cfg.get("eval", {}), **(overrides or {})}
     if checkpoint is None:
         checkpoint = run_dir / "model" if (run_dir / "model").is_dir() else latest_checkpoint(run_dir)

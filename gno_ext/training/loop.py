@@ -52,7 +52,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 
-from gno_ext._files import Busy, held
+from gno_ext._files import Busy, held, read_yaml_mapping
 from gno_ext.losses import Curriculum, RunningGroupLosses
 from gno_ext.models.registry import check_model_kwargs, get_model, model_class, save_checkpoint
 from gno_ext.training.captured import check_capture_settings, training_steps
@@ -214,7 +214,7 @@ def _start(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None) -> Start:
     checkpoint, replace = _resumed_or_replaced(cfg, run_dir, say=state.print)
     _wait_for_everyone(state)
     if checkpoint is not None:
-        saved = yaml.safe_load((checkpoint / "config.yaml").read_text())
+        saved = read_yaml_mapping(checkpoint / "config.yaml")
         _check_resume_config(saved, cfg, checkpoint)
     place = Place(state.is_main_process, state.process_index, state.num_processes, state.device, run_dir, precision,
                   state.print)
