@@ -236,7 +236,7 @@ def _training_data(cfg: dict[str, Any], start: Start) -> tuple[LoopData, Any, An
     if place.main:  # the others wait until the data exist
         prepare_data(data_cfg, progress=tr.progress)
     _wait_for_everyone(start.state)
-    train_ds = open_split(data_cfg, "train", int(data_cfg.get("n_steps_input", 1)), 1)
+    train_ds = open_split(data_cfg, "train", start.settings.data.n_steps_input, 1)
     spec, values, kinds, binner = training_groups(cfg, train_ds)
     configs = binner.configuration_ids(torch.as_tensor(np.ascontiguousarray(kinds))).numpy()
     seed = int(cfg["seed"])
@@ -274,7 +274,7 @@ def _set_up_training(start: Start, data: LoopData, raw: nn.Module, scale: torch.
         accelerator.init_trackers("tb", config=hp)
     place.say(_run_line(place.run_dir, cfg["model"]["name"], raw, len(data.loader.dataset), data.binner, place.world,
                         place.device, start.grad_sync, place.precision, total_steps, settings))
-    data.valid_ds = _valid_split(cfg["data"], int(cfg["data"].get("n_steps_input", 1)), place.say)
+    data.valid_ds = _valid_split(cfg["data"], settings.data.n_steps_input, place.say)
     curriculum, objective = _objective(settings, training, scale, data.binner.n_groups, place.world, data.problem,
                                        place.device, st)
     return training, Plan(curriculum, objective, guard, total_steps), progress

@@ -29,6 +29,7 @@ from torch.utils.data import ConcatDataset, Dataset
 from gno_ext.adapters.windows import TrajectoryData
 from gno_ext.data.generate import default_cache, default_root  # noqa: F401 (default_cache: part of this module's API)
 from gno_ext.losses import bin_parameters
+from gno_ext.mesh import MeshSample
 from gno_ext.schema import PDEBatch
 from gno_ext.training.settings import Settings
 
@@ -218,7 +219,7 @@ def data_spec(ds: Dataset, log_params: Sequence[bool] | None = None, values: Ten
     ``values`` are `parameter_values` of ``ds`` when already at hand."""
     s = ds[0]
     values = parameter_values(ds) if values is None else values
-    mesh = hasattr(s, "n_segments")  # a MeshSample: node-major fields (N, T, C)
+    mesh = isinstance(s, MeshSample)  # node-major fields (N, T, C)
     if log_params is None:
         log_params = tuple(bool((v > 0).all() and v.max() > 10 * v.min()) for v in values.T)
     elif len(log_params) != values.shape[1]:

@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, get_type_hints
 
-__all__ = ["CurriculumSettings", "DROSettings", "EMASettings", "EvalSettings", "OptimizerSettings", "Settings",
-           "TrainerSettings", "defaults"]
+__all__ = ["CurriculumSettings", "DROSettings", "DataSettings", "EMASettings", "EvalSettings", "OptimizerSettings",
+           "Settings", "TrainerSettings", "defaults"]
 
 
 @dataclass(frozen=True)
@@ -152,15 +152,43 @@ class EvalSettings:
 
 
 @dataclass(frozen=True)
+class DataSettings:
+    """The ``data`` section (``recipes/conf/data/*.yaml``): which source (``kind``) and its
+    settings, checked before anything is generated or read. Each source reads the settings of
+    its own (`gno_ext.training.recipe_data.SOURCES`); the others keep their defaults."""
+
+    kind: Annotated[str, Choice("generated", "mesh", "the_well", "pdebench", "custom")] = "generated"
+    root: str | None = None  # a folder (or the custom file); generated and mesh: default the cache
+    n_steps_input: Annotated[int, Number(1, integer=True)] = 1
+    log_params: tuple[bool, ...] | None = None  # per-parameter log-scale flags (null: from the data)
+    preset: str | None = None  # generated: the preset (gno_ext.data.presets)
+    size: Annotated[str | None, Choice("smoke", "small", "bench", "paper", None)] = None  # generated and mesh
+    device: str | None = None  # generated: generation device (null: cuda when available)
+    in_memory: Annotated[bool | str, Choice("auto", True, False)] = "auto"  # generated
+    in_memory_limit_gb: Annotated[float, Number("> 0")] = 4.0  # generated
+    pde: Annotated[str, Choice("heat", "advection")] = "heat"  # mesh
+    domains: tuple[str, ...] = ()  # mesh (checked by gno_ext.data.mesh.prepare_mesh)
+    seed: Annotated[int, Number(0, integer=True)] = 0  # mesh: the datasets' draws
+    name: str | None = None  # the_well: the dataset's name
+    normalize: Annotated[bool, Flag()] = False  # the_well
+    reader: Annotated[str, Choice("h5py", "the_well")] = "h5py"  # the_well
+    pattern: str | None = None  # pdebench: the files' glob pattern
+    boundary: str | None = None  # pdebench: the boundary type where the file names do not say
+    parameters: tuple[str, ...] | None = None  # pdebench: which parameters form theta
+    split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)  # custom: train, valid, test (of their sum)
+
+
+@dataclass(frozen=True)
 class Settings:
-    """Everything the training loop reads from a recipe's configuration besides the data, the
-    model's own arguments and the run folder.
+    """Everything the training loop reads from a recipe's configuration besides the model's own
+    arguments and the run folder.
 
     Attributes
     ----------
     trainer : TrainerSettings
     optimizer : OptimizerSettings
     eval : EvalSettings
+    data : DataSettings
     seed : int
         The run's seed (an integer >= 0: ``seed=1.7`` would train with seed 1 in a folder named
         ``seed1.7``).
@@ -173,6 +201,7 @@ class Settings:
     trainer: TrainerSettings = field(default_factory=TrainerSettings)
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
     eval: EvalSettings = field(default_factory=EvalSettings)
+    data: DataSettings = field(default_factory=DataSettings)
     seed: Annotated[int, Number(0, integer=True)] = 0
     balance_weight: Annotated[float, Number(0)] = 0.0
     physics_weight: Annotated[float, Number(0)] = 0.0
@@ -180,13 +209,15 @@ class Settings:
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> Settings:
         """The settings of a resolved recipe configuration (a mapping with ``trainer``,
-        ``optimizer`` and ``model`` sections; absent keys take their defaults), checked."""
+        ``optimizer``, ``eval``, ``data`` and ``model`` sections; absent keys take their
+        defaults), checked."""
         model = cfg.get("model") or {}
         weights = {k: model[k] for k in ("balance_weight", "physics_weight") if k in model}
         top = {"seed": _checked(cls, _field(cls, "seed"), cfg["seed"], "seed")} if "seed" in cfg else {}
         return cls(trainer=_read(TrainerSettings, cfg.get("trainer") or {}, "trainer."),
                    optimizer=_read(OptimizerSettings, cfg.get("optimizer") or {}, "optimizer."),
-                   eval=_read(EvalSettings, cfg.get("eval") or {}, "eval."), **top,
+                   eval=_read(EvalSettings, cfg.get("eval") or {}, "eval."),
+                   data=_read(DataSettings, cfg.get("data") or {}, "data."), **top,
                    **{k: _checked(cls, _field(cls, k), v, f"model.{k}") for k, v in weights.items()})
 
     @property
@@ -285,8 +316,33 @@ def _checked(cls: type, f: dataclasses.Field, value: Any, key: str) -> Any:
         if not isinstance(value, Mapping):
             raise ValueError(f"{key}: expected a mapping of inductor options, got {value!r}")
         return dict(value)
+    if cls is DataSettings and f.name in ("log_params", "domains", "parameters", "split_fractions"):
+        return _data_list(f.name, value, key)
+    if cls is DataSettings and f.name in ("root", "preset", "name", "pattern", "boundary", "device"):
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{key}: expected text or null, got {value!r}")
+        return value
     if f.name == "compile":
         if not isinstance(value, (bool, str)):
             raise ValueError(f"{key}: expected true, false or a torch.compile mode, got {value!r}")
         return value
     return value
+
+
+def _data_list(name: str, value: Any, key: str) -> Any:
+    """The list-valued data settings, checked: ``log_params`` (true/false flags, or null),
+    ``domains`` (names), ``parameters`` (names, or null), ``split_fractions`` (three proportions
+    >= 0, not all zero: fractions, or trajectory counts)."""
+    if value is None and name in ("log_params", "parameters"):
+        return None
+    items = list(value) if isinstance(value, (list, tuple)) else None
+    kinds = {"log_params": (bool, "true or false"), "domains": (str, "names"), "parameters": (str, "names"),
+             "split_fractions": ((int, float), "numbers")}
+    kind, what = kinds[name]
+    if items is None or not all(isinstance(v, kind) and (name == "log_params" or not isinstance(v, bool))
+                                for v in items):
+        raise ValueError(f"{key}: expected a list of {what}{' or null' if name in ('log_params', 'parameters') else ''}, "
+                         f"got {value!r}")
+    if name == "split_fractions" and (len(items) != 3 or min(items) < 0 or sum(items) <= 0):
+        raise ValueError(f"{key}: expected three proportions >= 0 (train, valid, test; of their sum), got {value!r}")
+    return tuple(float(v) for v in items) if name == "split_fractions" else tuple(items)

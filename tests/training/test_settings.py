@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from gno_ext.training.settings import (
+    DataSettings,
     EvalSettings,
     OptimizerSettings,
     Settings,
@@ -21,6 +22,16 @@ CONF = Path(__file__).resolve().parents[2] / "recipes" / "conf"
                                       (OptimizerSettings, "optimizer/adamw.yaml")])
 def test_the_recipes_yaml_lists_every_setting_with_its_default(cls, path):
     assert yaml.safe_load((CONF / path).read_text()) == defaults(cls)
+
+
+@pytest.mark.parametrize("source", sorted(p.stem for p in (CONF / "data").glob("*.yaml")))
+def test_every_data_source_of_the_recipes_is_a_data_setting(source):
+    """Each ``recipes/conf/data/*.yaml`` holds data settings only, of their types (the values the
+    recipe sets, ``???`` and ``${size}``, aside)."""
+    given = yaml.safe_load((CONF / "data" / f"{source}.yaml").read_text())
+    known = {k: v for k, v in given.items() if v != "???" and not str(v).startswith("${")}
+    data = Settings.from_config({"data": known}).data
+    assert data.kind == source and set(given) <= set(defaults(DataSettings))
 
 
 def test_the_recipes_eval_section_lists_every_eval_setting_with_its_default():
@@ -61,6 +72,17 @@ def test_absent_keys_take_the_defaults_and_given_ones_are_converted():
     ({"eval": {"stpes": 3}}, r"eval.stpes: no such setting; did you mean eval.steps\?"),
     ({"seed": 1.7}, "seed: expected an integer >= 0, got 1.7"),
     ({"seed": -1}, "seed: expected an integer >= 0, got -1"),
+    # the data section, typed and checked like the others
+    ({"data": {"kind": "zarr"}}, "data.kind: expected one of generated, mesh, the_well, pdebench, custom, got 'zarr'"),
+    ({"data": {"n_steps_input": 0}}, "data.n_steps_input: expected an integer >= 1, got 0"),
+    ({"data": {"in_memory": "maybe"}}, "data.in_memory: expected one of auto, true, false, got 'maybe'"),
+    ({"data": {"in_memory_limit_gb": 0}}, "data.in_memory_limit_gb: expected a number above 0, got 0"),
+    ({"data": {"split_fractions": [0.5, 0.5]}}, r"data.split_fractions: expected three proportions >= 0"),
+    ({"data": {"split_fractions": [0, 0, 0]}}, r"data.split_fractions: expected three proportions >= 0"),
+    ({"data": {"log_params": [1]}}, r"data.log_params: expected a list of true or false or null, got \[1\]"),
+    ({"data": {"domains": "annulus"}}, "data.domains: expected a list of names, got 'annulus'"),
+    ({"data": {"root": 3}}, "data.root: expected text or null, got 3"),
+    ({"data": {"presett": "heat-param"}}, r"data.presett: no such setting; did you mean data.preset\?"),
 ])
 def test_a_bad_setting_is_named(cfg, message):
     with pytest.raises(ValueError, match=message):
