@@ -1,0 +1,140 @@
+"""The Performance page's tables hold what their measurement files hold: every table whose
+caption names files of ``benchmarks/history/`` is checked cell by cell against them, to the
+digits the page shows (a figure copied by hand cannot drift from its file)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "performance.md"
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def tables(text: str) -> list[tuple[list[str], list[str], list[list[str]]]]:
+    """(files named by the caption, header, rows) of every table whose caption (the paragraph
+    before it) names ``benchmarks/history/*.json`` files."""
+    lines, found = text.splitlines(), []
+    for i, line in enumerate(lines):
+        if not line.startswith("|") or (i and lines[i - 1].startswith("|")):
+            continue
+        start = i - 1
+        while start > 0 and lines[start - 1].strip() == "":  # (the blank line before the table)
+            start -= 1
+        first = start - 1
+        while first > 0 and lines[first - 1].strip():
+            first -= 1
+        caption = " ".join(lines[first:start])
+        files = re.findall(r"`(benchmarks/history/[\w.-]+\.json)`", caption)
+        end = i + 2
+        while end < len(lines) and lines[end].startswith("|"):
+            end += 1
+        if files:
+            found.append((files, _cells(line), [_cells(row) for row in lines[i + 2:end]]))
+    return found
+
+
+def shows(text: str, value: float) -> bool:
+    """Whether the cell ``text`` (``1,645``, ``**7,659**``, ``2.9e9``, ``1.43 M``) is ``value`` to
+    the digits it shows."""
+    text = text.replace("*", "").replace(",", "").replace(" M", "").strip()
+    match = re.fullmatch(r"(-?\d+)(?:\.(\d+))?(?:e(-?\d+))?", text)
+    assert match, f"not a number: {text!r}"
+    decimals, exponent = len(match.group(2) or ""), int(match.group(3) or 0)
+    unit = 10.0 ** (exponent - decimals)
+    return abs(float(text) - value) <= 0.5 * unit * (1 + 1e-9)
+
+
+SOLVER_CASES = {"heat, exact (periodic)": "heat exact, periodic",
+                "heat, exact (Dirichlet/Neumann)": "heat exact, Dirichlet/Neumann",
+                "heat, FTCS (Dirichlet/Neumann)": "heat FTCS, Dirichlet/Neumann",
+                "advection, WENO5": "advection WENO5", "advection, WENO5, compiled": "advection WENO5, compiled",
+                "Burgers, WENO5": "Burgers WENO5", "Burgers, WENO5, compiled": "Burgers WENO5, compiled",
+                "Navier-Stokes (pseudo-spectral)": "Navier-Stokes"}
+MODELS = {"gno": "gno", "single-kernel stand-in": "vit-standin", "`fno`": "fno", "`gno_fno`": "gno-fno"}
+TRANSFORMS = {"retained modes (`dft`)": "dft", "full FFT (`fft`)": "fft"}
+EXECUTION = {"`trainer.compile=reduce-overhead`": "trainer.compile=reduce-overhead",
+             "`trainer.compile=true trainer.capture=true`": "trainer.compile=true trainer.capture=true",
+             "eager": "trainer.compile=false"}
+SYNC = {"—": "-", "DDP": "ddp", "the captured all-reduce": "flat"}
+
+
+def _one(rows: list[dict[str, Any]], **key: Any) -> dict[str, Any]:
+    found = [r for r in rows if all(r.get(k) == v for k, v in key.items())]
+    assert len(found) == 1, f"{len(found)} rows of the files have {key}"
+    return found[0]
+
+
+def expected(header: list[str], cells: list[str], rows: list[dict[str, Any]]) -> list[tuple[str, float]]:
+    """The (cell, value of the files) pairs of one row of the page, by the table's columns."""
+    col = dict(zip(header, cells))
+    if "solver" in col:  # the solvers' table, at 128²
+        case = SOLVER_CASES[col["solver"]]
+        at = {b: _one(rows, case=case, grid="128x128", batch=b) for b in (1, 256)}
+        return [(col["trajectories/s at batch 1"], at[1]["traj_per_s"]),
+                (col["trajectories/s at batch 256"], at[256]["traj_per_s"]),
+                (col["cell updates/s at batch 256"], at[256]["cell_updates_per_s"])]
+    if "GPUs" in col:  # training throughput
+        r = _one(rows, mode=EXECUTION[col["model execution"]], grad_sync=SYNC[col["gradients averaged by"]],
+                 procs=int(col["GPUs"]))
+        return [(col["samples/s"], r["samples_per_s"])]
+    key: dict[str, Any] = {"model": MODELS[col["model"]]}
+    if "batch" in col:
+        key.update(batch=int(col["batch"]), mode=col["mode"])
+    if "transform" in col:
+        key["fourier"] = TRANSFORMS[col["transform"]]
+    r = _one(rows, **key)
+    fields = {"train step ms": "step_ms", "forward ms": "forward_ms", "train TFLOP/s": "train_tflops",
+              "peak GiB": "peak_gib", "parameters": "params_m", "traffic floor ms": "traffic_floor_ms"}
+    return [(col[name], r[field]) for name, field in fields.items() if name in col]
+
+
+def test_the_performance_tables_are_their_measurement_files():
+    found = tables(PAGE.read_text())
+    assert len(found) == 5, [files for files, _, _ in found]  # solvers, the GNO's step, FNO, transforms, DDP
+    drift = []
+    for files, header, page_rows in found:
+        rows = [row for f in files for row in json.loads((REPO / f).read_text())["rows"]]
+        for cells in page_rows:
+            drift += [f"{files[0]}: {' '.join(cells[:3])} shows {cell}, the file holds {value:.6g}"
+                      for cell, value in expected(header, cells, rows) if not shows(cell, value)]
+    assert not drift, "\n".join(drift)
+
+
+@pytest.mark.parametrize("text,value,ok", [("2.9e9", 2.94e9, True), ("2.6e9", 2.5231e9, False),
+                                           ("17,807", 17806.5, True), ("**7,659**", 7659.05, True),
+                                           ("6.93", 6.9319, True), ("6.93", 6.936, False), ("1.43 M", 1.428, True)])
+def test_a_cell_shows_a_value_to_its_digits(text, value, ok):
+    assert shows(text, value) is ok
+
+
+def test_the_performance_prose_quotes_its_files():
+    """The ratios the page's prose states, computed from the same files."""
+    page = " ".join(PAGE.read_text().split())
+    rows = lambda name: json.loads((REPO / "benchmarks" / "history" / f"{name}.json").read_text())["rows"]  # noqa: E731
+    step = {(r["model"], r["batch"], r["mode"]): r for r in rows("model_h100_r24")}
+    gno, standin = step["gno", 256, "whole-graph"], step["vit-standin", 256, "whole-graph"]
+    fno = {r["model"]: r for r in rows("model_step_fno_gno_fno_h200")}
+    fourier = {r["fourier"]: r for r in rows("model_fno_fourier_h100")}
+    ddp = {(r["mode"], r["procs"]): r for r in rows("ddp_h100x2_r25")}
+    captured = "trainer.compile=true trainer.capture=true"
+    said = [
+        f"The GNO's step costs {round(100 * (gno['step_ms'] / standin['step_ms'] - 1))} % more than the stand-in's",
+        f"Of that, {round(100 * (gno['step_gflop'] / standin['step_gflop'] - 1))} % are extra FLOPs",
+        f"`gno_fno`'s step takes {fno['gno-fno']['step_ms'] / fno['fno']['step_ms']:.2f} times the FNO's",
+        f"The FNO's training step is {fourier['fft']['step_ms'] / fourier['dft']['step_ms']:.1f} times faster",
+        f"On two GPUs it is {ddp[captured, 2]['samples_per_s'] / ddp['trainer.compile=reduce-overhead', 2]['samples_per_s']:.1f} "
+        "times as fast as `reduce-overhead` under DDP",
+        f"wait for the loader {round(100 * ddp[captured, 1]['data_wait'])} % of the time "
+        f"({round(100 * ddp[captured, 2]['data_wait'])} % on two)",
+    ]
+    missing = [s for s in said if s not in page]
+    assert not missing, missing
