@@ -138,3 +138,32 @@ def test_the_performance_prose_quotes_its_files():
     ]
     missing = [s for s in said if s not in page]
     assert not missing, missing
+
+
+def test_the_runtime_notes_quote_the_runtime_files():
+    """The figures of the runtime page's notes (``benchmarks/notes/runtime.md``), computed from the
+    runtime files they describe."""
+    notes = " ".join((REPO / "benchmarks" / "notes" / "runtime.md").read_text().split())
+    runtime = REPO / "benchmarks" / "results" / "runtime"
+    heat, adv = ({c: e for run in json.loads((runtime / f"{name}-bc.json").read_text())["runs"]
+                  for c, e in run["classes"].items()} for name in ("heat", "advection"))
+    times = lambda speedups: f"{min(speedups):.0f} to {max(speedups):.0f} times faster"  # noqa: E731
+    faster = lambda method: [1 / heat[c]["matched"][method]["256"]["speedup"] for c in heat]  # noqa: E731
+    model_1 = [e["model_seconds"]["1"] for e in (*heat.values(), *adv.values())]
+    said = [
+        f"({heat['periodic']['solvers']['exact'][0]['nmse']:.1e} against {heat['periodic']['model_nmse']:.2g} on "
+        f"periodic boxes, {heat['bounded']['solvers']['exact'][0]['nmse']:.3f} against "
+        f"{heat['bounded']['model_nmse']:.2g} on bounded ones)".replace("e-04", "e-4"),
+        f"At batch 256 it is {times(faster('exact'))}",
+        f"still {times(faster('ftcs'))} than the model at batch 256",
+        f"({adv['periodic']['matched']['weno5']['1']['nmse']:.3f} against {adv['periodic']['model_nmse']:.2f} periodic, "
+        f"{adv['bounded']['matched']['weno5']['1']['nmse']:.3f} against {adv['bounded']['model_nmse']:.2f} bounded",
+        f"the captured model is {adv['periodic']['matched']['weno5']['1']['speedup']:.0f} times (periodic) and "
+        f"{adv['bounded']['matched']['weno5']['1']['speedup']:.0f} times (bounded) faster than WENO5",
+        f"WENO5 is {1 / adv['periodic']['matched']['weno5']['256']['speedup']:.0f} times faster on periodic boxes and "
+        f"{1 / adv['bounded']['matched']['weno5']['256']['speedup']:.1f} times faster on bounded ones",
+        f"from {min(t['eager'] for t in model_1) * 1e3:.0f}–{max(t['eager'] for t in model_1) * 1e3:.0f} ms to "
+        f"{min(t['captured'] for t in model_1) * 1e3:.1f}–{max(t['captured'] for t in model_1) * 1e3:.1f} ms",
+    ]
+    missing = [s for s in said if s not in notes]
+    assert not missing, missing
