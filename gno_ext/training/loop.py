@@ -158,7 +158,7 @@ def _run(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None = None) -> t
     data, the model, the set-up of its training, the epochs, and the final model's evaluation."""
     start = _start(cfg, locks)
     cfg, tr, place = start.cfg, start.settings.trainer, start.place
-    data, spec, values = _training_data(cfg, start)
+    data, spec, values = _training_data(start)
     raw, scale = _model_and_scale(cfg, spec, values, data.loader.dataset, data.problem, tr.loss_normalization,
                                   place.device)
     if not any(p.requires_grad for p in raw.parameters()):  # a reference with nothing to learn (persistence)
@@ -228,11 +228,12 @@ def _start(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None) -> Start:
     return Start(cfg, settings, place, use_cpu, checkpoint, replace, grad_sync, state)
 
 
-def _training_data(cfg: dict[str, Any], start: Start) -> tuple[LoopData, Any, Any]:
+def _training_data(start: Start) -> tuple[LoopData, Any, Any]:
     """The data prepared (by the main process; the others wait), the training split and its
     groups, the curriculum's sampler and the loader; the validation split is opened later, by
     `_set_up_training`. Returns the loop's data, the data's spec and the training parameters."""
-    tr, place, data_cfg = start.settings.trainer, start.place, cfg["data"]
+    cfg, tr, place = start.cfg, start.settings.trainer, start.place
+    data_cfg = cfg["data"]
     if place.main:  # the others wait until the data exist
         prepare_data(data_cfg, progress=tr.progress)
     _wait_for_everyone(start.state)
