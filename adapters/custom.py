@@ -71,6 +71,7 @@ def _wrap(value: Any) -> Any:
 
 LAYOUT = "the custom layout"
 
+
 def _rows(value: Any, n: int, name: str, per_sample_ndim: int) -> Any:
     """Accept per-dataset (no leading N) or per-trajectory arrays; return a row accessor."""
     if value is None:

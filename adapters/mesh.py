@@ -61,7 +61,7 @@ class MeshDataset(torch.utils.data.Dataset):
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: no such file")
-        with reading(self.path, LAYOUT), open_h5(self.path) as f:
+        with reading(self.path, f"the mesh layout {LAYOUT}"), open_h5(self.path) as f:
             if f.attrs.get("layout") != LAYOUT:
                 raise ValueError(f"{self.path}: not a mesh dataset of layout {LAYOUT} (its layout attribute is "
                                  f"{f.attrs.get('layout')!r})")
@@ -116,7 +116,7 @@ class MeshDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> MeshSample:
         if not 0 <= i < len(self):
             raise IndexError(f"window {i}: the dataset has {len(self)}")
-        with reading(self.path, LAYOUT):
+        with reading(self.path, f"the mesh layout {LAYOUT}"):
             return self._window(i)
 
     def _window(self, i: int) -> MeshSample:

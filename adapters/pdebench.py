@@ -75,6 +75,7 @@ def _boundary_from_name(name: str) -> BCType | None:
 
 LAYOUT = "PDEBench's layout"
 
+
 class PDEBenchDataset(WindowedTrajectories, Dataset):
     """Windows of one PDEBench file.
 

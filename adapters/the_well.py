@@ -43,6 +43,7 @@ WELL_BC = {0: BCType.WALL, 1: BCType.OPEN, 2: BCType.PERIODIC}  # the_well.data.
 
 LAYOUT = "The Well's layout"
 
+
 def _split_folder(path: Path, name: str | None, split: str) -> Path:
     if (path / "datasets").is_dir():
         if name is None:
