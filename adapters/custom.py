@@ -38,7 +38,7 @@ from typing import Any
 import h5py
 import numpy as np
 import torch
-from gno_ext.adapters.files import ProcessFiles, open_h5, reading
+from gno_ext.adapters.files import ProcessFiles, open_h5, opening, reading
 from gno_ext.adapters.windows import Windows, WindowedTrajectories, window_boundary_values
 from torch.utils.data import Dataset
 
@@ -250,7 +250,7 @@ def open_custom(path: str | Path, n_steps_input: int = 1, n_steps_output: int = 
         attrs = dict(store.attrs)
     else:
         raise ValueError(f"{path}: expected an .h5, .hdf5 or .npz file")
-    with reading(path, LAYOUT):
+    with opening(path, LAYOUT):
         keys = set(store.keys())
         if "u" not in keys:
             raise KeyError(f"{path}: missing the required array 'u' (found: {sorted(keys)})")
@@ -263,10 +263,12 @@ def open_custom(path: str | Path, n_steps_input: int = 1, n_steps_output: int = 
         if "bc_kind" in keys:
             codes = np.asarray(store["bc_kind"])
             valid = {int(k) for k in BCType}
-            whole = np.issubdtype(codes.dtype, np.integer) or (np.isfinite(codes).all() and (codes == np.round(codes)).all())
+            whole = np.issubdtype(codes.dtype, np.integer) or (np.isfinite(codes).all()
+                                                                and (codes == np.round(codes)).all())
             if not whole or not set(np.unique(codes).astype(np.int64).tolist()) <= valid:
                 bad = next(v for v in codes.reshape(-1).tolist() if not (float(v).is_integer() and int(v) in valid))
-                raise ValueError(f"{path}: bc_kind holds {bad!r}, not a BCType code ({', '.join(f'{int(k)} {k.name}' for k in BCType)})")
+                codes_known = ", ".join(f"{int(k)} {k.name}" for k in BCType)
+                raise ValueError(f"{path}: bc_kind holds {bad!r}, not a BCType code ({codes_known})")
             kind = torch.as_tensor(codes.astype(np.int64), dtype=torch.long)
             values = get("bc_values")
             values = (torch.as_tensor(np.asarray(values), dtype=torch.float32) if values is not None

@@ -2,8 +2,8 @@
 
 h5py handles do not survive a fork or a pickle into DataLoader workers: `ProcessFiles` opens a
 file on first use in each process, keeps it open for later reads, and pickles as empty.
-`reading` is the boundary every adapter reads a file through: whatever a malformed file makes
-go wrong becomes one `ValueError` that names the file.
+`opening` and `reading` are the boundary every adapter opens and reads a file through:
+whatever a malformed file makes go wrong becomes one `ValueError` that names the file.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 from gno_ext._files import check_self_contained
 
-__all__ = ["ProcessFiles", "check_one_grid", "grid_of", "open_h5", "reading"]
+__all__ = ["ProcessFiles", "check_one_grid", "grid_of", "open_h5", "opening", "reading"]
 
 
 @contextlib.contextmanager
@@ -30,19 +30,13 @@ def reading(path: str | Path, layout: str) -> Iterator[None]:
     `FileNotFoundError`) that do not name it get it in front; what a malformed file makes the
     readers below raise (h5py's `OSError` for a missing attribute or object, numpy's and
     torch's `TypeError` for a dataset of text, an `IndexError` for a dataset of the wrong
-    shape, the assertions of The Well's reader, ...) becomes a `ValueError` that names the file and the layout, with the reader's
-    message on the same line (the original is chained; ``GNO_EXT_DEBUG=1`` shows its
-    traceback in the command-line tools). A complex value read where a real one belongs
-    (numpy's and torch's warning that it drops the imaginary part) is an error too."""
+    shape, the assertions of The Well's reader, ...) becomes a `ValueError` that names the
+    file and the layout, with the reader's message on the same line (the original is chained;
+    ``GNO_EXT_DEBUG=1`` shows its traceback in the command-line tools). Cheap enough for every
+    window read; files are opened under `opening`."""
     path = Path(path)
     try:
-        with warnings.catch_warnings():  # a complex value read where a real one belongs: an error
-            warnings.filterwarnings("error", category=np.exceptions.ComplexWarning)
-            warnings.filterwarnings("error", message="Casting complex values to real")  # (torch's)
-            yield
-    except Warning as err:
-        raise ValueError(f"{path}: holds complex values where {layout} has real numbers ({_one_line(str(err))})") \
-            from None
+        yield
     except (ValueError, KeyError, FileNotFoundError) as err:
         message = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
         if str(path) in message or (path.name and f"{path.name}:" in message):
@@ -52,6 +46,23 @@ def reading(path: str | Path, layout: str) -> Iterator[None]:
         raise kind(f"{path}: {_one_line(message)}") from err
     except (OSError, TypeError, IndexError, AttributeError, RuntimeError, ArithmeticError, AssertionError) as err:
         raise ValueError(f"{path}: not readable in {layout} ({type(err).__name__}: {_one_line(str(err))})") from err
+
+
+@contextlib.contextmanager
+def opening(path: str | Path, layout: str) -> Iterator[None]:
+    """`reading`, for the opening of a file, where also a complex value read where a real one
+    belongs (numpy's and torch's warning that they drop the imaginary part) is an error naming
+    it. Not for every window: changing the warning filters resets Python's record of the
+    warnings already shown, anywhere in the process."""
+    path = Path(path)
+    try:
+        with reading(path, layout), warnings.catch_warnings():
+            warnings.filterwarnings("error", category=np.exceptions.ComplexWarning)
+            warnings.filterwarnings("error", message="Casting complex values to real")  # (torch's)
+            yield
+    except Warning as err:
+        raise ValueError(f"{path}: holds complex values where {layout} has real numbers ({_one_line(str(err))})") \
+            from None
 
 
 def _one_line(message: str) -> str:

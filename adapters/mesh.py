@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gno_ext.adapters.files import open_h5, reading
+from gno_ext.adapters.files import open_h5, opening, reading
 from gno_ext.adapters.windows import check_start
 from gno_ext.mesh import MeshSample
 
@@ -61,7 +61,7 @@ class MeshDataset(torch.utils.data.Dataset):
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: no such file")
-        with reading(self.path, f"the mesh layout {LAYOUT}"), open_h5(self.path) as f:
+        with opening(self.path, f"the mesh layout {LAYOUT}"), open_h5(self.path) as f:
             if f.attrs.get("layout") != LAYOUT:
                 raise ValueError(f"{self.path}: not a mesh dataset of layout {LAYOUT} (its layout attribute is "
                                  f"{f.attrs.get('layout')!r})")

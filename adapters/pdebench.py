@@ -26,7 +26,7 @@ from typing import Any
 import h5py
 import numpy as np
 import torch
-from gno_ext.adapters.files import ProcessFiles, open_h5, reading
+from gno_ext.adapters.files import ProcessFiles, open_h5, opening, reading
 from gno_ext.adapters.windows import Windows, WindowedTrajectories, check_window_settings, split_trajectories
 from torch.utils.data import Dataset
 
@@ -110,7 +110,7 @@ class PDEBenchDataset(WindowedTrajectories, Dataset):
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: no such PDEBench file")
         check_window_settings(n_steps_input, n_steps_output, stride)
-        with reading(self.path, LAYOUT):
+        with opening(self.path, LAYOUT):
             with open_h5(self.path) as f:
                 self.layout, self.fields, shape, coords, n_traj, n_frames, attrs = self._inspect(f)
             self.params = {**parameters_from_name(self.path.name), **attrs}
@@ -133,7 +133,7 @@ class PDEBenchDataset(WindowedTrajectories, Dataset):
                                  f"'neumann')")
             d = len(shape)
             self.bc = BoundarySpec.from_types([kind] * (2 * d))
-            names = (["x", "y", "z"][:d] if self.layout == "seed" else ["x-coordinate", "y-coordinate", "z-coordinate"][:d])
+            names = (["x", "y", "z"] if self.layout == "seed" else ["x-coordinate", "y-coordinate", "z-coordinate"])[:d]
             for axis, (c, n) in enumerate(zip(coords[:d], shape)):
                 _check_axis(self.path, names[axis], c, {n}, f"the fields' axis {axis + 1} of {n} cells")
             t = coords[d]

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from gno_ext.adapters.files import ProcessFiles, check_one_grid, grid_of, open_h5, reading
+from gno_ext.adapters.files import ProcessFiles, check_one_grid, grid_of, open_h5, opening, reading
 from gno_ext.adapters.windows import check_start, check_window_settings
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch, PDESample
 
@@ -112,7 +112,7 @@ class WellAdapter(Dataset):
         include = [f.name for f, p in zip(files, params) if parameter_filter is None or parameter_filter(p)]
         if not include:
             raise ValueError(f"{folder}: parameter_filter kept no file")
-        with reading(folder, LAYOUT):  # The Well's reader meets every file's structure
+        with opening(folder, LAYOUT):  # The Well's reader meets every file's structure
             self.well = WellDataset(path=str(folder), n_steps_input=n_steps_input, n_steps_output=n_steps_output,
                                     use_normalization=normalize, normalize_time_grid=False, min_dt_stride=stride,
                                     max_dt_stride=stride, include_filters=include if parameter_filter else [],
@@ -301,11 +301,12 @@ def check_well_file(path: Path) -> tuple[dict[str, float], tuple[tuple[int, ...]
 
     Every field's shape must be what the file's axes give (trajectories, time, space and the
     component axes of its tensor order), the time axis must increase strictly, the coordinates
-    must be evenly spaced and the constant scalars must be finite: a mismatch raises `ValueError`
+    must be evenly spaced, the constant scalars must be finite and every boundary condition must
+    name a type of The Well's and spatial axes of the file: a mismatch raises `ValueError`
     naming the file, the field and both shapes, before any window is read (a short field would
     otherwise be broadcast into a batch).
     """
-    with reading(path, LAYOUT), open_h5(path) as f:
+    with opening(path, LAYOUT), open_h5(path) as f:
         try:
             n = int(f.attrs["n_trajectories"])
             dims = f["dimensions"]
@@ -314,6 +315,7 @@ def check_well_file(path: Path) -> tuple[dict[str, float], tuple[tuple[int, ...]
             time = dims["time"][()]
         except KeyError as err:
             raise ValueError(f"{path}: not in The Well's layout (missing {err})") from None
+        _check_boundaries(f, path, names)
         steps = np.diff(time, axis=-1)
         if not np.all(np.isfinite(time)) or not np.all(steps > 0):
             bad = np.flatnonzero(~(np.isfinite(steps) & (steps > 0)).reshape(-1))
@@ -339,3 +341,18 @@ def check_well_file(path: Path) -> tuple[dict[str, float], tuple[tuple[int, ...]
                 if not np.isfinite(scalars[key]):
                     raise ValueError(f"{path}: constant scalar {key} = {scalars[key]}: not a finite number")
         return scalars, grid_of(f, path)
+
+
+def _check_boundaries(f: h5py.File, path: Path, axes: list[str]) -> None:
+    """Each group of ``boundary_conditions`` names a type of `WELL_BC` (``bc_type``) and axes
+    among the file's spatial ``axes`` (``associated_dims``), or a `ValueError` names it."""
+    types = sorted(kind.name for kind in WELL_BC.values())
+    for name, group in f.get("boundary_conditions", {}).items():
+        kind = group.attrs.get("bc_type")
+        kind = kind.decode() if isinstance(kind, bytes) else kind
+        if not isinstance(kind, str) or kind.upper() not in types:
+            raise ValueError(f"{path}: boundary_conditions/{name} has bc_type {kind!r}, not one of {', '.join(types)}")
+        dims = [d.decode() if isinstance(d, bytes) else d for d in np.atleast_1d(group.attrs.get("associated_dims", []))]
+        if not dims or not all(isinstance(d, str) and d in axes for d in dims):
+            raise ValueError(f"{path}: boundary_conditions/{name} is associated with {dims}, not with axes of the file "
+                             f"({', '.join(axes)})")

@@ -32,7 +32,7 @@ from gno_ext.adapters.fixtures import (
 
 OWN_ERRORS = (ValueError, FileNotFoundError, KeyError)
 REPO = Path(__file__).resolve().parents[1]
-CASES = 60  # per source (900 passed when the test was written)
+CASES = 60  # per source (400 per source passed when the test was last changed)
 
 
 # ---------------------------------------------------------------- malformed HDF5 files
