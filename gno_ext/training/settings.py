@@ -56,6 +56,35 @@ class Flag:
 
 
 @dataclass(frozen=True)
+class Text:
+    """A setting that is text or null."""
+
+
+@dataclass(frozen=True)
+class Items:
+    """A setting that is a list of ``kind`` ("flag": true or false; "name": text), null allowed
+    where ``nullable``; read as a tuple."""
+
+    kind: str
+    nullable: bool = False
+
+
+@dataclass(frozen=True)
+class Proportions:
+    """A setting that is one number >= 0 per name of ``names``, not all zero (fractions, or
+    counts: each is read as its share of their sum); read as a tuple of floats."""
+
+    names: tuple[str, ...]
+
+    def __init__(self, *names: str) -> None:
+        object.__setattr__(self, "names", names)
+
+
+RULES = (Number, Choice, Flag, Text, Items, Proportions)
+ITEMS = {"flag": (bool, "true or false"), "name": (str, "names")}
+
+
+@dataclass(frozen=True)
 class EMASettings:
     """``trainer.ema``: an exponential moving average of the weights, evaluated at the end."""
 
@@ -158,24 +187,27 @@ class DataSettings:
     its own (`gno_ext.training.recipe_data.SOURCES`); the others keep their defaults."""
 
     kind: Annotated[str, Choice("generated", "mesh", "the_well", "pdebench", "custom")] = "generated"
-    root: str | None = None  # a folder (or the custom file); generated and mesh: default the cache
+    root: Annotated[str | None, Text()] = None  # a folder (or the custom file); generated and mesh: default the cache
     n_steps_input: Annotated[int, Number(1, integer=True)] = 1
-    log_params: tuple[bool, ...] | None = None  # per-parameter log-scale flags (null: from the data)
-    preset: str | None = None  # generated: the preset (gno_ext.data.presets)
+    # per-parameter log-scale flags (null: from the data)
+    log_params: Annotated[tuple[bool, ...] | None, Items("flag", nullable=True)] = None
+    preset: Annotated[str | None, Text()] = None  # generated: the preset (gno_ext.data.presets)
     size: Annotated[str | None, Choice("smoke", "small", "bench", "paper", None)] = None  # generated and mesh
-    device: str | None = None  # generated: generation device (null: cuda when available)
+    device: Annotated[str | None, Text()] = None  # generated: generation device (null: cuda when available)
     in_memory: Annotated[bool | str, Choice("auto", True, False)] = "auto"  # generated
     in_memory_limit_gb: Annotated[float, Number("> 0")] = 4.0  # generated
     pde: Annotated[str, Choice("heat", "advection")] = "heat"  # mesh
-    domains: tuple[str, ...] = ()  # mesh (checked by gno_ext.data.mesh.prepare_mesh)
+    domains: Annotated[tuple[str, ...], Items("name")] = ()  # mesh (checked by gno_ext.data.mesh.prepare_mesh)
     seed: Annotated[int, Number(0, integer=True)] = 0  # mesh: the datasets' draws
-    name: str | None = None  # the_well: the dataset's name
+    name: Annotated[str | None, Text()] = None  # the_well: the dataset's name
     normalize: Annotated[bool, Flag()] = False  # the_well
     reader: Annotated[str, Choice("h5py", "the_well")] = "h5py"  # the_well
-    pattern: str | None = None  # pdebench: the files' glob pattern
-    boundary: str | None = None  # pdebench: the boundary type where the file names do not say
-    parameters: tuple[str, ...] | None = None  # pdebench: which parameters form theta
-    split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)  # custom: train, valid, test (of their sum)
+    pattern: Annotated[str | None, Text()] = None  # pdebench: the files' glob pattern
+    boundary: Annotated[str | None, Text()] = None  # pdebench: the boundary type where the file names do not say
+    # pdebench: which parameters form theta
+    parameters: Annotated[tuple[str, ...] | None, Items("name", nullable=True)] = None
+    # custom: the split of one file's trajectories in consecutive blocks (of their sum)
+    split_fractions: Annotated[tuple[float, float, float], Proportions("train", "valid", "test")] = (0.8, 0.1, 0.1)
 
 
 @dataclass(frozen=True)
@@ -275,11 +307,11 @@ def _hints(cls: type) -> dict[str, Any]:
     return get_type_hints(cls, include_extras=True)
 
 
-def _rule(cls: type, name: str) -> Number | Choice | Flag | None:
-    """The rule (`Number`, `Choice`, `Flag`) that the field ``name`` of ``cls`` carries in its
-    annotation, or None."""
+def _rule(cls: type, name: str) -> Any:
+    """The rule (one of `RULES`) that the field ``name`` of ``cls`` carries in its annotation,
+    or None."""
     hint = _hints(cls)[name]
-    return next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, (Number, Choice, Flag))), None)
+    return next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, RULES)), None)
 
 
 def _checked(cls: type, f: dataclasses.Field, value: Any, key: str) -> Any:
@@ -316,12 +348,12 @@ def _checked(cls: type, f: dataclasses.Field, value: Any, key: str) -> Any:
         if not isinstance(value, Mapping):
             raise ValueError(f"{key}: expected a mapping of inductor options, got {value!r}")
         return dict(value)
-    if cls is DataSettings and f.name in ("log_params", "domains", "parameters", "split_fractions"):
-        return _data_list(f.name, value, key)
-    if cls is DataSettings and f.name in ("root", "preset", "name", "pattern", "boundary", "device"):
+    if isinstance(rule, Text):
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{key}: expected text or null, got {value!r}")
         return value
+    if isinstance(rule, (Items, Proportions)):
+        return _items(rule, value, key)
     if f.name == "compile":
         if not isinstance(value, (bool, str)):
             raise ValueError(f"{key}: expected true, false or a torch.compile mode, got {value!r}")
@@ -329,20 +361,22 @@ def _checked(cls: type, f: dataclasses.Field, value: Any, key: str) -> Any:
     return value
 
 
-def _data_list(name: str, value: Any, key: str) -> Any:
-    """The list-valued data settings, checked: ``log_params`` (true/false flags, or null),
-    ``domains`` (names), ``parameters`` (names, or null), ``split_fractions`` (three proportions
-    >= 0, not all zero: fractions, or trajectory counts)."""
-    if value is None and name in ("log_params", "parameters"):
+def _items(rule: Items | Proportions, value: Any, key: str) -> tuple[Any, ...] | None:
+    """``value`` of a list setting (`Items`, `Proportions`), checked, as a tuple."""
+    if value is None and isinstance(rule, Items) and rule.nullable:
         return None
+    kind, what = ITEMS[rule.kind] if isinstance(rule, Items) else ((int, float), "numbers")
     items = list(value) if isinstance(value, (list, tuple)) else None
-    kinds = {"log_params": (bool, "true or false"), "domains": (str, "names"), "parameters": (str, "names"),
-             "split_fractions": ((int, float), "numbers")}
-    kind, what = kinds[name]
-    if items is None or not all(isinstance(v, kind) and (name == "log_params" or not isinstance(v, bool))
-                                for v in items):
-        raise ValueError(f"{key}: expected a list of {what}{' or null' if name in ('log_params', 'parameters') else ''}, "
-                         f"got {value!r}")
-    if name == "split_fractions" and (len(items) != 3 or min(items) < 0 or sum(items) <= 0):
-        raise ValueError(f"{key}: expected three proportions >= 0 (train, valid, test; of their sum), got {value!r}")
-    return tuple(float(v) for v in items) if name == "split_fractions" else tuple(items)
+    if items is None or not all(isinstance(v, kind) and (kind is bool or not isinstance(v, bool)) for v in items):
+        nullable = isinstance(rule, Items) and rule.nullable
+        raise ValueError(f"{key}: expected a list of {what}{' or null' if nullable else ''}, got {value!r}")
+    if isinstance(rule, Proportions):
+        n = len(rule.names)
+        if len(items) != n or min(items) < 0 or sum(items) <= 0:
+            raise ValueError(f"{key}: expected {_COUNTS.get(n, n)} proportions >= 0 ({', '.join(rule.names)}; of their "
+                             f"sum), got {value!r}")
+        return tuple(float(v) for v in items)
+    return tuple(items)
+
+
+_COUNTS = {2: "two", 3: "three", 4: "four"}
