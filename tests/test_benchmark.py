@@ -647,6 +647,7 @@ def test_render_leaves_out_files_that_are_not_the_tables_results_and_names_them(
     (folder / "notes-seed0.json").write_text(json.dumps({"hello": 1}))
     (folder / "broken-seed0.json").write_text("{")
     (folder / "typed-seed0.json").write_text(json.dumps({**good, "model": "typed", "per_step_nmse": [0.1, "0.1"]}))
+    (folder / "zero-seed0.json").write_text(json.dumps({**good, "model": "zero", "nmse_mean": 0}))  # (a ratio's divisor)
     found, left_out = btab.load_results(tmp_path, "bc", tables["bc"])
     assert found == [good]
     text = " ".join(left_out)
@@ -654,7 +655,7 @@ def test_render_leaves_out_files_that_are_not_the_tables_results_and_names_them(
                      "nonesuch-seed0.json` (row 'nonesuch' is not a row of the table)",
                      "notes-seed0.json` (not a result file: no table, recipe, model, seed, size, epochs, batch_size, gpu, commit, "
                      "nmse_mean)", "typed-seed0.json` (not a result file: per_step_nmse: [1]: expected a number, "
-                     "got \"0.1\")",
+                     "got \"0.1\")", "zero-seed0.json` (not a result file: nmse_mean: expected a finite number above 0, got 0)",
                      "broken-seed0.json` (not JSON"):
         assert expected in text, expected
     page = page_of(tmp_path, "bc", tables)

@@ -144,8 +144,8 @@ def commands(found: list[dict[str, Any]], tables: dict[str, Any]) -> list[str]:
                                   for p in curve})
             if table in tables and seed.isdigit():
                 out.append(f"python recipes/benchmark.py run --table {table} --recipes {recipe} --rows {row} "
-                                f"--seeds {seed} --output-root runs --results runs/results")
+                           f"--seeds {seed} --output-root runs --results runs/results")
             out.append(f"python benchmarks/bench_runtime.py run runs/{table}/{recipe}/{name} --out "
-                            f"runs/runtime/{r['file']} --trajectories {trajectories} --resolutions "
-                            f"{' '.join(map(str, resolutions))} --repeats {r['repeats']}")
+                       f"runs/runtime/{r['file']} --trajectories {trajectories} --resolutions "
+                       f"{' '.join(map(str, resolutions))} --repeats {r['repeats']}")
     return out

@@ -47,6 +47,7 @@ def _is_number(v: Any) -> bool:
 
 
 NUMBER = _kind(_is_number, "a number")
+POSITIVE = _kind(lambda v: _is_number(v) and math.isfinite(v) and v > 0, "a finite number above 0")  # (ratios' divisors)
 INTEGER = _kind(lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")
 TEXT = _kind(lambda v: isinstance(v, str), "text")
 FLAG = _kind(lambda v: isinstance(v, bool), "true or false")
@@ -101,8 +102,8 @@ RESULT = record({
     "table": TEXT, "recipe": TEXT, "model": TEXT, "model_config": TEXT, "overrides": list_of(TEXT),
     "extra": list_of(TEXT), "seed": INTEGER, "size": TEXT, "epochs": INTEGER, "batch_size": INTEGER,
     "processes": INTEGER, "lr": NUMBER, "precision": optional(TEXT), "n_params": INTEGER, "steps": INTEGER,
-    "gpu": TEXT, "wall_s": NUMBER, "commit": TEXT, "nmse_mean": NUMBER, "nmse_std": NUMBER,
-    "nmse_worst_group": GROUP, "rel_l2_mean": NUMBER, "per_step_nmse": list_of(NUMBER), "mse_mean": NUMBER,
+    "gpu": TEXT, "wall_s": NUMBER, "commit": TEXT, "nmse_mean": POSITIVE, "nmse_std": NUMBER,
+    "nmse_worst_group": GROUP, "rel_l2_mean": NUMBER, "per_step_nmse": list_of(NUMBER), "mse_mean": POSITIVE,
     "mse_std": NUMBER, "rollout_steps": INTEGER, "test_trajectories": INTEGER, "paper_nmse": optional(NUMBER),
     "groups": list_of(GROUP), "resumed": FLAG, "train_s": optional(NUMBER), "same_run_as": TEXT,
     "relabelled": TEXT, "at_epochs": list_of(TESTED),
