@@ -17,6 +17,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import resource
 import shutil
 import socket
@@ -68,6 +69,19 @@ def held(lock: str | Path, wait: bool = False, on_wait: Callable[[str], None] | 
 def temporary_name(path: Path) -> Path:
     """The hidden name a write of ``path`` uses until it is complete (``.NAME.tmp-PID``)."""
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def remove_leftovers(folder: Path, names: re.Pattern[str]) -> None:
+    """Remove what killed writes left in ``folder``: the hidden files and folders whose names
+    match ``names`` (the `temporary_name`s of `written_whole` and `written_whole_folder`, and
+    the latter's ``.NAME.old-PID``). Call it where one process writes the folder (a lock)."""
+    for path in folder.glob(".*"):
+        if not names.match(path.name):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 class DiskFull(OSError):

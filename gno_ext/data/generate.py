@@ -30,7 +30,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from gno_ext._files import held, write_json
+from gno_ext._files import held, remove_leftovers, write_json
 from gno_ext.data.fingerprint import check_protocol, fingerprint, protocol, protocol_digest
 from gno_ext.data.presets import SPLITS, Preset, Trajectory, get_preset
 from gno_ext.data.simulate import simulate
@@ -115,7 +115,8 @@ def generate(name: str, size: str = "small", out: str | Path = "data", device: s
     root = Path(out) / "datasets" / preset.name
     root.mkdir(parents=True, exist_ok=True)
     with _locked(root, progress):  # one generating process per dataset folder; the manifest is read under the lock
-        _remove_temporaries(root)
+        for folder in (root, *sorted((root / "data").glob("*"))):  # what interrupted writes left
+            remove_leftovers(folder, TEMPORARY)
         return _generate(preset, size, root, device, batch_size, shard_size, splits, progress, on_shard, dtype)
 
 
@@ -133,14 +134,6 @@ def _locked(root: Path, progress: bool) -> Iterator[None]:
 
     with held(root / ".generate.lock", wait=True, on_wait=say):
         yield
-
-
-def _remove_temporaries(root: Path) -> None:
-    """Remove the hidden partial files that interrupted runs left (only names of our pattern)."""
-    for folder in (root, *sorted((root / "data").glob("*"))):
-        for path in folder.glob(".*.tmp-*"):
-            if path.is_file() and TEMPORARY.match(path.name):
-                path.unlink()
 
 
 def _shard_intact(path: Path, record: dict[str, Any]) -> bool:

@@ -30,7 +30,7 @@ import torch
 import yaml
 from torch import nn
 
-from gno_ext._files import written_whole_folder
+from gno_ext._files import remove_leftovers, written_whole_folder
 from gno_ext.models.registry import _tensor_state, load_weights, write_model_files
 
 __all__ = ["save_training_checkpoint", "load_training_checkpoint", "latest_checkpoint", "list_checkpoints"]
@@ -85,7 +85,7 @@ def save_training_checkpoint(run_dir: str | Path, step: int, model: nn.Module, o
     """
     folder = Path(run_dir) / "checkpoints"
     final = folder / f"step_{step:08d}"
-    _remove_temporaries(folder)
+    remove_leftovers(folder, TEMPORARY)  # (the run folder's lock: this process alone saves into it)
     with written_whole_folder(final) as tmp:
         write_model_files(model, tmp, extra={"step": step})
         if ema is not None:
@@ -101,14 +101,6 @@ def save_training_checkpoint(run_dir: str | Path, step: int, model: nn.Module, o
 
 
 TEMPORARY = re.compile(r"^\.step_\d{8}\.(tmp|old)-\d+$")  # a save's temporary folders (gno_ext._files)
-
-
-def _remove_temporaries(folder: Path) -> None:
-    """Remove the temporary folders of saves that were killed (only folders named as ours; the
-    run folder's lock makes this process the only one saving into it)."""
-    for path in folder.glob(".step_*"):
-        if path.is_dir() and TEMPORARY.match(path.name):
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def _load_state(file: Path) -> dict[str, Any]:
