@@ -220,9 +220,27 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
           chunk: int | None = None, options: dict | None = None, boundary: str = "fused",
           optimizer: str = "flat", attention: str = "fused", fourier: str = "dft", bandwidth: float = float("nan")
           ) -> dict:
-    whole = mode == "whole-graph"
-    if whole and device != "cuda":
+    if mode == "whole-graph" and device != "cuda":
         raise SystemExit("--modes whole-graph needs a CUDA device")
+    if device != "cuda":
+        return _bench(name, batch, mode, shape, channels, device, repeats, chunk, options, boundary, optimizer,
+                      attention, fourier, bandwidth)
+    # Everything on a stream of its own, as the trainer's loop runs (`CapturingSteps`): an autograd
+    # graph of the FLOP count made on the default stream and kept alive (a mixture's last routing)
+    # binds gradient accumulators to that stream, and the captured backward cannot wait on it
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        result = _bench(name, batch, mode, shape, channels, device, repeats, chunk, options, boundary, optimizer,
+                        attention, fourier, bandwidth, stream)
+    torch.cuda.current_stream().wait_stream(stream)
+    return result
+
+
+def _bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int,
+           chunk: int | None, options: dict | None, boundary: str, optimizer: str, attention: str, fourier: str,
+           bandwidth: float, stream: torch.cuda.Stream | None = None) -> dict:
+    whole = mode == "whole-graph"
     model, x, opt, flat = setup(name, batch, shape, channels, device, chunk, boundary, capturable=whole,
                                 optimizer=optimizer, attention=attention, fourier=fourier)
     # a fresh compilation cache for every configuration: otherwise, after dynamo's recompilation
@@ -251,7 +269,7 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
         torch.cuda.reset_peak_memory_stats()
     step = lambda: train_step(net, x, opt, device, graphs, flat)  # noqa: E731
     if whole:
-        forward, step = capture_step(forward), capture_step(step)
+        forward, step = capture_step(forward, stream=stream), capture_step(step, stream=stream)
     t_fwd = timed(forward, repeats, device)
     t_step = timed(step, repeats, device)
     memory = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")

@@ -54,15 +54,25 @@ class GraphAttentionKernel(nn.Module):
         Feature width ``D``.
     heads : int
         Attention heads (``D`` must be divisible by it).
+    ndim : int, optional
+        With it, the attention over the neighbours reads their offsets: an MLP of the offset
+        $x_j - x_i$ (and its length) is added to the key and to the value of edge $j \to i$,
+        as in point transformers. Without offsets the weights depend on the features alone,
+        and a difference stencil (a Laplacian, a gradient) must be read off absolute
+        positions. ``pos`` is then required.
     """
 
-    def __init__(self, dim: int, heads: int = 4) -> None:
+    def __init__(self, dim: int, heads: int = 4, ndim: int | None = None) -> None:
         super().__init__()
         require_at_least(1, dim=dim, heads=heads)
         if dim % heads:
             raise ValueError(f"dim={dim}: must be divisible by heads={heads}")
-        self.dim, self.heads = dim, heads
+        self.dim, self.heads, self.ndim = dim, heads, ndim
         self.q, self.kv, self.out = nn.Linear(dim, dim), nn.Linear(dim, 2 * dim), nn.Linear(dim, dim)
+        self.offset = None
+        if ndim is not None:
+            require_at_least(1, ndim=ndim)
+            self.offset = nn.Sequential(nn.Linear(ndim + 1, dim), nn.GELU(), nn.Linear(dim, 2 * dim))
 
     def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor, pos: Tensor | None = None,
                 context: Tensor | None = None, context_batch: Tensor | None = None) -> Tensor:
@@ -71,7 +81,12 @@ class GraphAttentionKernel(nn.Module):
         k, v = self.kv(x).view(n, 2, h, -1).unbind(1)
         scale = 1 / math.sqrt(q.shape[-1])
         src, dst = edge_index
-        edge_score = (q[dst] * k[src]).sum(-1) * scale  # (E, H)
+        k_edge, v_edge = k[src], v[src]
+        if self.offset is not None:
+            offsets = _offsets(pos, edge_index, self.ndim, n).to(x.dtype)
+            k_off, v_off = self.offset(offsets).view(-1, 2, h, q.shape[-1]).unbind(1)
+            k_edge, v_edge = k_edge + k_off, v_edge + v_off
+        edge_score = (q[dst] * k_edge).sum(-1) * scale  # (E, H)
         top = scatter(edge_score, dst, 0, dim_size=n, reduce="max")  # (N, H); 0 where a node has no edge
         has_edge = scatter(torch.ones_like(dst, dtype=x.dtype), dst, 0, dim_size=n, reduce="sum")[:, None] > 0
         top = torch.where(has_edge, top, torch.full_like(top, -math.inf))
@@ -86,7 +101,7 @@ class GraphAttentionKernel(nn.Module):
         top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()  # (any shift: exact)
         edge_weight = (edge_score - top[dst]).exp()  # (E, H)
         total = scatter(edge_weight, dst, 0, dim_size=n, reduce="sum")
-        summed = scatter(edge_weight[..., None] * v[src], dst, 0, dim_size=n, reduce="sum")  # (N, H, dh)
+        summed = scatter(edge_weight[..., None] * v_edge, dst, 0, dim_size=n, reduce="sum")  # (N, H, dh)
         if context is not None:
             ctx_weight = (ctx_score - top[:, None]).exp()  # masked slots: exp(-inf) = 0
             total = total + ctx_weight.sum(1)
@@ -117,18 +132,14 @@ class GraphKernelIntegral(nn.Module):
 
     def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor, pos: Tensor | None = None,
                 context: Tensor | None = None, context_batch: Tensor | None = None) -> Tensor:
-        if pos is None or pos.shape != (x.shape[0], self.ndim):
-            raise ValueError(f"pos: expected shape ({x.shape[0]}, {self.ndim}), got "
-                             f"{None if pos is None else tuple(pos.shape)}")
         src, dst = edge_index
-        offset = pos[src] - pos[dst]
-        phi = self.kernel(torch.cat([offset, offset.norm(dim=1, keepdim=True)], 1).to(x.dtype))
+        phi = self.kernel(_offsets(pos, edge_index, self.ndim, x.shape[0]).to(x.dtype))
         return scatter(phi * self.value(x)[src], dst, 0, dim_size=x.shape[0], reduce="mean")
 
 
 class GraphKernelMixture(nn.Module):
     """``K`` graph kernels behind a `ParameterGate`: each graph's $\\theta$ selects one kernel,
-    which runs on that graph alone.
+    which runs on that graph alone (or, with ``soft_routing``, all of them, mixed).
 
     Each kernel runs once, on the subgraph of the graphs that selected it (their nodes, the
     edges among them, their context tokens); unselected kernels do not run. The output is
@@ -141,13 +152,18 @@ class GraphKernelMixture(nn.Module):
     kernels : sequence of nn.Module
         Kernels with the signature of `GraphAttentionKernel`.
     gate : ParameterGate
+    soft_routing : bool
+        Every kernel on every graph, their outputs weighted by the graph's gate probabilities
+        $\\tilde g_k(\\theta)$: a kernel that varies smoothly with $\\theta$, every kernel trained
+        on every graph, the gate trained by the loss directly (the grid's `GatedSpectralConv`
+        ``soft_routing``). Costs ``K`` kernel evaluations instead of one.
     """
 
-    def __init__(self, kernels: Sequence[nn.Module], gate: ParameterGate) -> None:
+    def __init__(self, kernels: Sequence[nn.Module], gate: ParameterGate, soft_routing: bool = False) -> None:
         super().__init__()
         if len(kernels) != gate.n_kernels:
             raise ValueError(f"kernels: the gate chooses among {gate.n_kernels}, got {len(kernels)} kernels")
-        self.kernels, self.gate = nn.ModuleList(kernels), gate
+        self.kernels, self.gate, self.soft_routing = nn.ModuleList(kernels), gate, bool(soft_routing)
         self.last_routing: Routing | None = None
 
     def forward(self, x: Tensor, theta: Tensor, edge_index: Tensor, batch: Tensor, pos: Tensor | None = None,
@@ -155,6 +171,11 @@ class GraphKernelMixture(nn.Module):
         """Each node through its graph's kernel; ``theta`` (B, n_params): one row per graph."""
         routing = self.gate(theta)
         self.last_routing = routing
+        if self.soft_routing:
+            probs = routing.probs[batch]  # (N, K)
+            return sum(kernel(x, edge_index, batch, pos, context, context_batch)
+                       * probs[:, k].to(x.dtype).view(-1, *([1] * (x.ndim - 1)))
+                       for k, kernel in enumerate(self.kernels))
         node_kernel = routing.index[batch]
         out = None
         for k in node_kernel.unique().tolist():
@@ -168,6 +189,15 @@ class GraphKernelMixture(nn.Module):
             out = y.new_zeros(x.shape[0], *y.shape[1:]) if out is None else out
             out = out.index_copy(0, nodes, y)
         return out * routing.weight[batch].to(out.dtype).view(-1, *([1] * (out.ndim - 1)))
+
+
+def _offsets(pos: Tensor | None, edge_index: Tensor, ndim: int, n: int) -> Tensor:
+    """Each edge's offset ``pos[j] - pos[i]`` and its length, ``(E, ndim + 1)``; ``pos`` checked."""
+    if pos is None or pos.shape != (n, ndim):
+        raise ValueError(f"pos: expected shape ({n}, {ndim}), got {None if pos is None else tuple(pos.shape)}")
+    src, dst = edge_index
+    offset = pos[src] - pos[dst]
+    return torch.cat([offset, offset.norm(dim=1, keepdim=True)], 1)
 
 
 def _dense_context(context_batch: Tensor, n_graphs: int) -> tuple[Tensor, Tensor]:
@@ -219,13 +249,26 @@ class GraphBoundaryTransfer(nn.Module):
                 boundary_coeffs: Tensor | None = None, scale: float | Tensor = 1.0) -> tuple[Tensor, Tensor]:
         """Returns ``(tokens (S_total, D), token_batch (S_total,))``: one token per segment of each
         graph, ordered by graph, then segment."""
+        per_node = self.describe(x, pos, boundary_index, boundary_kind, boundary_values, boundary_normal,
+                                 boundary_coeffs, scale)
+        return self.pool(per_node, batch, boundary_index, boundary_segment)
+
+    def describe(self, x: Tensor, pos: Tensor, boundary_index: Tensor, boundary_kind: Tensor,
+                 boundary_values: Tensor, boundary_normal: Tensor, boundary_coeffs: Tensor | None = None,
+                 scale: float | Tensor = 1.0) -> Tensor:
+        """Each boundary node's vector ``(M, D)``, before the segments' averages: what a model
+        can also add to the boundary nodes themselves."""
         kind = one_hot(boundary_kind, self.N_TYPES, x.dtype)
         values = boundary_values.to(x.dtype) / scale
         data = torch.stack([values[:, 0], values[:, -1]], 1)
         coeffs = robin_coefficients(boundary_kind, boundary_coeffs, x.dtype)  # the grid's rule, per node
         described = torch.cat([kind, data, boundary_normal.to(x.dtype), coeffs,
                                pos[boundary_index].to(x.dtype), self.norm(x[boundary_index])], 1)
-        per_node = self.mlp(described)
+        return self.mlp(described)
+
+    def pool(self, per_node: Tensor, batch: Tensor, boundary_index: Tensor,
+             boundary_segment: Tensor) -> tuple[Tensor, Tensor]:
+        """The segments' tokens and their graphs from the nodes' vectors (`describe`'s result)."""
         graph = batch[boundary_index]
         key = graph * (int(boundary_segment.max()) + 1 if boundary_segment.numel() else 1) + boundary_segment
         keys, token = torch.unique(key, return_inverse=True)  # sorted: by graph, then segment

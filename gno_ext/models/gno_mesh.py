@@ -100,33 +100,44 @@ class MeshModel(nn.Module):
 
 
 class GNOMeshBlock(nn.Module):
-    """One block: the gated graph kernel with the boundary tokens as context, then an MLP."""
+    """One block: the gated graph kernel with the boundary tokens as context (beside it, with
+    ``local``, an ungated kernel integral over the mesh's edges), then an MLP."""
 
     def __init__(self, dim: int, ndim: int, heads: int, n_kernels: int, gate_inputs: int, gate_hidden: int,
-                 kernel: str, boundary_transfer: bool, mlp_ratio: float) -> None:
+                 kernel: str, boundary_transfer: bool, mlp_ratio: float, soft_routing: bool = False,
+                 relative_positions: bool = False, local: bool = False, boundary_nodes: bool = False) -> None:
         super().__init__()
-        make = (lambda: GraphAttentionKernel(dim, heads)) if kernel == "attention" else \
-            (lambda: GraphKernelIntegral(dim, ndim, 2 * dim))
+        make = (lambda: GraphAttentionKernel(dim, heads, ndim if relative_positions else None)) \
+            if kernel == "attention" else (lambda: GraphKernelIntegral(dim, ndim, 2 * dim))
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.mixture = GraphKernelMixture([make() for _ in range(n_kernels)],
-                                          ParameterGate(max(gate_inputs, 1), n_kernels, gate_hidden))
+                                          ParameterGate(max(gate_inputs, 1), n_kernels, gate_hidden), soft_routing)
         self.boundary = GraphBoundaryTransfer(dim, ndim, 2 * dim) if boundary_transfer else None
         # the integral kernel takes no context: its graph's boundary tokens reach the nodes through this
         self.to_nodes = nn.Linear(dim, dim) if boundary_transfer and kernel == "integral" else None
+        # each boundary node's own vector of the transfer, added to its state
+        self.to_boundary_nodes = nn.Linear(dim, dim) if boundary_transfer and boundary_nodes else None
+        self.local = GraphKernelIntegral(dim, ndim, dim) if local else None
         self.mlp = nn.Sequential(nn.Linear(dim, int(mlp_ratio * dim)), nn.GELU(), nn.Linear(int(mlp_ratio * dim), dim))
 
     def forward(self, h: Tensor, gate_in: Tensor, data: Any, scale: Tensor) -> Tensor:
         context = context_batch = None
         if self.boundary is not None:
-            context, context_batch = self.boundary(
-                h, data.pos, data.batch, data.boundary_index, data.boundary_kind, data.boundary_values,
-                data.boundary_normal, data.boundary_segment, getattr(data, "boundary_coeffs", None), scale)
+            per_node = self.boundary.describe(
+                h, data.pos, data.boundary_index, data.boundary_kind, data.boundary_values, data.boundary_normal,
+                getattr(data, "boundary_coeffs", None), scale)
+            context, context_batch = self.boundary.pool(per_node, data.batch, data.boundary_index,
+                                                        data.boundary_segment)
+            if self.to_boundary_nodes is not None:
+                h = h.index_add(0, data.boundary_index, self.to_boundary_nodes(per_node))
         x = self.norm1(h)
         if self.to_nodes is not None:
             pooled = scatter(context, context_batch, 0, dim_size=gate_in.shape[0], reduce="mean")
             x = x + self.to_nodes(pooled)[data.batch]
             context = context_batch = None
         h = h + self.mixture(x, gate_in, data.edge_index, data.batch, data.pos, context, context_batch)
+        if self.local is not None:
+            h = h + self.local(x, data.edge_index, data.batch, data.pos.to(x.dtype))
         return h + self.mlp(self.norm2(h))
 
 
@@ -158,12 +169,24 @@ class GNOMesh(MeshModel):
     boundary_transfer : bool
         The boundary tokens (False: the ablation without them).
     mlp_ratio : float
+    soft_routing : bool
+        Mix the kernels by the gate's probabilities instead of choosing one per graph
+        (`GraphKernelMixture`).
+    relative_positions : bool
+        The attention kernel reads each edge's offset (`GraphAttentionKernel`'s ``ndim``).
+    local : bool
+        An ungated `GraphKernelIntegral` over the mesh's edges beside the gated kernel in every
+        block: a local difference stencil that does not depend on the gate.
+    boundary_nodes : bool
+        Add each boundary node's vector of the boundary transfer (its type, data, normal and
+        state) to that node's state, as well as averaging them into the segment's token.
     """
 
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2,
                  t_in: int = 1, log_params: Sequence[bool] | None = None, latent: int = 64, depth: int = 4,
                  heads: int = 4, n_kernels: int = 4, gate_hidden: int = 32, kernel: str = "attention",
-                 boundary_transfer: bool = True, mlp_ratio: float = 2.0) -> None:
+                 boundary_transfer: bool = True, mlp_ratio: float = 2.0, soft_routing: bool = False,
+                 relative_positions: bool = False, local: bool = False, boundary_nodes: bool = False) -> None:
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
         require_at_least(1, latent=latent, depth=depth, heads=heads, n_kernels=n_kernels, gate_hidden=gate_hidden)
         if kernel not in KERNELS:
@@ -173,7 +196,8 @@ class GNOMesh(MeshModel):
             raise ValueError(f"n_kernels={n_kernels}: the gate needs parameters or field parameters to read")
         self.lift = nn.Linear(t_in * in_channels + ndim + field_channels, latent)
         self.blocks = nn.ModuleList(
-            GNOMeshBlock(latent, ndim, heads, n_kernels, gate_inputs, gate_hidden, kernel, boundary_transfer, mlp_ratio)
+            GNOMeshBlock(latent, ndim, heads, n_kernels, gate_inputs, gate_hidden, kernel, boundary_transfer, mlp_ratio,
+                         soft_routing, relative_positions, local, boundary_nodes)
             for _ in range(depth))
         self.head = nn.Sequential(nn.LayerNorm(latent), nn.Linear(latent, in_channels))
 

@@ -42,14 +42,19 @@ def batched(*graphs):
                 context=torch.cat(ctx), context_batch=torch.cat(ctx_batch))
 
 
-def dense_attention(kernel, x, edge_index, batch, context, context_batch):
-    """Node by node: softmax over the sources of its edges and its graph's context tokens."""
+def dense_attention(kernel, x, edge_index, batch, context, context_batch, pos=None):
+    """Node by node: softmax over the sources of its edges and its graph's context tokens (with
+    ``kernel.offset``: the offset's MLP added to the neighbours' keys and values)."""
     h = kernel.heads
     q, kv, kvc = kernel.q(x), kernel.kv(x), kernel.kv(context)
     out = []
     for i in range(x.shape[0]):
         src = edge_index[0, edge_index[1] == i]
-        keys = torch.cat([kv[src], kvc[context_batch == batch[i]]])
+        near = kv[src]
+        if kernel.offset is not None:
+            offset = pos[src] - pos[i]
+            near = near + kernel.offset(torch.cat([offset, offset.norm(dim=1, keepdim=True)], 1))
+        keys = torch.cat([near, kvc[context_batch == batch[i]]])
         k, v = keys.view(-1, 2, h, DIM // h).unbind(1)
         score = (q[i].view(h, -1) * k).sum(-1) / math.sqrt(DIM // h)  # (keys, H)
         out.append((score.softmax(0)[..., None] * v).sum(0).reshape(-1) if len(keys) else torch.zeros(DIM))
@@ -79,6 +84,22 @@ def test_the_attention_kernel_is_the_softmax_over_neighbours_and_context():
     torch.testing.assert_close(alone, no_ctx, rtol=1e-5, atol=1e-5)
 
 
+def test_the_attention_kernel_with_offsets_adds_them_to_the_neighbours_keys_and_values():
+    torch.manual_seed(1)
+    kernel = GraphAttentionKernel(DIM, heads=2, ndim=2)
+    b = batched(graph(9, 1), graph(6, 2, n_context=1))
+    got = kernel(b["x"], b["edge_index"], b["batch"], b["pos"], b["context"], b["context_batch"])
+    want = dense_attention(kernel, b["x"], b["edge_index"], b["batch"], b["context"], b["context_batch"], b["pos"])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # offsets, not positions: a shift of every node changes nothing, a reflection does
+    shifted = kernel(b["x"], b["edge_index"], b["batch"], b["pos"] + 3.0, b["context"], b["context_batch"])
+    torch.testing.assert_close(shifted, got, rtol=1e-4, atol=1e-5)
+    flipped = kernel(b["x"], b["edge_index"], b["batch"], -b["pos"], b["context"], b["context_batch"])
+    assert (flipped - got).abs().max() > 1e-3
+    with pytest.raises(ValueError, match=r"pos: expected shape \(15, 2\), got None"):
+        kernel(b["x"], b["edge_index"], b["batch"])
+
+
 def test_the_kernel_integral_is_the_mean_over_the_neighbourhood():
     torch.manual_seed(0)
     kernel = GraphKernelIntegral(DIM, ndim=2, hidden=16)
@@ -89,10 +110,10 @@ def test_the_kernel_integral_is_the_mean_over_the_neighbourhood():
         kernel(b["x"], b["edge_index"], b["batch"])
 
 
-def mixture(seed=0):
+def mixture(seed=0, soft_routing=False):
     torch.manual_seed(seed)
-    kernels = [GraphAttentionKernel(DIM, 2), GraphKernelIntegral(DIM, 2, 16), GraphAttentionKernel(DIM, 4)]
-    return GraphKernelMixture(kernels, ParameterGate(1, 3, hidden=8))
+    kernels = [GraphAttentionKernel(DIM, 2), GraphKernelIntegral(DIM, 2, 16), GraphAttentionKernel(DIM, 4, ndim=2)]
+    return GraphKernelMixture(kernels, ParameterGate(1, 3, hidden=8), soft_routing)
 
 
 def run(module, b, theta=None):
@@ -100,12 +121,14 @@ def run(module, b, theta=None):
     return module(b["x"], theta, *args[1:]) if theta is not None else module(*args)
 
 
-@pytest.mark.parametrize("which", ["attention", "integral", "mixture"])
+@pytest.mark.parametrize("which", ["attention", "attention-offsets", "integral", "mixture", "soft-mixture"])
 def test_equivariant_in_node_order_and_each_graph_independent_of_its_batch(which):
     torch.manual_seed(3)
-    module = {"attention": GraphAttentionKernel(DIM, 2), "integral": GraphKernelIntegral(DIM, 2, 16),
-              "mixture": mixture()}[which]
-    theta = torch.tensor([[0.3], [-2.0]]) if which == "mixture" else None
+    module = {"attention": lambda: GraphAttentionKernel(DIM, 2),
+              "attention-offsets": lambda: GraphAttentionKernel(DIM, 2, ndim=2),
+              "integral": lambda: GraphKernelIntegral(DIM, 2, 16), "mixture": mixture,
+              "soft-mixture": lambda: mixture(soft_routing=True)}[which]()
+    theta = torch.tensor([[0.3], [-2.0]]) if which.endswith("mixture") else None
     a, c = graph(9, 1), graph(7, 2)
     b = batched(a, c)
     y = run(module, b, theta)
@@ -136,6 +159,23 @@ def test_each_graph_runs_only_its_selected_kernel():
         grads = [p.grad for p in kernel.parameters()]
         assert all(g is not None for g in grads) if k in used else all(g is None for g in grads), k
     assert model.gate.score[0].weight.grad is not None  # the gate learns through the straight-through value
+
+
+def test_the_soft_mixture_is_the_probability_weighted_sum_of_every_kernel():
+    model = mixture(seed=6, soft_routing=True)
+    a, c = graph(9, 1), graph(7, 2)
+    b = batched(a, c)
+    theta = torch.tensor([[-3.0], [2.0]])
+    y = run(model, b, theta)
+    probs = model.gate(theta).probs
+    args = (b["edge_index"], b["batch"], b["pos"], b["context"], b["context_batch"])
+    want = sum(kernel(b["x"], *args) * probs[b["batch"], k, None] for k, kernel in enumerate(model.kernels))
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(probs[0], probs[1])  # each graph has its own weights
+    y.square().sum().backward()
+    for kernel in model.kernels:  # every kernel trains on every graph, and the gate through the mixture
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in kernel.parameters())
+    assert model.gate.score[0].weight.grad.abs().sum() > 0
 
 
 def test_the_gate_routes_graphs_by_theta():
@@ -215,6 +255,15 @@ def test_the_boundary_transfer_gives_one_token_per_segment_of_each_graph():
     interior = torch.ones(latent.shape[0], dtype=torch.bool)
     interior[both["boundary_index"]] = False
     assert latent.grad[interior].abs().sum() == 0 and op.mlp[0].weight.grad is not None
+    # the per-node vectors (`describe`) are what the segments average (`pool`)
+    keys = ("x", "pos", "boundary_index", "boundary_kind", "boundary_values", "boundary_normal")
+    per_node = op.describe(**{k: both[k] for k in keys})
+    assert per_node.shape == (both["boundary_index"].shape[0], DIM)
+    pooled, pooled_batch = op.pool(per_node, both["batch"], both["boundary_index"], both["boundary_segment"])
+    torch.testing.assert_close(pooled, tokens)
+    assert torch.equal(pooled_batch, token_batch)
+    first = (both["boundary_segment"] == 0) & (both["batch"][both["boundary_index"]] == 0)
+    torch.testing.assert_close(tokens[0], per_node[first].mean(0))
 
 
 def test_the_boundary_transfer_reads_robin_coefficients_as_the_grid_does():

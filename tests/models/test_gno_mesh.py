@@ -39,9 +39,14 @@ def permuted(s: MeshSample, perm: torch.Tensor) -> MeshSample:
                       edge_index=new_id[s.edge_index])
 
 
-@pytest.mark.parametrize("kernel", ["attention", "integral"])
-def test_shape_node_order_and_batch_independence(kernel):
-    model = tiny(kernel=kernel)
+OPTIONS = dict(soft_routing=True, relative_positions=True, local=True, boundary_nodes=True)
+
+
+@pytest.mark.parametrize("kwargs", [dict(kernel="attention"), dict(kernel="integral"), OPTIONS,
+                                    dict(OPTIONS, kernel="integral")], ids=["attention", "integral", "options",
+                                                                            "integral-options"])
+def test_shape_node_order_and_batch_independence(kwargs):
+    model = tiny(**kwargs)
     a, b = sample(1, theta=0.05), sample(2, theta=0.8, n_outer=8, n_inner=4, n_inside=9)
     y = model(collate_meshes([a, b]))
     assert y.shape == (a.n_nodes + b.n_nodes, 1, 1) and torch.isfinite(y).all()
@@ -82,6 +87,25 @@ def test_boundary_data_reach_the_prediction_only_through_the_boundary_transfer()
         assert (diff > 1e-5) == moves, (transfer, float(diff))
 
 
+@pytest.mark.parametrize("option, added", [("local", "local"), ("boundary_nodes", "to_boundary_nodes")])
+def test_an_option_adds_its_path_and_nothing_else(option, added):
+    """With the option's new layer zeroed, the model is the one without the option (same weights
+    otherwise); with it, the prediction moves, and the layer learns."""
+    graphs = collate_meshes([sample(1, theta=0.05), sample(2, theta=0.8)])
+    plain, extended = tiny(), tiny(**{option: True})
+    missing, unexpected = extended.load_state_dict(plain.state_dict(), strict=False)
+    assert not unexpected and missing and all(f".{added}." in name for name in missing)
+    y = extended(graphs)
+    assert (y - plain(graphs)).abs().max() > 1e-4
+    y.square().sum().backward()
+    assert all(p.grad is not None for b in extended.blocks for p in getattr(b, added).parameters())
+    with torch.no_grad():
+        for name, p in extended.named_parameters():
+            if f".{added}." in name and (name.endswith(".weight") or name.endswith(".bias")):
+                p.zero_()
+    torch.testing.assert_close(extended(graphs), plain(graphs), rtol=1e-5, atol=1e-6)
+
+
 def overfit_and_round_trip(model, folder) -> None:
     """A model of meshes fits two graphs (loss down 20x in 150 steps), and its checkpoint
     rebuilds the same model (shared with the graph baseline's tests)."""
@@ -92,8 +116,9 @@ def overfit_and_round_trip(model, folder) -> None:
     torch.testing.assert_close(back(data), model(data))
 
 
-def test_a_tiny_overfit_and_a_checkpoint_round_trip(tmp_path):
-    overfit_and_round_trip(tiny(latent=32), tmp_path)
+@pytest.mark.parametrize("kwargs", [{}, OPTIONS], ids=["default", "options"])
+def test_a_tiny_overfit_and_a_checkpoint_round_trip(tmp_path, kwargs):
+    overfit_and_round_trip(tiny(latent=32, **kwargs), tmp_path)
 
 
 def test_bad_configurations_and_inputs_are_named():
