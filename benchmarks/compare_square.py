@@ -5,7 +5,7 @@ Neumann in all 16 combinations, each with a constant datum) are generated once a
 dataset; `gno_ext.data.mesh.grid_form` writes the same trajectories as a grid file (the
 square's ``(n + 1)^2`` nodes as grid cells, its sides as the grid's faces). The mesh models
 (``gno_mesh``, ``mesh_gnn``) train on the mesh files through ``heat-mesh`` / ``advection-mesh``
-with ``data.domains=[square]``, the grid models (``gno_fno``, ``fno``) on the grid file through the
+with ``data.domains=[square]``, the grid models (``gno_fno_soft``, ``gno_fno``, ``fno``) on the grid file through the
 ``custom`` recipe, with the same splits, epochs, batch size, optimizer, seed and DRO groups, and
 each is evaluated on the same test trajectories (10-step rollout nMSE).
 
@@ -14,6 +14,14 @@ each is evaluated on the same test trajectories (10-step rollout nMSE).
 
 ``run`` writes one JSON file per PDE and model, ``benchmarks/results/square/<pde>-<model>.json``
 (skipped where it exists); ``render`` prints the Markdown table the irregular-domains page shows.
+
+A variant of a model (Hydra overrides after ``--``, a seed) is run into a folder of its own under
+``benchmarks/results/square/variants/``; ``render --variants`` prints their table, one row per
+file, with the settings each ran with:
+
+    python benchmarks/compare_square.py run --pde heat --models gno_mesh \
+        --results benchmarks/results/square/variants/soft-seed0 -- model.kwargs.soft_routing=true
+    python benchmarks/compare_square.py render --variants
 """
 
 from __future__ import annotations
@@ -36,12 +44,14 @@ from gno_ext.benchmark.tables import write_result
 ROOT = Path(__file__).resolve().parent.parent
 
 RESULTS = ROOT / "benchmarks" / "results" / "square"
+VARIANTS = RESULTS / "variants"
 MESH_MODELS = ("gno_mesh", "mesh_gnn")
-GRID_MODELS = ("gno_fno", "fno")
+GRID_MODELS = ("gno_fno_soft", "gno_fno", "fno")
 MODELS = MESH_MODELS + GRID_MODELS
 # The grid models' settings on the square's small grids: one boundary segment per face (the
 # data is constant along a side, as the mesh GNO's one token per side).
-GRID_OVERRIDES = {"gno_fno": ["model.kwargs.boundary_patch={side}"], "fno": []}
+GRID_OVERRIDES = {"gno_fno_soft": ["model.kwargs.boundary_patch={side}"], "gno_fno": ["model.kwargs.boundary_patch={side}"],
+                  "fno": []}
 # advection's two parameters get 4 bins each, as in the advection-mesh recipe
 PDE_OVERRIDES = {"heat": [], "advection": ["trainer.dro.bins=4"]}
 
@@ -100,7 +110,8 @@ def run_one(pde: str, model: str, size: str, data_root: Path, grid: Path, counts
     result = {"pde": pde, "model": model, "form": "mesh" if model in MESH_MODELS else "grid", "size": size,
               "epochs": cfg["trainer"]["epochs"], "batch_size": cfg["trainer"]["batch_size"],
               "lr": cfg["optimizer"]["lr"], "seed": cfg["seed"], "extra": extra, "grid_side": side,
-              "splits": counts, "device": _device(), "commit": git_commit(), "wall_s": round(wall, 1),
+              "splits": counts, "model_kwargs": cfg["model"].get("kwargs", {}), "device": _device(),
+              "commit": git_commit(), "wall_s": round(wall, 1),
               "test_trajectories": report["trajectories"], "rollout_steps": report["steps"],
               "nmse_mean": report["nmse"]["mean"], "nmse_std": report["nmse"]["std"],
               "rel_l2_mean": report["rel_l2"]["mean"], "per_step_nmse": report["per_step_nmse"],
@@ -108,6 +119,11 @@ def run_one(pde: str, model: str, size: str, data_root: Path, grid: Path, counts
     write_result(target, result)
     print(f"{target}: nMSE {result['nmse_mean']:.3e}", flush=True)
     return target
+
+
+def _short(commit: str) -> str:
+    """A commit as the tables name it: 10 digits, and ``-dirty`` where the tree had changes."""
+    return commit[:10] + ("-dirty" if commit.endswith("-dirty") else "")
 
 
 def render(results: Path = RESULTS) -> str:
@@ -150,7 +166,40 @@ def render(results: Path = RESULTS) -> str:
                  f"{first['batch_size']}, lr {first['lr']}, seed {first['seed']}"
                  + ("" if len(budget) == 1 else " (MIXED: the files differ in their budget)")
                  + f". Device: {', '.join(sorted({r['device'] for r in found}))}. Commits: "
-                 f"{', '.join(sorted({r['commit'][:10] for r in found}))}.")
+                 f"{', '.join(sorted({_short(r['commit']) for r in found}))}.")
+    return "\n".join(lines)
+
+
+# the mesh GNO's settings that the variants vary, as the variants' table shows them
+VARIANT_SETTINGS = {"n_kernels": "kernels", "soft_routing": "mixed", "boundary_nodes": "boundary nodes",
+                    "relative_positions": "offsets", "local": "local path"}
+
+
+def render_variants(folder: Path = VARIANTS) -> str:
+    """The Markdown table of the variants' result files (``folder/<variant>/<pde>-<model>.json``),
+    from the largest rollout error to the smallest: the settings each ran with (from the run's
+    configuration, `VARIANT_SETTINGS`), its seed and errors."""
+    found = [json.loads(p.read_text()) for p in sorted(folder.glob("*/*.json"))]
+    if not found:
+        raise SystemExit(f"{folder}: no variants; see `python benchmarks/compare_square.py --help`")
+    last = found[0]["rollout_steps"]
+    lines = ["| PDE | model | " + " | ".join(VARIANT_SETTINGS.values()) + f" | seed | rollout nMSE | step 1 | "
+             f"step {last} | wall time (s) |",
+             "| --- | --- | " + "--- | " * len(VARIANT_SETTINGS) + "---: | ---: | ---: | ---: | ---: |"]
+    for r in sorted(found, key=lambda r: (r["pde"], r["model"], -r["nmse_mean"], r["seed"])):
+        kwargs = r.get("model_kwargs", {})
+        settings = [("yes" if v else "no") if isinstance(v, bool) else str(v) if v is not None else "—"
+                    for v in (kwargs.get(k) for k in VARIANT_SETTINGS)]
+        lines.append(f"| {r['pde']} | `{r['model']}` | " + " | ".join(settings) + f" | {r['seed']} | "
+                     f"{r['nmse_mean']:.3f} | {r['per_step_nmse'][0]:.3f} | {r['per_step_nmse'][-1]:.3f} | "
+                     f"{r['wall_s']:.0f} |")
+    budget = {(r["size"], r["epochs"], r["batch_size"], r["lr"]) for r in found}
+    first = found[0]
+    lines.append("")
+    lines.append(f"Budget: size={first['size']}, {first['epochs']} epochs, batch {first['batch_size']}, lr {first['lr']}"
+                 + ("" if len(budget) == 1 else " (MIXED: the files differ in their budget)")
+                 + f". Device: {', '.join(sorted({r['device'] for r in found}))}. Commits: "
+                 f"{', '.join(sorted({_short(r['commit']) for r in found}))}.")
     return "\n".join(lines)
 
 
@@ -167,10 +216,11 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--results", type=Path, default=RESULTS)
     run.add_argument("extra", nargs="*", help="Hydra overrides for every run (after --), e.g. trainer.epochs=30")
     out = sub.add_parser("render")
-    out.add_argument("--results", type=Path, default=RESULTS)
+    out.add_argument("--results", type=Path, default=None, help="default: the results' (or variants') folder")
+    out.add_argument("--variants", action="store_true", help="the variants' table")
     args = parser.parse_args(argv)
     if args.command == "render":
-        print(render(args.results))
+        print(render_variants(args.results or VARIANTS) if args.variants else render(args.results or RESULTS))
         return
     cache = Path(os.environ.get("GNO_EXT_CACHE", Path.home() / ".cache" / "gno_ext"))
     data_root = args.data_root or cache / "data" / args.size

@@ -43,10 +43,48 @@ def test_mesh_and_grid_runs_see_the_same_test_trajectories_and_render(tmp_path):
 
 
 def test_the_irregular_domains_page_shows_the_committed_comparison():
+    page = (ROOT / "docs" / "irregular-domains.md").read_text()
+    assert _module().render() in page, "docs/irregular-domains.md: paste `python benchmarks/compare_square.py render`"
+
+
+def _module():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("compare_square", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_the_variants_table_lists_each_file_with_its_settings(tmp_path):
+    def result(nmse, kwargs, seed=0, commit="a" * 40, epochs=30, model="gno_mesh"):
+        return {"pde": "heat", "model": model, "size": "small", "epochs": epochs, "batch_size": 32, "lr": 0.001,
+                "seed": seed, "extra": [], "model_kwargs": kwargs, "device": "cpu", "commit": commit,
+                "wall_s": 12.3, "rollout_steps": 10, "nmse_mean": nmse,
+                "per_step_nmse": [nmse / 2] + [nmse] * 8 + [2 * nmse]}
+
+    hard = {"n_kernels": 4, "soft_routing": False, "boundary_nodes": False, "relative_positions": False,
+            "local": False, "latent": 64}
+    for name, r in {"hard": result(0.9, hard), "soft": result(0.3, {**hard, "soft_routing": True}),
+                    "soft-s1": result(0.4, {**hard, "soft_routing": True}, seed=1, commit="b" * 40 + "-dirty"),
+                    "gnn": result(0.5, {"latent": 64}, model="mesh_gnn")}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"heat-{r['model']}.json").write_text(json.dumps(r))
+    table = _module().render_variants(tmp_path)
+    assert table.splitlines()[0] == ("| PDE | model | kernels | mixed | boundary nodes | offsets | local path | seed | "
+                                     "rollout nMSE | step 1 | step 10 | wall time (s) |")
+    rows = [line for line in table.splitlines() if line.startswith("| heat")]
+    assert rows == ["| heat | `gno_mesh` | 4 | no | no | no | no | 0 | 0.900 | 0.450 | 1.800 | 12 |",
+                    "| heat | `gno_mesh` | 4 | yes | no | no | no | 1 | 0.400 | 0.200 | 0.800 | 12 |",
+                    "| heat | `gno_mesh` | 4 | yes | no | no | no | 0 | 0.300 | 0.150 | 0.600 | 12 |",
+                    "| heat | `mesh_gnn` | — | — | — | — | — | 0 | 0.500 | 0.250 | 1.000 | 12 |"]
+    assert "Commits: aaaaaaaaaa, bbbbbbbbbb-dirty." in table and "MIXED" not in table
+    (tmp_path / "short").mkdir()
+    (tmp_path / "short" / "heat-gno_mesh.json").write_text(json.dumps(result(0.5, hard, epochs=3)))
+    assert "(MIXED: the files differ in their budget)" in _module().render_variants(tmp_path)
+
+
+def test_the_irregular_domains_page_shows_the_committed_variants():
     page = (ROOT / "docs" / "irregular-domains.md").read_text()
-    assert module.render() in page, "docs/irregular-domains.md: paste `python benchmarks/compare_square.py render`"
+    assert _module().render_variants() in page, \
+        "docs/irregular-domains.md: paste `python benchmarks/compare_square.py render --variants`"
