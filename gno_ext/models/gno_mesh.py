@@ -14,7 +14,12 @@ conditions), the kernels are `GraphAttentionKernel`s (``kernel="attention"``: ov
 neighbours and its graph's boundary tokens) or `GraphKernelIntegral`s (``kernel="integral"``,
 neighbours only; the boundary tokens then enter through a projection added to every node), and
 each graph's gate reads its normalised parameters and the mean and RMS of its field
-parameters. The nodes are lifted from their input frames (normalised), positions and field
+parameters. The gate either chooses one kernel per graph (the grid GNO's rule) or, with
+``soft_routing``, mixes them by its probabilities; with ``boundary_nodes`` each boundary
+node's own vector of the transfer (before the segment's average) is also added to that node's
+state, so that a node knows its own condition and datum. The `gno_mesh` recipe configuration
+sets both: on the square's heat trajectories they took the model's rollout error from 0.92 to
+0.09 (docs/irregular-domains.md). The nodes are lifted from their input frames (normalised), positions and field
 parameters; the output is the next frame at every node, ``u_in[:, -1] + std * delta``.
 
 The model takes a batch of `MeshSample`s as torch-geometric builds it (`collate_meshes`), with
@@ -173,13 +178,15 @@ class GNOMesh(MeshModel):
         Mix the kernels by the gate's probabilities instead of choosing one per graph
         (`GraphKernelMixture`).
     relative_positions : bool
-        The attention kernel reads each edge's offset (`GraphAttentionKernel`'s ``ndim``).
+        The attention kernel reads each edge's offset (`GraphAttentionKernel`'s ``ndim``; the
+        integral kernel always does).
     local : bool
         An ungated `GraphKernelIntegral` over the mesh's edges beside the gated kernel in every
         block: a local difference stencil that does not depend on the gate.
     boundary_nodes : bool
         Add each boundary node's vector of the boundary transfer (its type, data, normal and
-        state) to that node's state, as well as averaging them into the segment's token.
+        state) to that node's state, as well as averaging them into the segment's token
+        (needs ``boundary_transfer``).
     """
 
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2,
@@ -194,6 +201,9 @@ class GNOMesh(MeshModel):
         gate_inputs = n_params + 2 * field_channels
         if n_kernels > 1 and gate_inputs == 0:
             raise ValueError(f"n_kernels={n_kernels}: the gate needs parameters or field parameters to read")
+        if boundary_nodes and not boundary_transfer:
+            raise ValueError("boundary_nodes=True: the boundary nodes' vectors come from the boundary transfer; "
+                             "set boundary_transfer=True, or boundary_nodes=False for the ablation without it")
         self.lift = nn.Linear(t_in * in_channels + ndim + field_channels, latent)
         self.blocks = nn.ModuleList(
             GNOMeshBlock(latent, ndim, heads, n_kernels, gate_inputs, gate_hidden, kernel, boundary_transfer, mlp_ratio,

@@ -81,10 +81,10 @@ def test_boundary_data_reach_the_prediction_only_through_the_boundary_transfer()
     changed["boundary_values"] = changed["boundary_values"].clone()
     changed["boundary_values"][rim] += 2.0
     b = MeshSample(**changed)
-    for transfer, moves in ((True, True), (False, False)):
-        model = tiny(boundary_transfer=transfer)
+    for transfer, nodes, moves in ((True, False, True), (True, True, True), (False, False, False)):
+        model = tiny(boundary_transfer=transfer, boundary_nodes=nodes)
         diff = (model(collate_meshes([a])) - model(collate_meshes([b]))).abs().max()
-        assert (diff > 1e-5) == moves, (transfer, float(diff))
+        assert (diff > 1e-5) == moves, (transfer, nodes, float(diff))
 
 
 @pytest.mark.parametrize("option, added", [("local", "local"), ("boundary_nodes", "to_boundary_nodes")])
@@ -126,6 +126,9 @@ def test_bad_configurations_and_inputs_are_named():
         get_model("gno_mesh", n_params=0, n_kernels=3)
     with pytest.raises(ValueError, match="kernel: expected one of attention, integral, got 'gcn'"):
         get_model("gno_mesh", kernel="gcn")
+    with pytest.raises(ValueError, match="boundary_nodes=True: the boundary nodes' vectors come from the boundary "
+                                         "transfer; set boundary_transfer=True"):
+        get_model("gno_mesh", boundary_transfer=False, boundary_nodes=True)
     model = tiny()
     no_edges = disk_with_hole(seed=6)
     with pytest.raises(ValueError, match=r"data.edge_index: GNOMesh needs it"):
