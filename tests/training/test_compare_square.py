@@ -88,3 +88,52 @@ def test_the_irregular_domains_page_shows_the_committed_variants():
     page = (ROOT / "docs" / "irregular-domains.md").read_text()
     assert _module().render_variants() in page, \
         "docs/irregular-domains.md: paste `python benchmarks/compare_square.py render --variants`"
+
+
+def test_the_variants_prose_quotes_the_variant_files():
+    """The irregular-domains page's findings about the variants are their files' figures."""
+    page = " ".join((ROOT / "docs" / "irregular-domains.md").read_text().split())
+    folder = ROOT / "benchmarks" / "results" / "square" / "variants"
+    r = {p.parent.name: json.loads(p.read_text()) for p in folder.glob("*/*.json")}
+    n = {name: f"{v['nmse_mean']:.3f}" for name, v in r.items()}
+    assert (f"The mixture of four chosen per graph scores {n['hard-mixture']}, one kernel {n['single-kernel']}, and the "
+            f"four kernels mixed by the gate's probabilities {n['soft']}") in page
+    last = lambda name: f"{r[name]['per_step_nmse'][-1]:.3f}"  # noqa: E731
+    assert (f"takes the hard mixture from {n['hard-mixture']} to {n['boundary-nodes']}, and mainly the late steps "
+            f"(step 10: {last('boundary-nodes')} against {last('hard-mixture')})") in page
+    assert (f"{n['soft-boundary-nodes']} and {n['soft-boundary-nodes-seed1']} (seeds 0 and 1) against "
+            f"{n['mesh-gnn-seed0']} and {n['mesh-gnn-seed1']} for `mesh_gnn`, and below it at every step") in page
+    for gno, gnn in (("soft-boundary-nodes", "mesh-gnn-seed0"), ("soft-boundary-nodes-seed1", "mesh-gnn-seed1")):
+        assert all(a < b for a, b in zip(r[gno]["per_step_nmse"], r[gnn]["per_step_nmse"], strict=True)), gno
+    assert (f"{n['relative-positions']} and {n['local']} on the hard mixture, {n['soft-local']} with the soft mixture "
+            f"against its {n['soft']}, and all four changes {n['all-four']}") in page
+    slow, fast = r["soft-boundary-nodes"]["wall_s"], r["hard-mixture"]["wall_s"]
+    assert f"about {slow / fast:.1f} times the hard choice's training time here ({slow:.0f} s against {fast:.0f} s" in page
+
+
+def _figure(v: float) -> str:
+    """A figure as the irregular-domains page prints it: two significant digits (0.070, 0.52, 1.6, 47)."""
+    return f"{v:.0f}" if v >= 10 else f"{v:.1f}" if v >= 1 else f"{v:.2f}" if v >= 0.1 else f"{v:.3f}"
+
+
+def test_the_curved_domains_figures_are_the_check_files():
+    """The irregular-domains page's heat table on the curved domains quotes
+    benchmarks/checks/mesh_curved_small.json."""
+    page = " ".join((ROOT / "docs" / "irregular-domains.md").read_text().split())
+    check = json.loads((ROOT / "benchmarks" / "checks" / "mesh_curved_small.json").read_text())
+    heat = {r["model"]: r for r in check["rows"] if r["recipe"] == "heat-mesh"}
+    for model, r in heat.items():
+        bold = "**" if model == "gno_mesh" else ""
+        row = (f"| {r['params'] / 1e6:.2f} M | {bold}{_figure(r['nmse_mean'])} ± {_figure(r['nmse_std'])}{bold} | "
+               f"{_figure(r['rel_l2_mean'])} | {_figure(r['valid_nmse_last_epoch'])} | "
+               + " / ".join(_figure(r["per_step_nmse"][i]) for i in (0, 4, 9)) + " |")
+        assert row in page, (model, row)
+    persistence = heat["gno_mesh"]["persistence_per_step_nmse"]
+    assert f"| persistence | — | — | — | — | {' / '.join(_figure(persistence[i]) for i in (0, 4, 9))} |" in page
+    gno, gnn = heat["gno_mesh"]["by_boundary"], heat["mesh_gnn"]["by_boundary"]
+    names = {"dirichlet/dirichlet": "both Dirichlet", "dirichlet/neumann": "Dirichlet and Neumann",
+             "neumann/dirichlet": "Neumann and Dirichlet", "neumann/neumann": "both Neumann"}
+    assert ("By the two segments' types (rollout nMSE, `gno_mesh` / `mesh_gnn`): " + ", ".join(
+        f"{names[k]} {_figure(gno[k])} / {_figure(gnn[k])}" for k in names) + ".") in page
+    ratios = [gnn[k] / gno[k] for k in names]
+    assert all(x > 1 for x in ratios) and f"by a factor of {min(ratios):.1f} to {max(ratios):.1f}" in page
