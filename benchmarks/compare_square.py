@@ -115,6 +115,7 @@ def run_one(pde: str, model: str, size: str, data_root: Path, grid: Path, counts
               "test_trajectories": report["trajectories"], "rollout_steps": report["steps"],
               "nmse_mean": report["nmse"]["mean"], "nmse_std": report["nmse"]["std"],
               "rel_l2_mean": report["rel_l2"]["mean"], "per_step_nmse": report["per_step_nmse"],
+              "per_trajectory_nmse": report["per_trajectory"]["nmse"],
               "persistence_per_step_nmse": report.get("per_step_nmse_persistence")}
     write_result(target, result)
     print(f"{target}: nMSE {result['nmse_mean']:.3e}", flush=True)

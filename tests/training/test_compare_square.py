@@ -137,3 +137,30 @@ def test_the_curved_domains_figures_are_the_check_files():
         f"{names[k]} {_figure(gno[k])} / {_figure(gnn[k])}" for k in names) + ".") in page
     ratios = [gnn[k] / gno[k] for k in names]
     assert all(x > 1 for x in ratios) and f"by a factor of {min(ratios):.1f} to {max(ratios):.1f}" in page
+
+
+def test_the_square_prose_quotes_the_result_files():
+    """The findings under the square's table are its result files' figures."""
+    import statistics
+
+    page = " ".join((ROOT / "docs" / "irregular-domains.md").read_text().split())
+    r = {p.stem: json.loads(p.read_text()) for p in (ROOT / "benchmarks" / "results" / "square").glob("*.json")}
+    heat = {m: r[f"heat-{m}"]["nmse_mean"] for m in ("gno_mesh", "mesh_gnn", "gno_fno_soft", "gno_fno", "fno")}
+    assert min(heat, key=heat.get) == "gno_mesh"
+    assert (f"{heat['gno_fno_soft'] / heat['gno_mesh']:.1f} times more accurate than the grid GNO `gno_fno_soft` "
+            f"({heat['gno_mesh']:.3f} against {heat['gno_fno_soft']:.3f}) and ahead of the graph baseline `mesh_gnn` "
+            f"({heat['mesh_gnn']:.3f};") in page
+    assert f"({heat['gno_fno_soft']:.3f} and {heat['gno_fno']:.3f} against {heat['fno']:.3f})" in page
+    adv = {m: r[f"advection-{m}"] for m in ("gno_mesh", "mesh_gnn", "gno_fno_soft", "gno_fno", "fno")}
+    persistence = adv["gno_mesh"]["persistence_per_step_nmse"]
+    mean = sum(persistence) / len(persistence)
+    assert all(a["nmse_mean"] > mean for a in adv.values()) and f"All five end above persistence ({mean:.2f})" in page
+    steps = adv["gno_mesh"]["per_step_nmse"]
+    assert (f"(step 5: {steps[4]:.2f} against {persistence[4]:.2f}) and then diverges, to {steps[-1]:.0f} at "
+            f"step 10") in page
+    per_trajectory = adv["gno_mesh"]["per_trajectory_nmse"]
+    assert (f"one of its {len(per_trajectory)} trajectories reaches {max(per_trajectory):.0f} and its median "
+            f"trajectory scores {statistics.median(per_trajectory):.1f}") in page
+    grid = [adv[m]["nmse_mean"] for m in ("gno_fno_soft", "gno_fno", "fno")]
+    assert (f"The grid models end at {min(grid):.1f} to {max(grid):.0f}, the graph baseline at "
+            f"{adv['mesh_gnn']['nmse_mean']:.0f}") in page
