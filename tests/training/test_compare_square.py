@@ -116,27 +116,40 @@ def _figure(v: float) -> str:
     return f"{v:.0f}" if v >= 10 else f"{v:.1f}" if v >= 1 else f"{v:.2f}" if v >= 0.1 else f"{v:.3f}"
 
 
-def test_the_curved_domains_figures_are_the_check_files():
-    """The irregular-domains page's heat table on the curved domains quotes
+@pytest.mark.parametrize("recipe", ["heat-mesh", "advection-mesh"])
+def test_the_curved_domains_figures_are_the_check_files(recipe):
+    """The irregular-domains page's tables and findings on the curved domains quote
     benchmarks/checks/mesh_curved_small.json."""
     page = " ".join((ROOT / "docs" / "irregular-domains.md").read_text().split())
     check = json.loads((ROOT / "benchmarks" / "checks" / "mesh_curved_small.json").read_text())
-    heat = {r["model"]: r for r in check["rows"] if r["recipe"] == "heat-mesh"}
-    for model, r in heat.items():
+    rows = {r["model"]: r for r in check["rows"] if r["recipe"] == recipe}
+    for model, r in rows.items():
         bold = "**" if model == "gno_mesh" else ""
         row = (f"| {r['params'] / 1e6:.2f} M | {bold}{_figure(r['nmse_mean'])} ± {_figure(r['nmse_std'])}{bold} | "
                f"{_figure(r['rel_l2_mean'])} | {_figure(r['valid_nmse_last_epoch'])} | "
                + " / ".join(_figure(r["per_step_nmse"][i]) for i in (0, 4, 9)) + " |")
         assert row in page, (model, row)
-    persistence = heat["gno_mesh"]["persistence_per_step_nmse"]
-    assert f"| persistence | — | — | — | — | {' / '.join(_figure(persistence[i]) for i in (0, 4, 9))} |" in page
-    gno, gnn = heat["gno_mesh"]["by_boundary"], heat["mesh_gnn"]["by_boundary"]
+    persistence = rows["gno_mesh"]["persistence_per_step_nmse"]
+    steps = " / ".join(_figure(persistence[i]) for i in (0, 4, 9))
+    assert (f"| persistence | — | — | — | — | {steps} |" if recipe == "heat-mesh" else
+            f"| persistence | — | {_figure(sum(persistence) / len(persistence))} (the mean of its per-step errors) | "
+            f"— | — | {steps} |") in page
+    gno, gnn = rows["gno_mesh"]["by_boundary"], rows["mesh_gnn"]["by_boundary"]
     names = {"dirichlet/dirichlet": "both Dirichlet", "dirichlet/neumann": "Dirichlet and Neumann",
              "neumann/dirichlet": "Neumann and Dirichlet", "neumann/neumann": "both Neumann"}
     assert ("By the two segments' types (rollout nMSE, `gno_mesh` / `mesh_gnn`): " + ", ".join(
         f"{names[k]} {_figure(gno[k])} / {_figure(gnn[k])}" for k in names) + ".") in page
     ratios = [gnn[k] / gno[k] for k in names]
-    assert all(x > 1 for x in ratios) and f"by a factor of {min(ratios):.1f} to {max(ratios):.1f}" in page
+    assert all(x > 1 for x in ratios)
+    if recipe == "heat-mesh":
+        assert f"by a factor of {min(ratios):.1f} to {max(ratios):.1f}" in page
+        return
+    ahead = [p / m for p, m in zip(persistence, rows["gno_mesh"]["per_step_nmse"], strict=True)]
+    assert min(ahead) > 1 and f"by a factor of {ahead[0]:.1f} at the first and {ahead[-1]:.1f} at the tenth" in page
+    assert any(m > p for p, m in zip(persistence, rows["mesh_gnn"]["per_step_nmse"], strict=True))  # "does not"
+    assert f"to a mean of {_figure(gnn['neumann/dirichlet'])} on the Neumann-and-Dirichlet configuration" in page
+    assert (f"grows to {_figure(rows['gno_mesh']['per_step_nmse'][-1])} by step 10, above the error of predicting "
+            "each trajectory's mean (1)") in page and rows["gno_mesh"]["per_step_nmse"][-1] > 1
 
 
 def test_the_square_prose_quotes_the_result_files():
@@ -164,3 +177,19 @@ def test_the_square_prose_quotes_the_result_files():
     grid = [adv[m]["nmse_mean"] for m in ("gno_fno_soft", "gno_fno", "fno")]
     assert (f"The grid models end at {min(grid):.1f} to {max(grid):.0f}, the graph baseline at "
             f"{adv['mesh_gnn']['nmse_mean']:.0f}") in page
+
+
+def test_the_advice_on_meshes_quotes_the_files():
+    """"Which model to use on a mesh": its figures are the variants' and the curved check's."""
+    page = " ".join((ROOT / "docs" / "irregular-domains.md").read_text().split())
+    variants = ROOT / "benchmarks" / "results" / "square" / "variants"
+    load = lambda name: json.loads(next((variants / name).glob("*.json")).read_text())  # noqa: E731
+    hard, best, gnn = load("hard-mixture"), load("soft-boundary-nodes"), load("mesh-gnn-seed0")
+    assert f"scores {hard['nmse_mean']:.3f} on the square against its {best['nmse_mean']:.3f}" in page
+    check = json.loads((ROOT / "benchmarks" / "checks" / "mesh_curved_small.json").read_text())
+    assert "wall_s" in check["rows"][0], "the curved check records each run's wall time"
+    curved = {r["model"]: r for r in check["rows"] if r["recipe"] == "heat-mesh"}
+    assert (f"It trains {curved['gno_mesh']['wall_s'] / curved['mesh_gnn']['wall_s']:.1f} (curved domains) to "
+            f"{best['wall_s'] / gnn['wall_s']:.1f} (square) times as long as `mesh_gnn`") in page
+    assert (f"four times its parameters ({curved['gno_mesh']['params'] / 1e6:.2f} M against "
+            f"{curved['mesh_gnn']['params'] / 1e6:.2f} M)") in page
