@@ -59,6 +59,7 @@ from torch import Tensor
 
 from gno_ext._files import written_whole
 from gno_ext.adapters.mesh import FIELDS, LAYOUT
+from gno_ext.data.fingerprint import StaleDatasetError
 from gno_ext.schema import BCType
 from gno_ext.solvers.fem import (
     TriangleMesh,
@@ -111,6 +112,7 @@ def generate_heat_mesh(path: str | Path, n_trajectories: int, domain: str = "ann
 
     return _write(path, n_trajectories, domain, resolution, seed, trajectory,
                   {"dataset_name": f"heat_{domain}", "dt": dt, "parameter_names": ["alpha"],
+                   "solver_version": SOLVER_VERSIONS["heat"],
                    "field_names": ["temperature"]})
 
 
@@ -139,10 +141,17 @@ def generate_advection_mesh(path: str | Path, n_trajectories: int, domain: str =
 
     return _write(path, n_trajectories, domain, resolution, seed, trajectory,
                   {"dataset_name": f"advection_{domain}", "dt": dt, "parameter_names": ["vx", "vy"],
+                   "solver_version": SOLVER_VERSIONS["advection"],
                    "field_names": ["concentration"]})
 
 
 GENERATORS = {"heat": generate_heat_mesh, "advection": generate_advection_mesh}
+# The version of each equation's trajectories, written to every file (``solver_version``): a
+# change of the solver that changes the trajectories raises it, and a cached file of another
+# version is refused (`prepare_mesh`). A file without the attribute is version 1.
+# advection 2: the first-order reconstruction at Neumann inflow nodes (version 1 grew without
+# bound on some trajectories, `gno_ext.solvers.fvm`).
+SOLVER_VERSIONS = {"heat": 1, "advection": 2}
 
 
 def prepare_mesh(folder: str | Path, pde: str, domains: list[str] | tuple[str, ...], size: str,
@@ -161,9 +170,23 @@ def prepare_mesh(folder: str | Path, pde: str, domains: list[str] | tuple[str, .
     for domain in domains:
         for k, split in enumerate(SPLITS):
             path = Path(folder) / f"{pde}-{domain}" / f"{split}.h5"
-            if not path.is_file():  # the stream is the domain's own: its file is the same in any list
+            if path.is_file():
+                _check_version(path, pde)
+            else:  # the stream is the domain's own: its file is the same in any list
                 GENERATORS[pde](path, plan["trajectories"][split], domain, frames=plan["frames"],
                                 resolution=plan["resolution"], seed=1000 * seed + 10 * DOMAINS.index(domain) + k)
+
+
+def _check_version(path: Path, pde: str) -> None:
+    """Raise `StaleDatasetError` if the cached file ``path`` holds trajectories of another solver
+    version than today's (`SOLVER_VERSIONS`)."""
+    with h5py.File(path, "r") as f:
+        found = int(f.attrs.get("solver_version", 1))
+    if found != SOLVER_VERSIONS[pde]:
+        raise StaleDatasetError(
+            f"{path}: its {pde} trajectories were made by solver version {found}, today's is {SOLVER_VERSIONS[pde]} "
+            f"(a change of the solver changed them), so the file is not used. Regenerate it: move or remove the "
+            f"folder {path.parent}, and the next run writes it anew.")
 
 
 def grid_form(folder: str | Path, out: str | Path) -> list[int]:

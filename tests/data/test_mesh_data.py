@@ -282,3 +282,30 @@ def test_grid_form_names_what_it_cannot_convert(tmp_path):
     with pytest.raises(ValueError, match="square domain, got layout 'gno_ext.mesh/1', domain 'annulus'"):
         grid_form(tmp_path / "mesh" / "heat-annulus", tmp_path / "grid.h5")
     assert not (tmp_path / "grid.h5").exists()
+
+
+def test_a_cached_file_of_another_solver_version_is_refused(tmp_path):
+    """A cached advection file made before the solver's fix (version 1, or no version recorded)
+    is refused by name, not trained on; a current file is used as it is."""
+    import h5py
+
+    from gno_ext.data.fingerprint import StaleDatasetError
+    from gno_ext.data.mesh import SOLVER_VERSIONS, prepare_mesh
+
+    prepare_mesh(tmp_path, "advection", ["l-shape"], "smoke")
+    test = tmp_path / "advection-l-shape" / "test.h5"
+    with h5py.File(test, "r") as f:
+        assert int(f.attrs["solver_version"]) == SOLVER_VERSIONS["advection"] == 2
+    before = test.read_bytes()
+    prepare_mesh(tmp_path, "advection", ["l-shape"], "smoke")  # current: kept as it is
+    assert test.read_bytes() == before
+    with h5py.File(test, "a") as f:
+        del f.attrs["solver_version"]  # as the files written before versions were recorded
+    with pytest.raises(StaleDatasetError, match=r"test.h5: its advection trajectories were made by solver version 1, "
+                                                r"today's is 2 .* move or remove the folder .*advection-l-shape"):
+        prepare_mesh(tmp_path, "advection", ["l-shape"], "smoke")
+    assert test.is_file()  # nothing removed
+    prepare_mesh(tmp_path, "heat", ["l-shape"], "smoke")
+    with h5py.File(tmp_path / "heat-l-shape" / "test.h5", "a") as f:
+        del f.attrs["solver_version"]  # heat's trajectories have not changed: version 1 is today's
+    prepare_mesh(tmp_path, "heat", ["l-shape"], "smoke")
