@@ -5,9 +5,9 @@ Neumann in all 16 combinations, each with a constant datum) are generated once a
 dataset; `gno_ext.data.mesh.grid_form` writes the same trajectories as a grid file (the
 square's ``(n + 1)^2`` nodes as grid cells, its sides as the grid's faces). The mesh models
 (``gno_mesh``, ``mesh_gnn``) train on the mesh files through ``heat-mesh`` / ``advection-mesh``
-with ``data.domains=[square]``, the grid models (``gno_fno_soft``, ``gno_fno``, ``fno``) on the grid file through the
-``custom`` recipe, with the same splits, epochs, batch size, optimizer, seed and DRO groups, and
-each is evaluated on the same test trajectories (10-step rollout nMSE).
+with ``data.domains=[square]``, the grid models (``gno_fno_soft``, ``gno_fno``, ``fno``) on the grid
+file through the ``custom`` recipe, with the same splits, epochs, batch size, optimizer, seed and
+DRO groups, and each is evaluated on the same test trajectories (10-step rollout nMSE).
 
     python benchmarks/compare_square.py run [--pde heat advection] [--size small] [--jobs 2] [-- trainer.epochs=30]
     python benchmarks/compare_square.py render [--results benchmarks/results/square]
@@ -50,8 +50,8 @@ GRID_MODELS = ("gno_fno_soft", "gno_fno", "fno")
 MODELS = MESH_MODELS + GRID_MODELS
 # The grid models' settings on the square's small grids: one boundary segment per face (the
 # data is constant along a side, as the mesh GNO's one token per side).
-GRID_OVERRIDES = {"gno_fno_soft": ["model.kwargs.boundary_patch={side}"], "gno_fno": ["model.kwargs.boundary_patch={side}"],
-                  "fno": []}
+GRID_OVERRIDES = {"gno_fno_soft": ["model.kwargs.boundary_patch={side}"],
+                  "gno_fno": ["model.kwargs.boundary_patch={side}"], "fno": []}
 # advection's two parameters get 4 bins each, as in the advection-mesh recipe
 PDE_OVERRIDES = {"heat": [], "advection": ["trainer.dro.bins=4"]}
 
