@@ -58,6 +58,7 @@ the operators that ran while its FLOPs were counted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 from pathlib import Path
@@ -76,6 +77,7 @@ from gno_ext.layers import (
 from gno_ext.models import GNO, get_model
 from gno_ext.schema import BoundarySpec
 from gno_ext.training import FlatParameters, capture_step, compile_model
+from gno_ext.training.captured import side_stream
 from gno_ext.training.setup import fused_adamw
 
 MODELS = {
@@ -222,19 +224,12 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
           ) -> dict:
     if mode == "whole-graph" and device != "cuda":
         raise SystemExit("--modes whole-graph needs a CUDA device")
-    if device != "cuda":
+    # on a GPU everything on a stream of its own, as the trainer's loop runs (`side_stream`): the
+    # FLOP count's autograd graph, kept alive by a mixture's last routing, must not be the default
+    # stream's when the whole step is captured
+    with (side_stream() if device == "cuda" else contextlib.nullcontext()) as stream:
         return _bench(name, batch, mode, shape, channels, device, repeats, chunk, options, boundary, optimizer,
-                      attention, fourier, bandwidth)
-    # Everything on a stream of its own, as the trainer's loop runs (`CapturingSteps`): an autograd
-    # graph of the FLOP count made on the default stream and kept alive (a mixture's last routing)
-    # binds gradient accumulators to that stream, and the captured backward cannot wait on it
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        result = _bench(name, batch, mode, shape, channels, device, repeats, chunk, options, boundary, optimizer,
-                        attention, fourier, bandwidth, stream)
-    torch.cuda.current_stream().wait_stream(stream)
-    return result
+                      attention, fourier, bandwidth, stream)
 
 
 def _bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int,

@@ -47,7 +47,7 @@ from gno_ext.schema import PDEBatch
 from gno_ext.training.flat import FlatParameters
 from gno_ext.training.steps import EagerSteps, Objective, Steps, unwrap_optimizer
 
-__all__ = ["CapturedSteps", "CapturingSteps", "capture_step", "check_capture_settings", "signature",
+__all__ = ["CapturedSteps", "CapturingSteps", "capture_step", "check_capture_settings", "side_stream", "signature",
            "training_steps"]
 
 
@@ -109,6 +109,19 @@ def capture_step(fn: Callable[[], Any], warmup: int = 3, pool: Any = None, strea
     with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
         fn()
     return graph.replay
+
+
+@contextlib.contextmanager
+def side_stream() -> Iterator[torch.cuda.Stream]:
+    """Run the block on a new CUDA stream, after the work queued before it; the stream that was
+    current waits for it at the end. Work that will be captured in a CUDA graph belongs there
+    from its first eager step on: an autograd graph made on the default stream and kept alive
+    binds gradient accumulators to it, which a capture cannot wait on (`capture_step`)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        yield stream
+    torch.cuda.current_stream().wait_stream(stream)
 
 
 def check_capture_settings(device: torch.device, world: int, accum: int, precision: str, compile_mode: Any,
@@ -284,13 +297,9 @@ class CapturingSteps:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        """The loop on a side stream of its own, after the work queued before it; the default
-        stream waits for it at the end."""
-        self.stream = torch.cuda.Stream()
-        self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream):
+        """The loop on a side stream of its own (`side_stream`)."""
+        with side_stream() as self.stream:
             yield
-        torch.cuda.current_stream().wait_stream(self.stream)
 
     def updated(self) -> None:
         if not self.steps.replayed:  # the optimizer's state exists: replay from now on
