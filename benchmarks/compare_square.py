@@ -160,15 +160,21 @@ def render(results: Path = RESULTS) -> str:
             cells += ["—"] * 3 if not steps else [f"{sum(steps) / len(steps):.3f}", f"{steps[0]:.3f}", f"{steps[-1]:.3f}"]
         lines.append("| persistence (first cell: the mean of its per-step nMSE) | — | " + " | ".join(cells) + " |")
     first = found[0]
-    budget = {(r["size"], r["epochs"], r["batch_size"], r["lr"], r["seed"], tuple(r["extra"])) for r in found}
     lines.append("")
     lines.append(f"Budget: size={first['size']} ({first['splits'][0]} training, {first['splits'][2]} test trajectories, "
                  f"a {first['grid_side']} x {first['grid_side']} grid), {first['epochs']} epochs, batch "
                  f"{first['batch_size']}, lr {first['lr']}, seed {first['seed']}"
-                 + ("" if len(budget) == 1 else " (MIXED: the files differ in their budget)")
-                 + f". Device: {', '.join(sorted({r['device'] for r in found}))}. Commits: "
-                 f"{', '.join(sorted({_short(r['commit']) for r in found}))}.")
+                 + _provenance(found, ("size", "epochs", "batch_size", "lr", "seed", "extra")))
     return "\n".join(lines)
+
+
+def _provenance(found: list[dict], budget: tuple[str, ...]) -> str:
+    """What follows a table's budget line: a warning where the files differ in the ``budget``
+    keys, then the devices and the commits that made them."""
+    mixed = len({json.dumps([r[k] for k in budget]) for r in found}) > 1
+    return (" (MIXED: the files differ in their budget)" * mixed
+            + f". Device: {', '.join(sorted({r['device'] for r in found}))}. Commits: "
+            f"{', '.join(sorted({_short(r['commit']) for r in found}))}.")
 
 
 # the mesh GNO's settings that the variants vary, as the variants' table shows them
@@ -194,13 +200,10 @@ def render_variants(folder: Path = VARIANTS) -> str:
         lines.append(f"| {r['pde']} | `{r['model']}` | " + " | ".join(settings) + f" | {r['seed']} | "
                      f"{r['nmse_mean']:.3f} | {r['per_step_nmse'][0]:.3f} | {r['per_step_nmse'][-1]:.3f} | "
                      f"{r['wall_s']:.0f} |")
-    budget = {(r["size"], r["epochs"], r["batch_size"], r["lr"]) for r in found}
     first = found[0]
     lines.append("")
     lines.append(f"Budget: size={first['size']}, {first['epochs']} epochs, batch {first['batch_size']}, lr {first['lr']}"
-                 + ("" if len(budget) == 1 else " (MIXED: the files differ in their budget)")
-                 + f". Device: {', '.join(sorted({r['device'] for r in found}))}. Commits: "
-                 f"{', '.join(sorted({_short(r['commit']) for r in found}))}.")
+                 + _provenance(found, ("size", "epochs", "batch_size", "lr")))
     return "\n".join(lines)
 
 

@@ -363,12 +363,12 @@ def _checked(cls: type, f: dataclasses.Field, value: Any, key: str) -> Any:
 
 def _items(rule: Items | Proportions, value: Any, key: str) -> tuple[Any, ...] | None:
     """``value`` of a list setting (`Items`, `Proportions`), checked, as a tuple."""
-    if value is None and isinstance(rule, Items) and rule.nullable:
+    nullable = isinstance(rule, Items) and rule.nullable
+    if value is None and nullable:
         return None
     kind, what = ITEMS[rule.kind] if isinstance(rule, Items) else ((int, float), "numbers")
     items = list(value) if isinstance(value, (list, tuple)) else None
     if items is None or not all(isinstance(v, kind) and (kind is bool or not isinstance(v, bool)) for v in items):
-        nullable = isinstance(rule, Items) and rule.nullable
         raise ValueError(f"{key}: expected a list of {what}{' or null' if nullable else ''}, got {value!r}")
     if isinstance(rule, Proportions):
         n = len(rule.names)
