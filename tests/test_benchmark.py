@@ -320,6 +320,23 @@ def test_the_summary_opens_the_overview_and_the_notes_quote_the_result_files(tmp
         brender.fill((tmp_path / "notes" / "summary.md").read_text(), results, "summary.md")
 
 
+
+def test_a_check_placeholder_reads_the_checks_beside_the_results(tmp_path):
+    """``{{check:...}}`` quotes the CPU checks (benchmarks/checks), never the tables' results of the
+    same name, and a check without its file is refused by name."""
+    results, checks = tmp_path / "results", tmp_path / "checks"
+    for root, value in ((results, 0.5), (checks, 0.25)):
+        (root / "modes" / "advection-param").mkdir(parents=True)
+        (root / "modes" / "advection-param" / "fno-seed0.json").write_text(json.dumps({"nmse_mean": value}))
+    (checks / "modes" / "advection-param" / "fno-seed1.json").write_text(json.dumps({"nmse_mean": 0.35}))
+    text = "{{check:modes/advection-param/fno:nmse_mean}} {{check:modes/advection-param/fno@1:nmse_mean:.1f}} " \
+           "{{modes/advection-param/fno:nmse_mean}}"
+    assert brender.fill(text, results) == "0.3 0.3 0.5"
+    with pytest.raises(ValueError, match=r"note.md: \{\{check:modes/advection-param/gno:nmse_mean\}\} has no "
+                                         r"value in .*checks/modes/advection-param"):
+        brender.fill("{{check:modes/advection-param/gno:nmse_mean}}", results, "note.md")
+
+
 @pytest.mark.slow
 def test_a_failing_run_writes_nothing_and_the_others_go_on(tmp_path):
     tables = tmp_path / "tables.yaml"

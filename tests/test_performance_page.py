@@ -167,3 +167,28 @@ def test_the_runtime_notes_quote_the_runtime_files():
     ]
     missing = [s for s in said if s not in notes]
     assert not missing, missing
+
+
+def test_the_models_page_quotes_the_performance_files():
+    """The speed figures of the models page (its section on speed in your own training loop, the
+    float32 attention note, the GNO on the FNO backbone) are those of the files it names."""
+    page = " ".join((REPO / "docs" / "models" / "index.md").read_text().split())
+    rows = lambda name: json.loads((REPO / "benchmarks" / "history" / f"{name}.json").read_text())["rows"]  # noqa: E731
+    step = {(r["model"], r["mode"]): r for r in rows("model_h100_r24") if r["batch"] == 256}
+    graphs = {r["model"]: r for r in rows("model_h100_r24_graphs") if r["batch"] == 256}
+    gno, standin = step["gno", "whole-graph"], step["vit-standin", "whole-graph"]
+    attention = {(precision, r["path"]): r["forward_backward_us"] for precision in ("float32", "tf32")
+                 for r in rows(f"layers_h100_r18_{precision}") if r["layer"] == "attention"}
+    fno = {r["model"]: r for r in rows("model_step_fno_gno_fno_h200")}
+    said = [
+        f"that host work is what limits the step: {graphs['gno']['step_ms']:.2f} ms",
+        f"step captured together and replayed: {gno['step_ms']:.2f} ms",
+        f"the GNO's training step takes {gno['step_ms']:.2f} ms, the same backbone with one kernel and no "
+        f"boundary operator {standin['step_ms']:.2f} ms (+{round(100 * (gno['step_ms'] / standin['step_ms'] - 1))} %)",
+        f"the boundary operator adds {round(100 * (gno['step_gflop'] / standin['step_gflop'] - 1))} %",
+        f"passes took {attention['float32', 'fused']:.0f} µs against {attention['float32', 'sdpa']:.0f} µs",
+        f"with TF32 products allowed, {attention['tf32', 'fused']:.0f} µs against {attention['tf32', 'sdpa']:.0f} µs",
+        f"Its captured training step takes {fno['gno-fno']['step_ms'] / fno['fno']['step_ms']:.2f} times the `fno`",
+    ]
+    missing = [s for s in said if s not in page]
+    assert not missing, missing

@@ -100,20 +100,23 @@ def _budget_text(budget: tuple) -> str:
          if any(not o.startswith(('trainer.epochs=', 'trainer.batch_size=')) for o in extra) else "")
 
 
-_PLACEHOLDER = re.compile(r"\{\{\s*([\w.-]+)/([\w.-]+)/([\w.-]+?)(?:@(\d+))?:([\w.]+)(?::([^}\s]+))?\s*\}\}")
+_PLACEHOLDER = re.compile(
+    r"\{\{\s*(check:)?([\w.-]+)/([\w.-]+)/([\w.-]+?)(?:@(\d+))?:([\w.]+)(?::([^}\s]+))?\s*\}\}")
 
 
 def fill(text: str, results: Path, where: str = "notes") -> str:
     """``text`` with every placeholder ``{{TABLE/RECIPE/ROW[@SEED]:FIELD[:FORMAT]}}`` replaced by
     the result files' value: FIELD of the cell's results (a dotted path into the JSON, e.g.
     ``nmse_mean``, ``nmse_worst_group.nmse_mean``, ``per_step_nmse.0``), the mean over its seeds
-    or the one seed named, formatted with FORMAT (default ``.3g``; exponents unpadded: ``5.6e-4``). A placeholder without a
-    value raises a `ValueError` naming it and ``where``: a note cannot quote a figure that its
-    results do not hold."""
+    or the one seed named, formatted with FORMAT (default ``.3g``; exponents unpadded: ``5.6e-4``).
+    ``{{check:TABLE/...}}`` reads the CPU checks of ``benchmarks/checks.yaml`` instead, from the
+    folder ``checks`` beside ``results``. A placeholder without a value raises a `ValueError`
+    naming it and ``where``: a note cannot quote a figure that its results do not hold."""
     def value(match: re.Match) -> str:
-        table, recipe, row, seed, field, fmt = match.groups()
+        check, table, recipe, row, seed, field, fmt = match.groups()
+        folder = (results.parent / "checks" if check else results) / table / recipe
         values = []
-        for path in sorted((results / table / recipe).glob(f"{row}-seed{seed if seed else '*'}.json")):
+        for path in sorted(folder.glob(f"{row}-seed{seed if seed else '*'}.json")):
             try:
                 item: Any = json.loads(path.read_text())
             except (json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -128,7 +131,7 @@ def fill(text: str, results: Path, where: str = "notes") -> str:
             if isinstance(item, (int, float)):
                 values.append(float(item))
         if not values:
-            raise ValueError(f"{where}: {match.group(0)} has no value in {results / table / recipe}")
+            raise ValueError(f"{where}: {match.group(0)} has no value in {folder}")
         # exponents without padding: 5.6e-4, as the notes write them (format gives 5.6e-04)
         return re.sub(r"e([+-])0*(\d)", r"e\1\2", format(sum(values) / len(values), fmt or ".3g")).replace("e+", "e")
 
