@@ -192,3 +192,11 @@ def test_the_models_page_quotes_the_performance_files():
     ]
     missing = [s for s in said if s not in page]
     assert not missing, missing
+
+
+def test_the_trl_page_quotes_its_file():
+    page = " ".join((REPO / "docs" / "recipes" / "trl.md").read_text().split())
+    runs = [r["step_ms"] for r in json.loads((REPO / "benchmarks" / "history" / "model_h100_r21_trl_runs.json")
+                                             .read_text())["rows"] if r["batch"] == 32 and r["mode"] == "whole-graph"]
+    assert f"took {min(runs):.2f} to {max(runs):.2f} ms in {['no', 'one', 'two', 'three', 'four'][len(runs)]} runs" in page
+
