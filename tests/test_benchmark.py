@@ -451,6 +451,17 @@ def test_figures_show_the_gno_the_two_best_rows_and_persistence(tmp_path):
     assert "bc-heat-bc-groups.png" not in [p.name for p in bfig.write_figures(btab.load_tables(), tmp_path,
                                                                                tmp_path / "none")]
 
+    # a table that names them otherwise (ns-start: gno_from50): its one row of each model config
+    rows = [("gno_from50", "gno", 0.14), ("fno_from50", "fno", 4e-4), ("gno_fno_soft_from50", "gno_fno_soft", 3.8e-4),
+            ("vit_from50", "vit", 0.01), ("persistence_from50", "persistence", 0.21)]
+    found = [{**result(row, nmse), "recipe": "ns-param", "model_config": config} for row, config, nmse in rows]
+    assert [row for row, _ in btab._shown(found, "ns-param")] == \
+        ["gno_from50", "gno_fno_soft_from50", "fno_from50", "persistence_from50"]
+    # two rows of the GNO's config and none named gno (the dro table's variants): no row is the paper's GNO
+    found += [{**result("gno_erm", 0.2), "recipe": "ns-param", "model_config": "gno"}]
+    assert [row for row, _ in btab._shown(found, "ns-param")] == \
+        ["gno_fno_soft_from50", "fno_from50", "persistence_from50"]
+
 
 def test_tables_show_the_worst_group_and_the_error_against_training_time(tmp_path):
     """A table with ``worst: true`` (dro) shows each cell's worst group beside its mean; results

@@ -103,7 +103,7 @@ def write_figures(tables: dict[str, Any], results: Path, folder: Path) -> list[P
                                      f"different lengths {sorted({len(c) for c in curves})} (one budget, one rollout)")
                 curve = np.mean(curves, axis=0)
                 ax.semilogy(np.arange(1, len(curve) + 1), curve, marker="o", ms=3, color=model_colour(row),
-                            ls="--" if row == "persistence" else "-", label=f"{row} ({len(rs)} seed{'s' * (len(rs) > 1)})")
+                            ls="--" if rs[0].get("model_config", row) == "persistence" else "-", label=f"{row} ({len(rs)} seed{'s' * (len(rs) > 1)})")
             ax.axhline(1.0, color="black", lw=0.8, ls=":", label="each frame's mean (nMSE 1)")
             ax.set_xlabel("rollout step")
             ax.set_ylabel("nMSE of the step")

@@ -415,10 +415,20 @@ def ranked_values(found: list[dict[str, Any]], recipe: str, metric: str = "nmse"
 
 
 def _shown(found: list[dict[str, Any]], recipe: str, metric: str = "nmse") -> list[tuple[str, list[dict[str, Any]]]]:
-    """The rows a column's figures show: the GNO, the two best other trained rows, persistence."""
+    """The rows a column's figures show: the paper's GNO, the two best other trained rows,
+    persistence. The GNO's and persistence's rows are those of their name or, where a table names
+    them otherwise (``gno_from50``), its one row of that model config."""
     ranked = _ranked(found, recipe, metric)
-    others = [x for x in ranked if x[0] not in ("gno", "persistence")][:2]
-    return [x for x in ranked if x[0] == "gno"] + others + [x for x in ranked if x[0] == "persistence"]
+
+    def row_of(config: str) -> str | None:
+        if any(row == config for row, _ in ranked):
+            return config
+        named = [row for row, rs in ranked if rs[0].get("model_config") == config]
+        return named[0] if len(named) == 1 else None
+
+    gno, persistence = row_of("gno"), row_of("persistence")
+    others = [x for x in ranked if x[0] not in (gno, persistence)][:2]
+    return [x for x in ranked if x[0] == gno] + others + [x for x in ranked if x[0] == persistence]
 
 
 def _tested(found: list[dict[str, Any]], recipe: str, row: str, epoch: int) -> list[dict[str, Any]]:
