@@ -721,3 +721,10 @@ def test_the_pages_quote_the_headline_and_the_main_jobs_check_from_their_files()
     default = next(r for r in check["rows"] if r["objective"].startswith("absolute"))  # the training default
     assert f"| {default['nmse_mean']:.2e} (worst group: {default['nmse_worst_group']:.2e}) |" in \
         (docs / "recipes" / "heat.md").read_text()
+
+
+def test_the_overview_says_which_result_files_keep_the_other_readings():
+    full = {"nmse_mean": 0.1, "nmse_readings": {"pooled": 0.1}, "per_trajectory": []}
+    assert brender._readings_said({"t": ([full, full], [])}).startswith("Each result file also keeps the pooled nMSE")
+    said = brender._readings_said({"t": ([full], []), "u": ([{"nmse_mean": 0.2}], [])})
+    assert "(1 of 2) also keep the pooled nMSE" in said and "needs the run again" in said

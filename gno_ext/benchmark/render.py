@@ -66,10 +66,7 @@ FNO, [Layers and models](../models/index.md#the-gno-on-neuraloperators-fno-gno_f
 convolutional decoder) and `persistence` (the last frame copied forward: what a model that has
 learnt nothing scores) are not in the paper.
 
-The paper does not say how it pools the variance of the nMSE. Each result file also keeps the
-pooled nMSE (summed errors over summed variances of the split), the per-step one (each frame's
-own variance) and the per-channel one (`nmse_readings`), and each trajectory's value with its
-parameters and boundary configuration (`per_trajectory`), so a cell can be re-read.
+The paper does not say how it pools the variance of the nMSE. {readings}
 
 These pages are written by `python recipes/benchmark.py render --docs docs` from the result
 files under `benchmarks/results/` (one JSON file per run, with its commit and GPU). Reproduce a
@@ -397,8 +394,24 @@ def index_page(tables: dict[str, Any], loaded: Loaded, results: Path = RESULTS) 
                    f"{done} of {len(table['recipes']) * len(table['rows'])} |")
     if any((results / RUNTIME).glob("*.json")):  # (read and checked once, by runtime_page)
         out.append("| [runtime](runtime.md) | trained models against the solvers at matched accuracy | | |")
-    out.append("\n" + READING)
+    out.append("\n" + READING.format(readings=_readings_said(loaded)))
     return "\n".join(out)
+
+
+def _readings_said(loaded: Loaded) -> str:
+    """Which result files keep the other readings of the nMSE, in words (the runs made before
+    the readings were recorded lack them, and their weights are not kept to re-evaluate)."""
+    found = [r for results, _ in loaded.values() for r in results]
+    kept = sum("nmse_readings" in r and "per_trajectory" in r for r in found)
+    what = ("the pooled nMSE (summed errors over summed variances of the split), the per-step one "
+            "(each frame's own variance) and the per-channel one (`nmse_readings`), and each "
+            "trajectory's value with its parameters and boundary configuration (`per_trajectory`), "
+            "so a cell can be re-read")
+    if kept == len(found):
+        return f"Each result file also keeps {what}."
+    return (f"The result files of the runs made since these were recorded ({kept} of {len(found)}) also keep "
+            f"{what}. The older ones keep the per-trajectory reading, its per-step and per-group "
+            "figures; another reading of them needs the run again (the trained weights are not kept).")
 
 
 def runtime_page(tables: dict[str, Any], results: Path = RESULTS) -> str | None:
