@@ -59,7 +59,8 @@ SOLVER_CASES = {"heat, exact (periodic)": "heat exact, periodic",
                 "advection, WENO5": "advection WENO5", "advection, WENO5, compiled": "advection WENO5, compiled",
                 "Burgers, WENO5": "Burgers WENO5", "Burgers, WENO5, compiled": "Burgers WENO5, compiled",
                 "Navier-Stokes (pseudo-spectral)": "Navier-Stokes"}
-MODELS = {"gno": "gno", "single-kernel stand-in": "vit-standin", "`fno`": "fno", "`gno_fno`": "gno-fno"}
+MODELS = {"gno": "gno", "single-kernel stand-in": "vit-standin", "`fno`": "fno", "`gno_fno`": "gno-fno",
+          "`gno_fno_soft`": "gno-fno-soft"}
 TRANSFORMS = {"retained modes (`dft`)": "dft", "full FFT (`fft`)": "fft"}
 EXECUTION = {"`trainer.compile=reduce-overhead`": "trainer.compile=reduce-overhead",
              "`trainer.compile=true trainer.capture=true`": "trainer.compile=true trainer.capture=true",
@@ -99,7 +100,7 @@ def expected(header: list[str], cells: list[str], rows: list[dict[str, Any]]) ->
 
 def test_the_performance_tables_are_their_measurement_files():
     found = tables(PAGE.read_text())
-    assert len(found) == 5, [files for files, _, _ in found]  # solvers, the GNO's step, FNO, transforms, DDP
+    assert len(found) == 6, [files for files, _, _ in found]  # solvers, the GNO's step, FNO, transforms, soft, DDP
     drift = []
     for files, header, page_rows in found:
         rows = [row for f in files for row in json.loads((REPO / f).read_text())["rows"]]
@@ -124,6 +125,7 @@ def test_the_performance_prose_quotes_its_files():
     gno, standin = step["gno", 256, "whole-graph"], step["vit-standin", 256, "whole-graph"]
     fno = {r["model"]: r for r in rows("model_step_fno_gno_fno_h200")}
     fourier = {r["fourier"]: r for r in rows("model_fno_fourier_h100")}
+    soft = {r["model"]: r for r in rows("model_fno_soft_h100")}
     ddp = {(r["mode"], r["procs"]): r for r in rows("ddp_h100x2_r25")}
     captured = "trainer.compile=true trainer.capture=true"
     said = [
@@ -131,6 +133,8 @@ def test_the_performance_prose_quotes_its_files():
         f"Of that, {round(100 * (gno['step_gflop'] / standin['step_gflop'] - 1))} % are extra FLOPs",
         f"`gno_fno`'s step takes {fno['gno-fno']['step_ms'] / fno['fno']['step_ms']:.2f} times the FNO's",
         f"The FNO's training step is {fourier['fft']['step_ms'] / fourier['dft']['step_ms']:.1f} times faster",
+        f"`gno_fno_soft`'s step takes {soft['gno-fno-soft']['step_ms'] / soft['fno']['step_ms']:.2f} times the FNO's",
+        f"its peak memory is {soft['gno-fno-soft']['peak_gib'] / soft['fno']['peak_gib']:.1f} times the FNO's",
         f"On two GPUs it is {ddp[captured, 2]['samples_per_s'] / ddp['trainer.compile=reduce-overhead', 2]['samples_per_s']:.1f} "
         "times as fast as `reduce-overhead` under DDP",
         f"wait for the loader {round(100 * ddp[captured, 1]['data_wait'])} % of the time "
