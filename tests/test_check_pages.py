@@ -1,0 +1,85 @@
+"""The user pages quote the CPU checks of ``benchmarks/checks.yaml`` from their result files
+(``benchmarks/checks/<table>/<recipe>/<row>-seed<N>.json``, made by ``python recipes/benchmark.py run
+--tables benchmarks/checks.yaml --results benchmarks/checks --table NAME``): the recipe pages'
+expected results and the models page's options. A figure copied by hand cannot drift from its file.
+(The results notes quote them through ``{{check:...}}`` placeholders, filled when the pages render.)"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKS = ROOT / "benchmarks" / "checks"
+
+
+def result(table: str, recipe: str, row: str, seed: int = 0) -> dict:
+    return json.loads((CHECKS / table / recipe / f"{row}-seed{seed}.json").read_text())
+
+
+def mean(table: str, recipe: str, row: str, field: str = "nmse_mean") -> float:
+    values = [json.loads(p.read_text())[field] for p in sorted((CHECKS / table / recipe).glob(f"{row}-seed*.json"))]
+    assert values, f"no results of {table}/{recipe}/{row}"
+    return sum(values) / len(values)
+
+
+def page(*parts: str) -> str:
+    return " ".join((ROOT / "docs" / Path(*parts)).read_text().split())
+
+
+def expected_rows(path: Path) -> list[list[str]]:
+    """The rows of the page's table of expected results (after the heading of that name)."""
+    text = path.read_text().split("## Hardware and expected results", 1)[1]
+    return [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("| `")]
+
+
+@pytest.mark.parametrize("name", ["heat", "advection"])
+def test_the_recipe_pages_expected_results_are_the_checks(name):
+    """Every row of the table is a run of the check table ``recipes`` (seed 0), to the digits shown:
+    the time, the mean test rollout nMSE and the worst group's."""
+    rows = expected_rows(ROOT / "docs" / "recipes" / f"{name}.md")
+    assert rows
+    for cells in rows:
+        recipe, model = (re.match(r"`([\w-]+)`", c).group(1) for c in cells[:2])
+        r = result("recipes", recipe, model)
+        worst = r["nmse_worst_group"]
+        assert cells[3] == f"{r['wall_s'] / 60:.1f} min", (recipe, model, cells[3])
+        assert cells[4] == f"{r['nmse_mean']:.3g}", (recipe, model, cells[4])
+        assert cells[5].startswith(f"{worst['nmse_mean']:.3g} ("), (recipe, model, cells[5])
+
+
+def test_every_recipe_check_is_on_a_recipe_page():
+    tables = yaml.safe_load((ROOT / "benchmarks" / "checks.yaml").read_text())["tables"]
+    shown = {(re.match(r"`([\w-]+)`", c[0]).group(1), re.match(r"`([\w-]+)`", c[1]).group(1))
+             for name in ("heat", "advection") for c in expected_rows(ROOT / "docs" / "recipes" / f"{name}.md")}
+    wanted = {(recipe, row) for recipe in tables["recipes"]["recipes"] for row in tables["recipes"]["rows"]}
+    assert shown == wanted
+
+
+def test_the_models_page_quotes_the_option_checks():
+    """``domain_padding`` and ``shared_kernel``: the figures the models page gives for them."""
+    models = page("models", "index.md")
+    padded = [result("padding", "advection-bc", "gno_fno_soft_padded", s)["nmse_mean"] for s in (0, 1)]
+    plain = [result("padding", "advection-bc", "gno_fno_soft", s)["nmse_mean"] for s in (0, 1)]
+    assert (f"`model.kwargs.domain_padding=0.125` gave a rollout nMSE of {padded[0]:.3g} and {padded[1]:.3g} "
+            f"against {plain[0]:.3g} and {plain[1]:.3g} without it") in models
+    shared = [result("shared", "heat-param", "gno_fno_soft_shared", s)["nmse_mean"] for s in (0, 1)]
+    alone = [result("shared", "heat-param", "gno_fno_soft", s)["nmse_mean"] for s in (0, 1)]
+    assert (f"the rollout nMSE was {shared[0]:.3g} and {shared[1]:.3g} with it against "
+            f"{alone[0]:.3g} and {alone[1]:.3g} without") in models
+
+
+def test_the_readme_and_getting_started_times_are_the_main_jobs():
+    """The main job's time (and the paper's configuration's) as the README and Getting started say
+    them, in whole minutes, from the check runs of the same commands."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    started = page("getting-started.md")
+    soft, gno = (result("recipes", "heat-param", model)["wall_s"] / 60 for model in ("gno_fno_soft", "gno"))
+    assert f"It takes about {round(soft)} minutes on 2 idle cores" in readme
+    assert f"(about {round(soft)} minutes on 2 idle cores)" in started
+    assert f"`model=gno` trains the paper's configuration instead (about {round(gno)} minutes)" in readme
