@@ -410,8 +410,9 @@ def _readings_said(loaded: Loaded) -> str:
     if kept == len(found):
         return f"Each result file also keeps {what}."
     return (f"The result files of the runs made since these were recorded ({kept} of {len(found)}) also keep "
-            f"{what}. The older ones keep the per-trajectory reading, its per-step and per-group "
-            "figures; another reading of them needs the run again (the trained weights are not kept).")
+            f"{what}. The older ones keep the tables' reading (the mean over the trajectories of each "
+            "one's nMSE) with its per-step and per-group figures; another reading of them needs the run "
+            "again (the trained weights are not kept).")
 
 
 def runtime_page(tables: dict[str, Any], results: Path = RESULTS) -> str | None:
