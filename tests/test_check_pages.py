@@ -83,3 +83,20 @@ def test_the_readme_and_getting_started_times_are_the_main_jobs():
     assert f"It takes about {round(soft)} minutes on 2 idle cores" in readme
     assert f"(about {round(soft)} minutes on 2 idle cores)" in started
     assert f"`model=gno` trains the paper's configuration instead (about {round(gno)} minutes)" in readme
+
+
+def test_the_models_page_quotes_the_periodic_layer_ablation():
+    """The periodic-layer option's figures on the models page: the `ablation` table's row without
+    the layer against `gno_fno` (means over the seeds run)."""
+    results = ROOT / "benchmarks" / "results" / "ablation"
+
+    def cell(recipe: str, row: str) -> float:
+        values = [json.loads(p.read_text())["nmse_mean"] for p in sorted((results / recipe).glob(f"{row}-seed*.json"))]
+        assert values, f"no results of ablation/{recipe}/{row}"
+        return sum(values) / len(values)
+
+    change = {recipe: cell(recipe, "gno_fno_no_periodic_layer") / cell(recipe, "gno_fno") - 1
+              for recipe in ("advection-joint", "heat-param")}
+    assert change["advection-joint"] < 0 < change["heat-param"]
+    assert (f"finds it {round(-100 * change['advection-joint'])} % better on advection-joint and "
+            f"{round(100 * change['heat-param'])} % worse on heat-param") in page("models", "index.md")
