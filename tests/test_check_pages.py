@@ -21,9 +21,10 @@ def result(table: str, recipe: str, row: str, seed: int = 0) -> dict:
     return json.loads((CHECKS / table / recipe / f"{row}-seed{seed}.json").read_text())
 
 
-def mean(table: str, recipe: str, row: str, field: str = "nmse_mean") -> float:
-    values = [json.loads(p.read_text())[field] for p in sorted((CHECKS / table / recipe).glob(f"{row}-seed*.json"))]
-    assert values, f"no results of {table}/{recipe}/{row}"
+def mean(root: Path, table: str, recipe: str, row: str, field: str = "nmse_mean") -> float:
+    """``field`` of a cell under ``root`` (the checks or the tables' results), averaged over its seeds."""
+    values = [json.loads(p.read_text())[field] for p in sorted((root / table / recipe).glob(f"{row}-seed*.json"))]
+    assert values, f"no results of {table}/{recipe}/{row} under {root}"
     return sum(values) / len(values)
 
 
@@ -88,15 +89,9 @@ def test_the_readme_and_getting_started_times_are_the_main_jobs():
 def test_the_models_page_quotes_the_periodic_layer_ablation():
     """The periodic-layer option's figures on the models page: the `ablation` table's row without
     the layer against `gno_fno` (means over the seeds run)."""
-    results = ROOT / "benchmarks" / "results" / "ablation"
-
-    def cell(recipe: str, row: str) -> float:
-        values = [json.loads(p.read_text())["nmse_mean"] for p in sorted((results / recipe).glob(f"{row}-seed*.json"))]
-        assert values, f"no results of ablation/{recipe}/{row}"
-        return sum(values) / len(values)
-
-    change = {recipe: cell(recipe, "gno_fno_no_periodic_layer") / cell(recipe, "gno_fno") - 1
-              for recipe in ("advection-joint", "heat-param")}
+    results = ROOT / "benchmarks" / "results"
+    change = {recipe: mean(results, "ablation", recipe, "gno_fno_no_periodic_layer")
+              / mean(results, "ablation", recipe, "gno_fno") - 1 for recipe in ("advection-joint", "heat-param")}
     assert change["advection-joint"] < 0 < change["heat-param"]
     assert (f"finds it {round(-100 * change['advection-joint'])} % better on advection-joint and "
             f"{round(100 * change['heat-param'])} % worse on heat-param") in page("models", "index.md")

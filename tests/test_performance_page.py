@@ -15,6 +15,11 @@ REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "performance.md"
 
 
+def history_rows(name: str) -> list[dict[str, Any]]:
+    """The rows of the measurement file ``benchmarks/history/NAME.json``."""
+    return json.loads((REPO / "benchmarks" / "history" / f"{name}.json").read_text())["rows"]
+
+
 def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
@@ -120,13 +125,12 @@ def test_a_cell_shows_a_value_to_its_digits(text, value, ok):
 def test_the_performance_prose_quotes_its_files():
     """The ratios the page's prose states, computed from the same files."""
     page = " ".join(PAGE.read_text().split())
-    rows = lambda name: json.loads((REPO / "benchmarks" / "history" / f"{name}.json").read_text())["rows"]  # noqa: E731
-    step = {(r["model"], r["batch"], r["mode"]): r for r in rows("model_h100_r24")}
+    step = {(r["model"], r["batch"], r["mode"]): r for r in history_rows("model_h100_r24")}
     gno, standin = step["gno", 256, "whole-graph"], step["vit-standin", 256, "whole-graph"]
-    fno = {r["model"]: r for r in rows("model_step_fno_gno_fno_h200")}
-    fourier = {r["fourier"]: r for r in rows("model_fno_fourier_h100")}
-    soft = {r["model"]: r for r in rows("model_fno_soft_h100")}
-    ddp = {(r["mode"], r["procs"]): r for r in rows("ddp_h100x2_r25")}
+    fno = {r["model"]: r for r in history_rows("model_step_fno_gno_fno_h200")}
+    fourier = {r["fourier"]: r for r in history_rows("model_fno_fourier_h100")}
+    soft = {r["model"]: r for r in history_rows("model_fno_soft_h100")}
+    ddp = {(r["mode"], r["procs"]): r for r in history_rows("ddp_h100x2_r25")}
     captured = "trainer.compile=true trainer.capture=true"
     said = [
         f"The GNO's step costs {round(100 * (gno['step_ms'] / standin['step_ms'] - 1))} % more than the stand-in's",
@@ -177,13 +181,12 @@ def test_the_models_page_quotes_the_performance_files():
     """The speed figures of the models page (its section on speed in your own training loop, the
     float32 attention note, the GNO on the FNO backbone) are those of the files it names."""
     page = " ".join((REPO / "docs" / "models" / "index.md").read_text().split())
-    rows = lambda name: json.loads((REPO / "benchmarks" / "history" / f"{name}.json").read_text())["rows"]  # noqa: E731
-    step = {(r["model"], r["mode"]): r for r in rows("model_h100_r24") if r["batch"] == 256}
-    graphs = {r["model"]: r for r in rows("model_h100_r24_graphs") if r["batch"] == 256}
+    step = {(r["model"], r["mode"]): r for r in history_rows("model_h100_r24") if r["batch"] == 256}
+    graphs = {r["model"]: r for r in history_rows("model_h100_r24_graphs") if r["batch"] == 256}
     gno, standin = step["gno", "whole-graph"], step["vit-standin", "whole-graph"]
     attention = {(precision, r["path"]): r["forward_backward_us"] for precision in ("float32", "tf32")
-                 for r in rows(f"layers_h100_r18_{precision}") if r["layer"] == "attention"}
-    fno = {r["model"]: r for r in rows("model_step_fno_gno_fno_h200")}
+                 for r in history_rows(f"layers_h100_r18_{precision}") if r["layer"] == "attention"}
+    fno = {r["model"]: r for r in history_rows("model_step_fno_gno_fno_h200")}
     said = [
         f"that host work is what limits the step: {graphs['gno']['step_ms']:.2f} ms",
         f"step captured together and replayed: {gno['step_ms']:.2f} ms",
@@ -200,7 +203,7 @@ def test_the_models_page_quotes_the_performance_files():
 
 def test_the_trl_page_quotes_its_file():
     page = " ".join((REPO / "docs" / "recipes" / "trl.md").read_text().split())
-    runs = [r["step_ms"] for r in json.loads((REPO / "benchmarks" / "history" / "model_h100_r21_trl_runs.json")
-                                             .read_text())["rows"] if r["batch"] == 32 and r["mode"] == "whole-graph"]
+    runs = [r["step_ms"] for r in history_rows("model_h100_r21_trl_runs")
+            if r["batch"] == 32 and r["mode"] == "whole-graph"]
     assert f"took {min(runs):.2f} to {max(runs):.2f} ms in {['no', 'one', 'two', 'three', 'four'][len(runs)]} runs" in page
 
