@@ -30,8 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def startup(metrics: Path) -> dict[str, float | None]:
-    """The startup times a run logged (``startup/first_step_s``, ``startup/first_captured_step_s``)."""
-    found: dict[str, float | None] = {"first_step_s": None, "first_captured_step_s": None}
+    """The startup times a run logged (``startup/first_step_s``, ``startup/first_captured_step_s``) and
+    the graphs it had compiled and loaded from the cache by then (the last record's counts)."""
+    found: dict[str, float | None] = {"first_step_s": None, "first_captured_step_s": None,
+                                      "graphs_compiled": None, "graphs_loaded": None}
     for line in metrics.read_text().splitlines():
         row = json.loads(line)
         for key in found:
@@ -71,6 +73,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.steps < 2:
         parser.error(f"--steps: at least 2 (the first captured step is the second), got {args.steps}")
     rows = []
+    result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
+              "recipe": args.recipe, "size": args.size, "steps": args.steps, "rows": rows}
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
             cache = Path(tmp) / f"cache-{model}"
@@ -81,11 +85,10 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{model:14s} " + "  ".join(
                 f"{kind}: first step {r['first_step_s']:.1f} s, first captured step "
                 f"{'—' if r['first_captured_step_s'] is None else format(r['first_captured_step_s'], '.1f')} s, "
-                f"process {r['wall_s']:.0f} s" for kind, r in ((k, row[k]) for k in ("cold", "warm"))), flush=True)
-    result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
-              "recipe": args.recipe, "size": args.size, "steps": args.steps, "rows": rows}
-    if args.out:
-        write_json(args.out, result)
+                f"process {r['wall_s']:.0f} s, graphs compiled {r['graphs_compiled']} / loaded {r['graphs_loaded']}"
+                for kind, r in ((k, row[k]) for k in ("cold", "warm"))), flush=True)
+            if args.out:  # after each model, so that a run stopped part-way keeps the models it finished
+                write_json(args.out, result)
     return result
 
 

@@ -79,6 +79,7 @@ from gno_ext.training.setup import (
     Training,
     choose_cpu_threads,
     compile_cache_dir,
+    compile_counts,
     fresh_accelerate_state,
     resolve_grad_sync,
     set_lr_type,
@@ -604,12 +605,14 @@ class EpochLoop:
     def _log_startup(self, name: str) -> None:
         """Log, once per process, the seconds from the loop's start to the end of its first
         optimizer step (``startup/first_step_s``: compilation included) and of its first step
-        replayed from CUDA graphs (``startup/first_captured_step_s``: the capture included)."""
+        replayed from CUDA graphs (``startup/first_captured_step_s``: the capture included), with
+        the count of graphs compiled and of graphs loaded from the compile cache so far
+        (``startup/graphs_compiled``, ``startup/graphs_loaded``: whether a warm start found them)."""
         if name in self._startup:
             return
         self._startup.add(name)
         seconds = time.perf_counter() - self._started
-        self._log({f"startup/{name}": seconds})
+        self._log({f"startup/{name}": seconds, **compile_counts("startup/")})
         self.say(f"{name.removesuffix('_s').replace('_', ' ')} done {seconds:.1f} s after the loop started")
 
     def _log_training(self, loss_value: float, grad_norm: float, dro: bool) -> None:

@@ -24,7 +24,7 @@ from gno_ext.layers.mixture import has_dispatch
 from gno_ext.training.flat import FlatParameters
 from gno_ext.training.settings import Settings
 
-__all__ = ["Training", "choose_cpu_threads", "compile_cache_dir", "compile_model", "resolve_grad_sync", "set_up",
+__all__ = ["Training", "choose_cpu_threads", "compile_cache_dir", "compile_counts", "compile_model", "resolve_grad_sync", "set_up",
            "use_compile_cache"]
 
 
@@ -104,6 +104,17 @@ def use_compile_cache(setting: str, device: torch.device) -> Path | None:
         folder.mkdir(parents=True, exist_ok=True)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)  # read at every use; Triton's cache goes below it
     return folder
+
+
+def compile_counts(prefix: str = "") -> dict[str, int]:
+    """How many graphs ``torch.compile`` has compiled in this process (``graphs_compiled``: inductor's
+    graph-cache misses) and loaded from the compile cache (``graphs_loaded``: AOT autograd's and
+    inductor's cache hits); both 0 before any compilation or with the caches off."""
+    from torch._dynamo.utils import counters
+
+    return {f"{prefix}graphs_compiled": int(counters["inductor"]["fxgraph_cache_miss"]),
+            f"{prefix}graphs_loaded": int(counters["aot_autograd"]["autograd_cache_hit"]
+                                          + counters["inductor"]["fxgraph_cache_hit"])}
 
 
 GRAD_SYNC = ("auto", "ddp", "flat")
