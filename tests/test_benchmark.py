@@ -731,3 +731,18 @@ def test_the_overview_says_which_result_files_keep_the_other_readings():
     assert brender._readings_said({"t": ([full, full], [])}).startswith("Each result file also keeps the pooled nMSE")
     said = brender._readings_said({"t": ([full], []), "u": ([{"nmse_mean": 0.2}], [])})
     assert "(1 of 2) also keep the pooled nMSE" in said and "needs the run again" in said
+
+
+def test_which_model_names_a_first_mesh_model_only_where_every_row_has_run():
+    """A mesh column where one trained row has no result yet names no first model (the row not
+    run would be ranked below the rows that ran)."""
+    tables = btab.load_tables()
+    loaded = brender.load_all(tables, btab.RESULTS)
+    rows = [row for row in tables["mesh"]["rows"] if row != "persistence"]
+    result = {"recipe": "heat-mesh", "model": rows[1], "nmse_mean": 0.2, "seed": 0}
+    one = {**loaded, "mesh": ([result], loaded["mesh"][1])}
+    line = next(x for x in brender.which_model_page(tables, one).splitlines() if "irregular domain" in x)
+    assert "not every row has run yet" in line and "first on" not in line
+    both = {**loaded, "mesh": ([result, {**result, "model": rows[0], "nmse_mean": 0.1}], loaded["mesh"][1])}
+    line = next(x for x in brender.which_model_page(tables, both).splitlines() if "irregular domain" in x)
+    assert f"first on the mesh table: `{rows[0]}`" in line

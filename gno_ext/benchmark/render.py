@@ -444,8 +444,10 @@ def which_model_page(tables: dict[str, Any], loaded: Loaded) -> str:
     """The short page that says which model to use, its evidence from the headline tables."""
     lines, counts = _headline(tables, loaded)
     mesh = loaded["mesh"][0] if "mesh" in tables else []
+    mesh_rows = {row for row in tables.get("mesh", {}).get("rows", {}) if row != "persistence"}
+    # first only in a column where every trained row has run: a row not run yet would be ranked last
     mesh_first = sorted({ranked[0][0] for recipe in tables.get("mesh", {}).get("recipes", [])
-                         if (ranked := ranked_values(mesh, recipe))})
+                         if (ranked := ranked_values(mesh, recipe)) and {r for r, _ in ranked} >= mesh_rows})
     out = ["# Which model to use\n",
            f"Every recipe trains `{DEFAULT_MODEL}` unless you pass another `model=NAME`: the GNO on "
            "neuraloperator's FNO, its kernels mixed by the gate's probabilities. The figures below are the "
@@ -457,7 +459,9 @@ def which_model_page(tables: dict[str, Any], loaded: Loaded) -> str:
            + (_headline_text(counts).split(". ", 1)[1] if counts["ratios"] else "no result yet") + " |",
            "| an irregular domain (a triangle mesh) | `--recipe heat-mesh` or `advection-mesh` (model `gno_mesh`) | "
            + (f"first on the mesh table: {', '.join(f'`{m}`' for m in mesh_first)} "
-              "([`mesh`](results/mesh.md))" if mesh_first else "the [`mesh`](results/mesh.md) table") + " |",
+              "([`mesh`](results/mesh.md))" if mesh_first
+              else "the [`mesh`](results/mesh.md) table (not every row has run yet)" if mesh
+              else "the [`mesh`](results/mesh.md) table") + " |",
            "| a GNO layer inside your own FNO | `gno_ext.layers` | [Tutorial](tutorial.md), "
            "[Layers and models](models/index.md) |",
            "",

@@ -16,12 +16,14 @@ from gno_ext.layers.attention import (
 from gno_ext.layers.boundary import BoundaryTransfer, boundary_features, edge_tokens
 from gno_ext.layers.embeddings import (
     ConvRefine,
+    GridCoordinates,
     ParameterNormalizer,
     PatchEmbed,
     PatchProject,
     field_statistics,
     sincos_position,
     token_shape,
+    use_grid_coordinates,
 )
 from gno_ext.layers.gate import ParameterGate, Routing, balance_losses, plan_all, record_balance_loss, route_all
 from gno_ext.layers.mixture import GatedKernelMixture, dispatch, reference_mixture
@@ -35,6 +37,7 @@ __all__ = [
     "GatedKernelMixture",
     "GatedSpectralConv",
     "GraphAttentionKernel",
+    "GridCoordinates",
     "GraphBoundaryTransfer",
     "GraphKernelIntegral",
     "GraphKernelMixture",
@@ -58,6 +61,7 @@ __all__ = [
     "route_all",
     "sincos_position",
     "token_shape",
+    "use_grid_coordinates",
 ]
 
 _LAZY = {"FullPrecisionSpectralConv": "spectral", "GatedSpectralConv": "spectral", "condition_on": "spectral",

@@ -11,7 +11,8 @@ from torch import Tensor, nn
 
 from gno_ext.checks import first_entry, may_read_device, require_at_least
 
-__all__ = ["PatchEmbed", "PatchProject", "ConvRefine", "sincos_position", "ParameterNormalizer", "field_statistics", "token_shape"]
+__all__ = ["PatchEmbed", "PatchProject", "ConvRefine", "sincos_position", "ParameterNormalizer", "field_statistics", "token_shape",
+           "GridCoordinates", "use_grid_coordinates"]
 
 
 def token_shape(spatial: Sequence[int], patch: int) -> tuple[int, ...]:
@@ -175,6 +176,63 @@ def sincos_position(grid_tokens: Sequence[int], dim: int, device: torch.device |
     angles = coords[:, :, None] * freqs
     enc = torch.cat([angles.sin(), angles.cos()], -1).reshape(coords.shape[0], -1)
     return enc[:, :dim].to(dtype)
+
+
+class GridCoordinates(nn.Module):
+    """The coordinates of a regular grid appended as channels: what neuraloperator's
+    ``GridEmbeddingND`` computes (on each axis ``start + (stop - start) i / n``, ``i < n``),
+    made afresh on the input's device and in its type at every call instead of cached on the
+    module at the first.
+
+    A module that changes its own attributes in its forward pass makes ``torch.compile``
+    compile the model a second time (the guard on the cached grid fails at the second call:
+    about a minute at the start of a GPU run) and puts a copy from the host in the step, which
+    a CUDA graph cannot hold; this one has no state. No parameters or buffers: checkpoints of
+    either module load into the other.
+
+    Parameters
+    ----------
+    in_channels : int
+        Channels of the input (the output has ``in_channels + dim``).
+    dim : int
+        Spatial axes.
+    grid_boundaries : sequence of (start, stop)
+        Each axis's coordinate range (neuraloperator's default: ``[0, 1]`` on every axis).
+    """
+
+    def __init__(self, in_channels: int, dim: int = 2, grid_boundaries: Sequence[Sequence[float]] | None = None
+                 ) -> None:
+        super().__init__()
+        require_at_least(1, dim=dim)
+        bounds = [(0.0, 1.0)] * dim if grid_boundaries is None else [tuple(b) for b in grid_boundaries]
+        if len(bounds) != dim or any(len(b) != 2 for b in bounds):
+            raise ValueError(f"grid_boundaries: expected {dim} pairs (start, stop), got {grid_boundaries!r}")
+        self.in_channels, self.dim, self.grid_boundaries = in_channels, dim, bounds
+
+    @property
+    def out_channels(self) -> int:
+        return self.in_channels + self.dim
+
+    def forward(self, data: Tensor) -> Tensor:
+        """``data`` (B, C, *S) with the ``dim`` coordinate channels after its own."""
+        sizes = data.shape[2:]
+        if len(sizes) != self.dim:
+            raise ValueError(f"data: expected (B, C) and {self.dim} spatial axes, got shape {tuple(data.shape)}")
+        axes = [torch.linspace(start, stop, n + 1, device=data.device)[:-1].to(data.dtype)
+                for n, (start, stop) in zip(sizes, self.grid_boundaries)]
+        coords = torch.stack(torch.meshgrid(*axes, indexing="ij"))  # (dim, *S)
+        return torch.cat([data, coords.expand(data.shape[0], *coords.shape)], 1)
+
+
+def use_grid_coordinates(net: nn.Module) -> nn.Module:
+    """Give a neuraloperator model (an ``FNO``) whose ``positional_embedding`` is a
+    ``GridEmbeddingND`` the equivalent `GridCoordinates` instead; returns ``net``."""
+    from neuralop.layers.embeddings import GridEmbeddingND
+
+    old = getattr(net, "positional_embedding", None)
+    if isinstance(old, GridEmbeddingND):
+        net.positional_embedding = GridCoordinates(old.in_channels, old.dim, old.grid_boundaries)
+    return net
 
 
 @torch.no_grad()

@@ -57,15 +57,17 @@ def neuralop_fno(ndim: int, n_modes: int, in_channels: int, out_channels: int, h
     """neuraloperator's ``FNO`` (an optional dependency, imported here) with ``n_modes`` modes on
     each of ``ndim`` axes, its spectral convolutions `FullPrecisionSpectralConv`s (their
     transforms by ``fourier``: the retained modes alone, or the FFT) so that it trains under
-    bf16 autocast (cuFFT has no bf16 transform)."""
+    bf16 autocast (cuFFT has no bf16 transform), and its grid coordinates `GridCoordinates` (made
+    at each call: compiled once, capturable)."""
     import functools
 
     from neuralop.models import FNO
 
+    from gno_ext.layers.embeddings import use_grid_coordinates
     from gno_ext.layers.spectral import FullPrecisionSpectralConv
 
-    return FNO((n_modes,) * ndim, in_channels, out_channels, hidden_channels, n_layers=n_layers,
-               conv_module=functools.partial(FullPrecisionSpectralConv, fourier=fourier))
+    return use_grid_coordinates(FNO((n_modes,) * ndim, in_channels, out_channels, hidden_channels, n_layers=n_layers,
+                                    conv_module=functools.partial(FullPrecisionSpectralConv, fourier=fourier)))
 
 
 class TransformerBlock(nn.Module):

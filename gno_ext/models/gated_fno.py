@@ -19,7 +19,7 @@ import torch
 from neuralop.models import FNO
 from torch import Tensor
 
-from gno_ext.layers.embeddings import ParameterNormalizer
+from gno_ext.layers.embeddings import ParameterNormalizer, use_grid_coordinates
 from gno_ext.layers.gate import gate_input
 from gno_ext.layers.spectral import GatedSpectralConv, condition_on
 from gno_ext.models.registry import register_model
@@ -62,6 +62,7 @@ class GatedFNO(FNO, name="GatedFNO"):
             raise ValueError("conv_module: GatedFNO sets it (GatedSpectralConv); use FNO for another module")
         conv = functools.partial(GatedSpectralConv, n_kernels=n_kernels, n_params=n_params, gate_hidden=gate_hidden)
         super().__init__(tuple(n_modes), in_channels, out_channels, hidden_channels, conv_module=conv, **fno_kwargs)
+        use_grid_coordinates(self)  # the same coordinates, not cached on the module (compiled once)
         self.param_norm = ParameterNormalizer(n_params, log_params)
 
     @staticmethod

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gno_ext.layers.boundary import BoundaryTransfer, boundary_features
+from gno_ext.layers.embeddings import use_grid_coordinates
 from gno_ext.layers.spectral import GatedSpectralConv, condition_on
 from gno_ext.models.base import SchemaModel
 from gno_ext.models.registry import register_model
@@ -198,7 +199,8 @@ class GNOFNO(SchemaModel):
                                  gate_hidden=gate_hidden, shared_kernel=shared_kernel, soft_routing=soft_routing,
                                  fourier=fourier)
         channels = t_in * in_channels + (n_params + field_channels if parameter_channels else 0)
-        self.net = FNO((n_modes,) * ndim, channels, in_channels, hidden_channels, n_layers=n_layers, conv_module=conv)
+        self.net = use_grid_coordinates(FNO((n_modes,) * ndim, channels, in_channels, hidden_channels,
+                                            n_layers=n_layers, conv_module=conv))
         self.boundary = nn.ModuleList(BoundaryLayer(hidden_channels, ndim, boundary_patch, boundary_depth,
                                                     periodic_boundary_layer)
                                       for _ in range(n_layers)) if boundary_transfer else None

@@ -134,7 +134,8 @@ class GNOMeshBlock(nn.Module):
             context, context_batch = self.boundary.pool(per_node, data.batch, data.boundary_index,
                                                         data.boundary_segment)
             if self.to_boundary_nodes is not None:
-                h = h.index_add(0, data.boundary_index, self.to_boundary_nodes(per_node))
+                # (in the state's type: under autocast the projection gives bf16, the residual stream is float32)
+                h = h.index_add(0, data.boundary_index, self.to_boundary_nodes(per_node).to(h.dtype))
         x = self.norm1(h)
         if self.to_nodes is not None:
             pooled = scatter(context, context_batch, 0, dim_size=gate_in.shape[0], reduce="mean")

@@ -55,6 +55,30 @@ def test_shape_node_order_and_batch_independence(kwargs):
     torch.testing.assert_close(model(collate_meshes([permuted(a, perm)])), y[:a.n_nodes][perm], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kwargs", [dict(kernel="attention"), dict(kernel="integral"), OPTIONS,
+                                    dict(OPTIONS, kernel="integral")], ids=["attention", "integral", "options",
+                                                                            "integral-options"])
+def test_it_trains_under_bf16_autocast(kwargs):
+    """The recipes train in bf16 autocast on a GPU; CPU autocast gives the same mixed types
+    (a bf16 projection added into the float32 state failed there once)."""
+    model = tiny(**kwargs)
+    batch = collate_meshes([sample(1, theta=0.05), sample(2, theta=0.8)])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = model(batch)
+    loss = (y.float() - batch.u_out[:, :1]).pow(2).mean()
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads if g is not None)
+    assert sum(g is not None and bool(g.abs().sum() > 0) for g in grads) > len(grads) // 2
+    # on a GPU, autocast keeps layer norms in float32, so the state between the blocks is float32
+    # where on a CPU it is bf16: a block given a float32 state under autocast, as on a GPU
+    h = model.lift(model.node_inputs(batch)).detach().float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model.blocks[0](h, model.gate_input(batch), batch, model.u_std.mean())
+    assert out.shape == h.shape and torch.isfinite(out).all()
+
+
 def test_graphs_are_routed_by_theta_and_only_their_kernels_run():
     model = tiny()
     graphs = [sample(s, theta=t) for s, t in enumerate((0.01, 0.05, 0.2, 1.0))]
