@@ -22,6 +22,17 @@ from pathlib import Path
 TRAIN = Path(__file__).resolve().parents[1] / "recipes" / "train.py"
 
 
+def throughput(metrics: Path) -> dict[str, float]:
+    """The median over a run's logging windows, the first (start-up) left out, of its training
+    samples/s and of the fraction of the time it waited for the loader."""
+    logged = [json.loads(x) for x in metrics.read_text().splitlines() if "train/samples_per_s" in x]
+    if not logged:
+        raise ValueError(f"{metrics}: no train/samples_per_s logged (too few steps for trainer.log_every?)")
+    logged = logged[1:] if len(logged) > 1 else logged
+    return {"samples_per_s": statistics.median(r["train/samples_per_s"] for r in logged),
+            "data_wait": statistics.median(r.get("train/data_wait", float("nan")) for r in logged)}
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", default="heat-param")
@@ -43,11 +54,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"{n} process(es) failed:\n{proc.stderr[-4000:]}")
-        logged = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if "train/samples_per_s" in x]
-        logged = logged[1:] if len(logged) > 1 else logged
-        rows.append({"procs": n, "global_batch": n * args.batch,
-                     "samples_per_s": statistics.median(r["train/samples_per_s"] for r in logged),
-                     "data_wait": statistics.median(r.get("train/data_wait", float("nan")) for r in logged)})
+        rows.append({"procs": n, "global_batch": n * args.batch, **throughput(run / "metrics.jsonl")})
     base = rows[0]["samples_per_s"] / rows[0]["procs"]
     print("| processes | global batch | samples/s | speed-up | efficiency | data wait |\n|---|---|---|---|---|---|")
     for r in rows:

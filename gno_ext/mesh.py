@@ -45,7 +45,7 @@ from torch import Tensor
 
 from gno_ext.schema import BCType
 
-__all__ = ["MeshSample", "collate_meshes", "radius_edges", "split_meshes"]
+__all__ = ["MeshSample", "PaddedMeshes", "bucket", "collate_meshes", "pad_meshes", "radius_edges", "split_meshes"]
 
 BOUNDARY_FIELDS = ("boundary_index", "boundary_kind", "boundary_values", "boundary_normal", "boundary_segment",
                    "boundary_coeffs")
@@ -151,6 +151,108 @@ def collate_meshes(samples: Sequence[MeshSample]) -> Any:
                 raise ValueError(f"collate_meshes: sample {i} {'lacks' if getattr(s, name) is None else 'has'} "
                                  f"{name}, unlike sample 0")
     return Batch.from_data_list([s.to_data() for s in samples])
+
+
+def bucket(n: int, per_octave: int = 8) -> int:
+    """The smallest size ``>= n`` of the form ``k 2^e`` with ``per_octave <= k < 2 per_octave``
+    (``n`` itself up to ``per_octave``): sizes that vary from batch to batch fall into few
+    buckets, each at most ``1 / per_octave`` larger than what it holds."""
+    if per_octave < 1 or per_octave & (per_octave - 1):
+        raise ValueError(f"per_octave: expected a power of two, got {per_octave}")
+    if n <= per_octave:
+        return max(int(n), 0)
+    unit = 1 << (int(n).bit_length() - per_octave.bit_length())
+    return -(-int(n) // unit) * unit
+
+
+@dataclass
+class PaddedMeshes:
+    """A batch of mesh samples padded to bucketed sizes (`pad_meshes`): the attributes of
+    `collate_meshes`'s batch that the models and the loss read, with the nodes, edges and
+    boundary nodes of one *padding graph* appended after the ``graphs`` real ones, so that a
+    batch's tensor shapes take few values and its sizes are known on the host without reading
+    the device (what a CUDA graph needs). ``num_graphs`` counts the padding graph;
+    ``n_segments`` is every graph's number of boundary segments."""
+
+    pos: Tensor
+    u_in: Tensor
+    u_out: Tensor
+    theta: Tensor
+    edge_index: Tensor
+    batch: Tensor
+    boundary_index: Tensor
+    boundary_kind: Tensor
+    boundary_values: Tensor
+    boundary_normal: Tensor
+    boundary_segment: Tensor
+    graphs: int
+    n_segments: int
+    theta_field: Tensor | None = None
+    boundary_coeffs: Tensor | None = None
+
+    @property
+    def num_graphs(self) -> int:
+        return self.graphs + 1
+
+    def _map(self, fn: Any) -> PaddedMeshes:
+        return PaddedMeshes(**{f.name: fn(v) if isinstance(v, Tensor) else v
+                               for f in fields(self) for v in [getattr(self, f.name)]})
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> PaddedMeshes:
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> PaddedMeshes:
+        """Pin the host tensors (called by ``DataLoader(pin_memory=True)``)."""
+        return self._map(Tensor.pin_memory)
+
+
+def pad_meshes(batch: Any, per_octave: int = 8) -> PaddedMeshes:
+    """``batch`` (`collate_meshes`'s, on the host) padded to `bucket` sizes (`PaddedMeshes`).
+
+    The padding graph has the remaining nodes (at the origin, fields zero), self-loops at its
+    first node for the remaining edges, and the remaining boundary entries at that node, a
+    Dirichlet condition with zero data spread over every segment; its parameters are the first
+    graph's. No edge joins it to a real graph, so the real graphs' predictions are those of the
+    unpadded batch (the models treat each graph apart); a per-graph loss reads the first
+    ``graphs`` entries. Every graph must have every segment ``0 .. S-1`` (the padded segment
+    tokens are then ``S`` per graph): a batch in which one lacks one is refused by name."""
+    graphs, nodes = int(batch.num_graphs), int(batch.num_nodes)
+    edges, boundary = int(batch.edge_index.shape[1]), int(batch.boundary_index.numel())
+    segment = batch.boundary_segment.long()
+    n_segments = int(segment.max()) + 1 if boundary else 0
+    if n_segments == 0:
+        raise ValueError("pad_meshes: the batch has no boundary nodes")
+    present = torch.zeros(graphs, n_segments, dtype=torch.bool)
+    present[batch.batch[batch.boundary_index], segment] = True
+    if not present.all():
+        g, s = (int(i) for i in (~present).nonzero()[0])
+        raise ValueError(f"pad_meshes: graph {g} of the batch has no boundary node of segment {s} (of "
+                         f"{n_segments}); padded batches need every segment in every graph")
+    n_pad, e_pad, m_pad = (bucket(nodes + 1, per_octave) - nodes, bucket(edges, per_octave) - edges,
+                           bucket(boundary + n_segments, per_octave) - boundary)
+    first = torch.full((), nodes, dtype=torch.long)
+
+    def grow(t: Tensor, extra: int, fill: Tensor | float = 0.0) -> Tensor:
+        tail = (fill.expand(extra, *t.shape[1:]) if isinstance(fill, Tensor)
+                else torch.full((extra, *t.shape[1:]), fill, dtype=t.dtype))
+        return torch.cat([t, tail.to(t.dtype)])
+
+    normal = torch.zeros(batch.boundary_normal.shape[1], dtype=batch.boundary_normal.dtype)
+    normal[0] = 1.0
+    coeffs = getattr(batch, "boundary_coeffs", None)
+    theta_field = getattr(batch, "theta_field", None)
+    return PaddedMeshes(
+        pos=grow(batch.pos, n_pad), u_in=grow(batch.u_in, n_pad), u_out=grow(batch.u_out, n_pad),
+        theta=torch.cat([batch.theta, batch.theta[:1]]),
+        edge_index=torch.cat([batch.edge_index, first.expand(2, e_pad)], 1),
+        batch=grow(batch.batch, n_pad, graphs),
+        boundary_index=grow(batch.boundary_index, m_pad, first),
+        boundary_kind=grow(batch.boundary_kind, m_pad, int(BCType.DIRICHLET)),
+        boundary_values=grow(batch.boundary_values, m_pad), boundary_normal=grow(batch.boundary_normal, m_pad, normal),
+        boundary_segment=torch.cat([segment, torch.arange(m_pad) % n_segments]),
+        graphs=graphs, n_segments=n_segments,
+        theta_field=None if theta_field is None else grow(theta_field, n_pad),
+        boundary_coeffs=None if coeffs is None else grow(coeffs, m_pad))
 
 
 def split_meshes(batch: Any) -> list[MeshSample]:

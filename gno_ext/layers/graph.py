@@ -75,7 +75,11 @@ class GraphAttentionKernel(nn.Module):
             self.offset = nn.Sequential(nn.Linear(ndim + 1, dim), nn.GELU(), nn.Linear(dim, 2 * dim))
 
     def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor, pos: Tensor | None = None,
-                context: Tensor | None = None, context_batch: Tensor | None = None) -> Tensor:
+                context: Tensor | None = None, context_batch: Tensor | None = None,
+                n_graphs: int | None = None) -> Tensor:
+        """``n_graphs``: the batch's graph count, given when every graph has the same number of
+        context tokens (sorted by graph, as `GraphBoundaryTransfer.pool` with ``sizes`` makes
+        them): nothing is then read from the device (static shapes, capturable)."""
         n, h = x.shape[0], self.heads
         q = self.q(x).view(n, h, -1)
         k, v = self.kv(x).view(n, 2, h, -1).unbind(1)
@@ -93,7 +97,8 @@ class GraphAttentionKernel(nn.Module):
         if context is not None:
             # the context tokens of each node's graph, padded to the graph with the most
             kc, vc = self.kv(context).view(-1, 2, h, q.shape[-1]).unbind(1)
-            slots, mask = _dense_context(context_batch, int(batch.max()) + 1 if n else 0)
+            slots, mask = (_dense_context(context_batch, int(batch.max()) + 1 if n else 0) if n_graphs is None
+                           else _even_context(context.shape[0], n_graphs, context.device))
             kc, vc = kc[slots], vc[slots]  # (B, Mmax, H, dh)
             ctx_score = (q[:, None] * kc[batch]).sum(-1) * scale  # (N, Mmax, H)
             ctx_score = ctx_score.masked_fill(~mask[batch][..., None], -math.inf)
@@ -131,7 +136,10 @@ class GraphKernelIntegral(nn.Module):
         self.kernel = nn.Sequential(nn.Linear(ndim + 1, hidden), nn.GELU(), nn.Linear(hidden, dim))
 
     def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor, pos: Tensor | None = None,
-                context: Tensor | None = None, context_batch: Tensor | None = None) -> Tensor:
+                context: Tensor | None = None, context_batch: Tensor | None = None,
+                n_graphs: int | None = None) -> Tensor:
+        """(``context``, ``context_batch`` and ``n_graphs`` are not read: the signature of
+        `GraphAttentionKernel`.)"""
         src, dst = edge_index
         phi = self.kernel(_offsets(pos, edge_index, self.ndim, x.shape[0]).to(x.dtype))
         return scatter(phi * self.value(x)[src], dst, 0, dim_size=x.shape[0], reduce="mean")
@@ -167,16 +175,24 @@ class GraphKernelMixture(nn.Module):
         self.last_routing: Routing | None = None
 
     def forward(self, x: Tensor, theta: Tensor, edge_index: Tensor, batch: Tensor, pos: Tensor | None = None,
-                context: Tensor | None = None, context_batch: Tensor | None = None) -> Tensor:
-        """Each node through its graph's kernel; ``theta`` (B, n_params): one row per graph."""
+                context: Tensor | None = None, context_batch: Tensor | None = None,
+                n_graphs: int | None = None) -> Tensor:
+        """Each node through its graph's kernel; ``theta`` (B, n_params): one row per graph.
+        ``n_graphs`` (static shapes, see `GraphAttentionKernel`): the hard routing then runs
+        every kernel on every graph and keeps each node's own kernel's result (the same output
+        and gradients, ``K`` times the work, nothing read on the host)."""
         routing = self.gate(theta)
         self.last_routing = routing
+        run = [lambda k=k: self.kernels[k](x, edge_index, batch, pos, context, context_batch, n_graphs=n_graphs)
+               for k in range(len(self.kernels))]
         if self.soft_routing:
             probs = routing.probs[batch]  # (N, K)
-            return sum(kernel(x, edge_index, batch, pos, context, context_batch)
-                       * probs[:, k].to(x.dtype).view(-1, *([1] * (x.ndim - 1)))
-                       for k, kernel in enumerate(self.kernels))
+            return sum(run[k]() * probs[:, k].to(x.dtype).view(-1, *([1] * (x.ndim - 1))) for k in range(len(run)))
         node_kernel = routing.index[batch]
+        if n_graphs is not None:
+            every = torch.stack([r() for r in run], 1)  # (N, K, ...)
+            out = every[torch.arange(x.shape[0], device=x.device), node_kernel]
+            return out * routing.weight[batch].to(out.dtype).view(-1, *([1] * (out.ndim - 1)))
         out = None
         for k in node_kernel.unique().tolist():
             nodes = (node_kernel == k).nonzero().squeeze(1)
@@ -211,6 +227,15 @@ def _dense_context(context_batch: Tensor, n_graphs: int) -> tuple[Tensor, Tensor
     slot = torch.arange(width, device=context_batch.device)
     mask = slot[None] < counts[:, None]
     return torch.where(mask, starts[:, None] + slot[None], torch.zeros_like(mask, dtype=torch.long)), mask
+
+
+def _even_context(n_tokens: int, n_graphs: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """`_dense_context` of ``n_tokens`` tokens sorted by graph, the same number for each of
+    ``n_graphs`` graphs, from the sizes alone (nothing read from the device)."""
+    if n_graphs < 1 or n_tokens % n_graphs:
+        raise ValueError(f"context: {n_tokens} tokens cannot be the same number for each of {n_graphs} graphs")
+    slots = torch.arange(n_tokens, device=device).view(n_graphs, n_tokens // n_graphs)
+    return slots, torch.ones_like(slots, dtype=torch.bool)
 
 
 class GraphBoundaryTransfer(nn.Module):
@@ -266,10 +291,18 @@ class GraphBoundaryTransfer(nn.Module):
                                pos[boundary_index].to(x.dtype), self.norm(x[boundary_index])], 1)
         return self.mlp(described)
 
-    def pool(self, per_node: Tensor, batch: Tensor, boundary_index: Tensor,
-             boundary_segment: Tensor) -> tuple[Tensor, Tensor]:
-        """The segments' tokens and their graphs from the nodes' vectors (`describe`'s result)."""
+    def pool(self, per_node: Tensor, batch: Tensor, boundary_index: Tensor, boundary_segment: Tensor,
+             sizes: tuple[int, int] | None = None) -> tuple[Tensor, Tensor]:
+        """The segments' tokens and their graphs from the nodes' vectors (`describe`'s result).
+        ``sizes``: ``(graphs, segments)`` where every graph has every segment (a padded batch,
+        `gno_ext.mesh.PaddedMeshes`): ``graphs * segments`` tokens from the sizes alone, nothing
+        read from the device; otherwise the segments present, found on the device."""
         graph = batch[boundary_index]
+        if sizes is not None:
+            n_graphs, n_segments = sizes
+            token = graph * n_segments + boundary_segment
+            tokens = scatter(per_node, token, 0, dim_size=n_graphs * n_segments, reduce="mean")
+            return tokens, torch.arange(n_graphs, device=graph.device).repeat_interleave(n_segments)
         key = graph * (int(boundary_segment.max()) + 1 if boundary_segment.numel() else 1) + boundary_segment
         keys, token = torch.unique(key, return_inverse=True)  # sorted: by graph, then segment
         tokens = scatter(per_node, token, 0, dim_size=keys.numel(), reduce="mean")

@@ -127,12 +127,16 @@ class GNOMeshBlock(nn.Module):
 
     def forward(self, h: Tensor, gate_in: Tensor, data: Any, scale: Tensor) -> Tensor:
         context = context_batch = None
+        # a padded batch (`gno_ext.mesh.PaddedMeshes`) gives its sizes: static shapes, no host reads
+        n_segments = getattr(data, "n_segments", None)
+        n_graphs = data.num_graphs if n_segments is not None else None
         if self.boundary is not None:
             per_node = self.boundary.describe(
                 h, data.pos, data.boundary_index, data.boundary_kind, data.boundary_values, data.boundary_normal,
                 getattr(data, "boundary_coeffs", None), scale)
             context, context_batch = self.boundary.pool(per_node, data.batch, data.boundary_index,
-                                                        data.boundary_segment)
+                                                        data.boundary_segment,
+                                                        None if n_graphs is None else (n_graphs, n_segments))
             if self.to_boundary_nodes is not None:
                 # (in the state's type: under autocast the projection gives bf16, the residual stream is float32)
                 h = h.index_add(0, data.boundary_index, self.to_boundary_nodes(per_node).to(h.dtype))
@@ -141,7 +145,7 @@ class GNOMeshBlock(nn.Module):
             pooled = scatter(context, context_batch, 0, dim_size=gate_in.shape[0], reduce="mean")
             x = x + self.to_nodes(pooled)[data.batch]
             context = context_batch = None
-        h = h + self.mixture(x, gate_in, data.edge_index, data.batch, data.pos, context, context_batch)
+        h = h + self.mixture(x, gate_in, data.edge_index, data.batch, data.pos, context, context_batch, n_graphs)
         if self.local is not None:
             h = h + self.local(x, data.edge_index, data.batch, data.pos.to(x.dtype))
         return h + self.mlp(self.norm2(h))

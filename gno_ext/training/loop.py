@@ -202,13 +202,17 @@ def _start(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None) -> Start:
     test_epochs(cfg, tr.epochs)
     if tr.compile:  # the cache setting checked before anything is generated
         compile_cache_dir(tr.compile_cache, torch.device("cpu"))
-    _check_model_and_data(cfg, problem_for(data_cfg), tr.capture)
+    _check_model_and_data(cfg, problem_for(data_cfg, tr.capture), tr.capture)
     # Accelerate sets up several CPU processes (gloo) only when told cpu=True
     use_cpu = tr.device == "cpu" or not torch.cuda.is_available()
     fresh_accelerate_state()
     # the other processes wait while the main one generates data or evaluates: a long timeout
     state = PartialState(cpu=use_cpu, timeout=datetime.timedelta(minutes=tr.dist_timeout_minutes))
     precision = choose_precision(tr.precision, state.device.type, state.num_processes)
+    grad_sync = resolve_grad_sync(tr.grad_sync, state.num_processes, tr.capture, tr.flat_parameters)
+    if tr.capture:  # refused before any work is done, and before the run folder is touched
+        check_capture_settings(state.device, state.num_processes, tr.grad_accum, precision, tr.compile,
+                               tr.flat_parameters, grad_sync)
     run_dir = run_dir_of(cfg)
     if state.is_main_process and locks is not None:  # one job writes a run folder at a time
         locks.enter_context(_run_lock(run_dir))
@@ -221,10 +225,6 @@ def _start(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None) -> Start:
                   state.print)
     if place.device.type == "cpu":  # an oversubscribed machine collapses with a thread per core
         torch.set_num_threads(choose_cpu_threads(tr.cpu_threads, place.world))
-    grad_sync = resolve_grad_sync(tr.grad_sync, place.world, tr.capture, tr.flat_parameters)
-    if tr.capture:  # refused before any work is done
-        check_capture_settings(place.device, place.world, tr.grad_accum, precision, tr.compile, tr.flat_parameters,
-                               grad_sync)
     set_seed(int(cfg["seed"]))
     return Start(cfg, settings, place, use_cpu, checkpoint, replace, grad_sync, state)
 
@@ -243,8 +243,8 @@ def _training_data(start: Start) -> tuple[LoopData, Any, Any]:
     configs = binner.configuration_ids(torch.as_tensor(np.ascontiguousarray(kinds))).numpy()
     seed = int(cfg["seed"])
     sampler = CurriculumBatchSampler(configs, tr.batch_size, place.rank, place.world, seed, tr.curriculum.order)
-    problem = problem_for(data_cfg)
-    loader = DataLoader(train_ds, batch_sampler=sampler, collate_fn=problem.collate, num_workers=tr.num_workers,
+    problem = problem_for(data_cfg, tr.capture)
+    loader = DataLoader(train_ds, batch_sampler=sampler, collate_fn=problem.train_collate, num_workers=tr.num_workers,
                         pin_memory=place.device.type == "cuda", persistent_workers=tr.num_workers > 0,  # no restart
                         generator=torch.Generator().manual_seed(seed))                                # per epoch
     return LoopData(sampler, loader, binner, None, problem), spec, values
@@ -350,9 +350,8 @@ def _check_model_and_data(cfg: Mapping[str, Any], problem: Problem, capture: boo
         raise ValueError(f"model={cfg['model']['name']} takes {takes} data, but data.kind={data_cfg['kind']} gives "
                          f"{problem.name} batches: use {hint}")
     check_model_kwargs(cfg["model"]["name"], cfg["model"].get("kwargs") or {}, prefix="model.kwargs.")
-    if capture and not problem.capturable:
-        raise ValueError(f"trainer.capture=true: data.kind={data_cfg['kind']} batches change shape from batch to "
-                         "batch (the node count of the meshes), which a CUDA graph cannot replay; set "
+    if capture and not problem.capturable:  # (every problem is, given capture: mesh batches are then padded)
+        raise ValueError(f"trainer.capture=true: data.kind={data_cfg['kind']} batches cannot be captured; set "
                          "trainer.capture=false")
 
 

@@ -38,6 +38,8 @@ class GridProblem:
     def collate(samples: Sequence[Any]) -> PDEBatch:
         return collate(samples)
 
+    train_collate = collate  # (the training batches: the same)
+
     to = staticmethod(batch_to)
 
     @staticmethod
@@ -82,37 +84,55 @@ class GridProblem:
 
 class MeshProblem:
     """Windows on meshes, batched by torch-geometric (`gno_ext.mesh.collate_meshes`); models take
-    ``model(batch)`` and return ``(N, 1, C)``. Per-sample errors are per graph."""
+    ``model(batch)`` and return ``(N, 1, C)``. Per-sample errors are per graph.
+
+    With ``pad`` (``trainer.capture=true``), the training batches are padded to bucketed sizes
+    (`gno_ext.mesh.pad_meshes`): a batch's node count changes from batch to batch, which a CUDA
+    graph cannot replay, but its padded sizes take few values, each captured once. Per-graph
+    errors and groups leave the padding graph out."""
 
     name = "mesh"
-    capturable = False  # the node count changes from batch to batch
+
+    def __init__(self, pad: bool = False) -> None:
+        self.pad = bool(pad)
+
+    @property
+    def capturable(self) -> bool:
+        return self.pad
 
     @staticmethod
     def collate(samples: Sequence[Any]) -> Any:
         from gno_ext.mesh import collate_meshes
         return collate_meshes(samples)
 
+    def train_collate(self, samples: Sequence[Any]) -> Any:
+        """The training batches: `collate`'s, padded where ``pad`` (in the loader's workers)."""
+        from gno_ext.mesh import pad_meshes
+        batch = self.collate(samples)
+        return pad_meshes(batch) if self.pad else batch
+
     @staticmethod
     def to(batch: Any, device: torch.device) -> Any:
-        return batch if batch.pos.device == device else batch.to(device)
+        return batch if batch.pos.device == device else batch.to(device, non_blocking=True)
 
     @staticmethod
     def size(batch: Any) -> int:
-        return int(batch.num_graphs)
+        """The batch's real graphs (a padded batch's padding graph left out)."""
+        return int(getattr(batch, "graphs", None) or batch.num_graphs)
 
-    @staticmethod
-    def segment_kinds(batch: Any) -> Tensor:
+    @classmethod
+    def segment_kinds(cls, batch: Any) -> Tensor:
         """Each graph's boundary type per segment, ``(G, S)`` (every node of a segment has the
         segment's type)."""
         graph = batch.batch[batch.boundary_index]
         segment = batch.boundary_segment.long()
         out = torch.full((batch.num_graphs, int(segment.max()) + 1), -1, dtype=torch.long, device=segment.device)
         out[graph, segment] = batch.boundary_kind.long()
-        return out
+        return out[:cls.size(batch)]
 
     @classmethod
     def groups(cls, binner: Any, batch: Any) -> Tensor:
-        return binner(batch.theta, cls.segment_kinds(batch))
+        return binner(batch.theta[:cls.size(batch)], cls.segment_kinds(batch))
 
     @staticmethod
     def predict(model: nn.Module, batch: Any) -> Tensor:
@@ -122,10 +142,11 @@ class MeshProblem:
     def target(batch: Any) -> Tensor:
         return batch.u_out[:, :1]
 
-    @staticmethod
-    def per_graph(values: Tensor, batch: Any) -> Tensor:
-        """Sum of node values ``(N,)`` per graph, ``(G,)``."""
-        return torch.zeros(batch.num_graphs, dtype=values.dtype, device=values.device).index_add_(0, batch.batch, values)
+    @classmethod
+    def per_graph(cls, values: Tensor, batch: Any) -> Tensor:
+        """Sum of node values ``(N,)`` per real graph, ``(G,)``."""
+        summed = torch.zeros(batch.num_graphs, dtype=values.dtype, device=values.device).index_add_(0, batch.batch, values)
+        return summed[:cls.size(batch)]
 
     @classmethod
     def mse(cls, pred: Tensor, target: Tensor, batch: Any) -> Tensor:
@@ -145,7 +166,7 @@ class MeshProblem:
         values = target.flatten(1)
         count = cls.per_graph(torch.full_like(values[:, 0], values.shape[1]), batch)
         mean = cls.per_graph(values.sum(1), batch) / count
-        var = cls.per_graph((values - mean[batch.batch, None]).pow(2).sum(1), batch)
+        var = cls.per_graph((values - _gather(mean, batch.batch)[:, None]).pow(2).sum(1), batch)
         return err / var.clamp_min(eps)
 
     @staticmethod
@@ -164,10 +185,18 @@ class MeshProblem:
         return fields.float().reshape(-1, channels).std(0, unbiased=False).clamp_min(1e-6).view(1, 1, -1)
 
 
+def _gather(per_graph: Tensor, graph: Tensor) -> Tensor:
+    """Each node's value of its graph, 0 on a padding graph's nodes (whose graph has no entry)."""
+    full = torch.cat([per_graph, per_graph.new_zeros(1)])  # the padding graph, if any, is the last
+    return full[graph.clamp_max(per_graph.shape[0])]
+
+
 Problem = GridProblem | MeshProblem
-_PROBLEMS = {"mesh": MeshProblem}
 
 
-def problem_for(data_cfg: Mapping[str, Any]) -> Problem:
-    """The problem of a recipe's data: `MeshProblem` for ``data.kind: mesh``, else `GridProblem`."""
-    return _PROBLEMS.get(str(data_cfg.get("kind")), GridProblem)()
+def problem_for(data_cfg: Mapping[str, Any], capture: bool = False) -> Problem:
+    """The problem of a recipe's data: `MeshProblem` for ``data.kind: mesh`` (padding its training
+    batches for ``capture``, ``trainer.capture``), else `GridProblem`."""
+    if str(data_cfg.get("kind")) == "mesh":
+        return MeshProblem(pad=capture)
+    return GridProblem()
