@@ -94,20 +94,22 @@ MODELS = {
                            "boundary_patch": 16, "n_kernels": 1},
     "gno-fno-no-boundary": {"model": "gno_fno", "n_modes": 12, "hidden_channels": 64, "n_layers": 4,
                             "boundary_transfer": False},
+    "unisolver": {"model": "unisolver", "latent": 256, "patch": 16, "depth": 8, "heads": 8},
 }
 DEFAULT_MODELS = ["gno", "vit-standin"]
 
 
-def make_inputs(batch: int, shape: tuple[int, int], channels: int, device: str) -> dict:
+def make_inputs(batch: int, shape: tuple[int, ...], channels: int, device: str) -> dict:
     g = torch.Generator().manual_seed(0)
     theta = torch.logspace(-2, 0, batch)[:, None] if batch > 1 else torch.tensor([[0.1]])
-    kinds = torch.tensor([1, 1, 2, 2]).repeat(batch, 1)
-    values = (torch.rand(batch, 4, 2, 1, generator=g) * 20 - 10)
+    faces = 2 * len(shape)  # Dirichlet on the first axis's faces, Neumann on the others'
+    kinds = torch.tensor([1, 1] + [2] * (faces - 2)).repeat(batch, 1)
+    values = (torch.rand(batch, faces, 2, 1, generator=g) * 20 - 10)
     return {"u": torch.randn(batch, 1, channels, *shape, generator=g).to(device), "theta": theta.to(device),
             "bc": BoundarySpec(kinds, values).to(device)}
 
 
-def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: str,
+def setup(name: str, batch: int, shape: tuple[int, ...], channels: int, device: str,
           chunk: int | None, boundary: str = "fused", capturable: bool = False,
           optimizer: str = "flat", attention: str = "fused", fourier: str = "dft"
           ) -> tuple[GNO, dict, torch.optim.Optimizer, FlatParameters | None]:
@@ -122,8 +124,8 @@ def setup(name: str, batch: int, shape: tuple[int, int], channels: int, device: 
     torch.manual_seed(0)
     kwargs = dict(MODELS[name])
     registered = kwargs.pop("model", None)
-    model = (get_model(registered, in_channels=channels, n_params=1, log_params=[True], **kwargs) if registered
-             else GNO(in_channels=channels, **kwargs)).to(device)
+    model = (get_model(registered, in_channels=channels, n_params=1, log_params=[True], ndim=len(shape), **kwargs)
+             if registered else GNO(in_channels=channels, ndim=len(shape), **kwargs)).to(device)
     model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].to(device))
     for block in getattr(model, "blocks", []):
         if block.mixture is not None:
@@ -174,14 +176,10 @@ def count_flops(model: torch.nn.Module, x: dict, device: str) -> tuple[int, set[
     return counter.get_total_flops(), {str(op) for ops in counter.get_flop_counts().values() for op in ops}
 
 
-def traffic_floor(model: torch.nn.Module, x: dict, device: str) -> int:
-    """A floor on the bytes a training step moves through memory: every tensor the forward
-    pass saves for the backward (distinct storages, counted in full) written once and read
-    once, the input read and the output written once, and the optimizer's update of the
-    parameters (fused AdamW reads the weights, gradients and both moments and writes weights
-    and moments: 7 float32 numbers per parameter, plus writing the gradients). A step that did
-    nothing but this traffic would take ``bytes / bandwidth``: `bench` prints that time beside
-    the measured one."""
+def saved_bytes(model: torch.nn.Module, x: dict, device: str) -> int:
+    """The bytes of the tensors a bf16-autocast forward pass saves for the backward (distinct
+    storages, counted in full): the activation memory a training step holds at its peak, less
+    the temporaries of the backward."""
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -191,10 +189,38 @@ def traffic_floor(model: torch.nn.Module, x: dict, device: str) -> int:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast(device, dtype=torch.bfloat16):
         out = model(x["u"], theta=x["theta"], bc=x["bc"])
-    n_params = sum(p.numel() for p in model.parameters())
     del out
     model.zero_grad(set_to_none=True)
-    return 2 * sum(seen.values()) + 2 * x["u"].nbytes + 8 * 4 * n_params
+    return sum(seen.values())
+
+
+def traffic_floor(model: torch.nn.Module, x: dict, device: str) -> int:
+    """A floor on the bytes a training step moves through memory: every tensor the forward
+    pass saves for the backward (distinct storages, counted in full) written once and read
+    once, the input read and the output written once, and the optimizer's update of the
+    parameters (fused AdamW reads the weights, gradients and both moments and writes weights
+    and moments: 7 float32 numbers per parameter, plus writing the gradients). A step that did
+    nothing but this traffic would take ``bytes / bandwidth``: `bench` prints that time beside
+    the measured one."""
+    n_params = sum(p.numel() for p in model.parameters())
+    return 2 * saved_bytes(model, x, device) + 2 * x["u"].nbytes + 8 * 4 * n_params
+
+
+def memory(name: str, batch: int, shape: tuple[int, ...], channels: int, device: str) -> dict:
+    """What a training step of ``name`` holds, without timing it (any device, a CPU included):
+    the activations its forward pass saves (`saved_bytes`) per sample and per step (what does not
+    grow with the batch, e.g. the bf16 copies of the weights), from the forward passes at batch
+    ``batch`` and ``2 batch``; and the parameters with their gradients and AdamW's two moments
+    (16 bytes per parameter). A run at batch ``B`` holds at least ``B x per_sample + per_step +
+    state``; the backward's temporaries and the allocator's slack come on top."""
+    model, x, _, _ = setup(name, batch, shape, channels, device, None)
+    one = saved_bytes(model, x, device)
+    two = saved_bytes(model, make_inputs(2 * batch, shape, channels, device), device)
+    per_sample = (two - one) / batch
+    n_params = sum(p.numel() for p in model.parameters())
+    return {"model": name, "batch": batch, "shape": list(shape), "params_m": n_params / 1e6,
+            "saved_gib_per_sample": per_sample / 2**30, "saved_gib_per_step": (one - batch * per_sample) / 2**30,
+            "state_gib": 16 * n_params / 2**30}
 
 
 def copy_bandwidth(device: str, nbytes: int = 2**30) -> float:
@@ -218,7 +244,7 @@ def paths_taken(ops: set[str], boundary_transfer: bool) -> dict:
             "boundary": ("fused" if "gno_ext.boundary_transfer" in ops else "unfused") if boundary_transfer else None}
 
 
-def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int,
+def bench(name: str, batch: int, mode: str, shape: tuple[int, ...], channels: int, device: str, repeats: int,
           chunk: int | None = None, options: dict | None = None, boundary: str = "fused",
           optimizer: str = "flat", attention: str = "fused", fourier: str = "dft", bandwidth: float = float("nan")
           ) -> dict:
@@ -232,7 +258,7 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: in
                       attention, fourier, bandwidth, stream)
 
 
-def _bench(name: str, batch: int, mode: str, shape: tuple[int, int], channels: int, device: str, repeats: int,
+def _bench(name: str, batch: int, mode: str, shape: tuple[int, ...], channels: int, device: str, repeats: int,
            chunk: int | None, options: dict | None, boundary: str, optimizer: str, attention: str, fourier: str,
            bandwidth: float, stream: torch.cuda.Stream | None = None) -> dict:
     whole = mode == "whole-graph"
@@ -283,7 +309,7 @@ def has_boundary(model: torch.nn.Module) -> bool:
     return any(isinstance(m, BoundaryTransfer) for m in model.modules())
 
 
-def profile(name: str, batch: int, shape: tuple[int, int], channels: int, device: str, top: int,
+def profile(name: str, batch: int, shape: tuple[int, ...], channels: int, device: str, top: int,
             chunk: int | None = None, options: dict | None = None, boundary: str = "fused",
             optimizer: str = "flat", attention: str = "fused") -> None:
     """Print the GPU kernels of one compiled training step (inductor, no CUDA graphs, so that
@@ -351,7 +377,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 256])
-    parser.add_argument("--shape", type=int, nargs=2, default=[128, 128], help="grid (128 384: The Well TRL)")
+    parser.add_argument("--shape", type=int, nargs="+", default=[128, 128],
+                        help="grid, 2 or 3 sizes (128 384: The Well TRL; 64 64 64: the 3-D table)")
     parser.add_argument("--channels", type=int, default=1)
     parser.add_argument("--chunk", type=int, nargs="+", default=[0],
                         help="samples per weight group of the mixture's chunked products (0: the default, "
@@ -378,7 +405,22 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--profile", type=int, metavar="TOP", default=0,
                         help="instead of timing, list the TOP kernels of a compiled training step (CUDA)")
+    parser.add_argument("--memory", action="store_true",
+                        help="instead of timing, the activations saved per sample and the training state (any device)")
     args = parser.parse_args()
+    if len(args.shape) not in (2, 3):
+        parser.error(f"--shape: 2 or 3 sizes, got {args.shape}")
+    if args.memory:
+        rows = [memory(model, batch, tuple(args.shape), args.channels, args.device)
+                for batch in args.batch for model in args.models]
+        for r in rows:
+            print(f"{r['model']:15s} grid {'x'.join(map(str, r['shape']))}: {r['params_m']:.2f} M parameters, "
+                  f"saved activations {r['saved_gib_per_sample']:.3f} GiB per sample and {r['saved_gib_per_step']:.2f} "
+                  f"per step, parameters with gradients and AdamW moments {r['state_gib']:.2f} GiB", flush=True)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"device": args.device, "torch": torch.__version__, "rows": rows}, indent=1))
+        return
     args.modes = args.modes or ["eager", "compiled", "graphs"] + ["whole-graph"] * (args.device == "cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
     options = parse_options(args.compile_options)

@@ -85,3 +85,17 @@ def test_gpu_paths_taken_at_the_paper_grid_and_the_trl_grid(shape, channels, ran
     bench = load_recipe("bench_model")
     model, x, _, _ = bench.setup("gno", 2, shape, channels, "cuda", None)
     assert bench.paths_taken(bench.count_flops(model, x, "cuda")[1], True) == ran
+
+
+def test_the_memory_a_step_holds_splits_into_per_sample_and_per_step_parts():
+    """``--memory``: activations saved per sample (what grows with the batch) apart from what does
+    not (the weights' bf16 copies), in 2-D and 3-D; the FNO saves far more per sample than the
+    patch-token GNO."""
+    bench = load_recipe("bench_model")
+    fno3, gno3 = (bench.memory(m, 1, (16, 16, 16), 1, "cpu") for m in ("fno", "gno"))
+    assert fno3["shape"] == [16, 16, 16] and fno3["saved_gib_per_sample"] > 10 * gno3["saved_gib_per_sample"] > 0
+    assert fno3["saved_gib_per_step"] > 0 and fno3["state_gib"] == pytest.approx(16 * fno3["params_m"] * 1e6 / 2**30)
+    fno2 = bench.memory("fno", 2, (16, 16), 1, "cpu")
+    assert 0 < fno2["saved_gib_per_sample"] < fno3["saved_gib_per_sample"]
+    x = bench.make_inputs(3, (8, 8, 8), 1, "cpu")
+    assert x["u"].shape == (3, 1, 1, 8, 8, 8) and x["bc"].kind.shape == (3, 6)
