@@ -230,3 +230,17 @@ def test_the_trl_page_quotes_its_file():
             if r["batch"] == 32 and r["mode"] == "whole-graph"]
     assert f"took {min(runs):.2f} to {max(runs):.2f} ms in {['no', 'one', 'two', 'three', 'four'][len(runs)]} runs" in page
 
+
+
+def test_the_3d_notes_quote_the_memory_file():
+    """The 3-D table's notes: the activations per sample and the memory at batch 64 of its file."""
+    notes = " ".join((REPO / "benchmarks" / "notes" / "3d.md").read_text().split())
+    rows = {r["model"]: r for r in history_rows("memory_3d_cpu")}
+    need = {m: 64 * r["saved_gib_per_sample"] + r["saved_gib_per_step"] + r["state_gib"] for m, r in rows.items()}
+    said = [f"the FNO saves {rows['fno']['saved_gib_per_sample']:.2f} GiB per sample and `gno_fno_soft` "
+            f"{rows['gno-fno-soft']['saved_gib_per_sample']:.2f} GiB",
+            f"hold at least {need['fno']:.0f} and {need['gno-fno-soft']:.0f} GiB",
+            f"save about {max(rows['gno']['saved_gib_per_sample'], rows['unisolver']['saved_gib_per_sample']):.2f} GiB "
+            f"per sample and need about {max(need['gno'], need['unisolver']):.0f} GiB at batch 64"]
+    missing = [s for s in said if s not in notes]
+    assert not missing, missing
