@@ -29,6 +29,10 @@ attribute whose name holds ``index``), ``boundary_segment`` is not, and ``theta`
 ``(B, P)``. A sample is checked when it is made and when it comes back from a ``Data``: a
 wrong shape, an unknown boundary type or a NaN raises an error that names the attribute.
 
+`pad_meshes` pads a batch to bucketed sizes with one padding graph (`PaddedMeshes`), so that
+its shapes take few values and the models read its sizes from it, not from the device: the
+batches of a training step replayed from CUDA graphs (``trainer.capture=true``).
+
 torch-geometric is an optional dependency (``pip install gno-ext[mesh]``); `MeshSample` itself
 does not need it.
 """

@@ -152,8 +152,9 @@ class GraphKernelMixture(nn.Module):
     Each kernel runs once, on the subgraph of the graphs that selected it (their nodes, the
     edges among them, their context tokens); unselected kernels do not run. The output is
     scaled by the gate's straight-through value (exactly 1 in the forward pass), so the gate
-    learns. Choosing the subgraphs reads the routing on the host (graphs have no static shapes
-    to capture anyway).
+    learns. Choosing the subgraphs reads the routing on the host; a padded batch (``n_graphs``
+    given, `gno_ext.mesh.pad_meshes`) runs every kernel and keeps each node's own instead, which
+    reads nothing there (capturable).
 
     Parameters
     ----------
