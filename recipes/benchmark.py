@@ -13,6 +13,9 @@ every run of the table shares. ``--size`` and overrides after ``--`` replace tho
 Each run trains with ``recipes/train.py`` and leaves one JSON file,
 ``benchmarks/results/<table>/<recipe>/<row>-seed<N>.json``; a run whose file exists is skipped,
 so the same command resumes a table across days and machines (commit the files).
+``--refresh-readings`` runs again the cells whose file was written before the other readings of
+the nMSE were recorded (``nmse_readings``, ``per_trajectory``), keeping the old file where the
+new run fails.
 
 ``run`` prepares the datasets once, then starts ``recipes/sweep.py -m`` — Hydra's multirun —
 over the table's grid. With Hydra's default launcher the runs go one after another; with
@@ -66,6 +69,10 @@ def main(argv: list[str] | None = None) -> None:
             p.add_argument("--output-root", type=Path, help="where the run folders go (default: runs/benchmark)")
             p.add_argument("--processes", type=int, default=1,
                            help="GPUs per run (DDP at the same global batch) for runs too long for one GPU")
+        p.add_argument("--refresh-readings", action="store_true",
+                       help="run again the cells whose result file lacks the other readings of the nMSE "
+                            "(nmse_readings, per_trajectory: files written before they were recorded); a cell "
+                            "whose new run fails keeps its old file")
         p.add_argument("extra", nargs="*", help="Hydra overrides for every run (after --), e.g. trainer.epochs=20")
     p = sub.add_parser("render")
     p.add_argument("--tables", type=Path, default=TABLES)
@@ -85,8 +92,12 @@ def main(argv: list[str] | None = None) -> None:
             print("\n\n".join(f"<!-- {name} -->\n{text}" for name, text in pages.items()))
         return
     runs = plan(tables, args.table, args.seeds, args.recipes, args.rows, args.size)
-    todo = [r for r in runs if not r.path(args.results).exists()]
-    same = {r: same_run(r, args.extra, args.results) for r in todo}
+    stale = [r for r in runs if args.refresh_readings and r.path(args.results).exists()
+             and not has_readings(r.path(args.results))]
+    todo = [r for r in runs if not r.path(args.results).exists() or r in stale]
+    # (a refreshed cell takes only a result of the same computation that has the readings)
+    same = {r: s if s is not None and (r not in stale or has_readings(s)) else None
+            for r in todo for s in [same_run(r, args.extra, args.results)]}
     # a result file of another computation in a run's place (a smoke run's, say) is not this run's
     other = {r: budget_difference(r, args.extra, json.loads(r.path(args.results).read_text()))
              for r in runs if r.path(args.results).exists()}
@@ -94,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "plan":
         for r in runs:
             state = (f"blocked: its file holds another computation ({blocked[r]})" if r in blocked else
+                     "to run again: its file lacks the other readings" if r in stale else
                      "done" if r.path(args.results).exists() else
                      f"the same run as {same[r].relative_to(args.results)}" if same[r] else "to run")
             print(f"{r.table}/{r.recipe}/{r.row}-seed{r.seed} (size={r.size} {' '.join(r.budget)}): {state}")
@@ -127,11 +139,27 @@ def main(argv: list[str] | None = None) -> None:
     if args.output_root:
         command.append(f"output_root={args.output_root.resolve()}")
     print(" ".join(command), flush=True)
-    subprocess.run(command, check=True)
-    missing = [r for r in runs if not r.path(args.results).exists()]
+    aside = {r: r.path(args.results).with_suffix(".json.stale") for r in todo if r in stale}
+    for r, old in aside.items():  # out of the runner's way, back in place if the new run fails
+        r.path(args.results).rename(old)
+    try:
+        subprocess.run(command, check=True)
+    finally:
+        for r, old in aside.items():
+            if r.path(args.results).exists():
+                old.unlink()  # superseded by the new run's file (the old one is in the repository's history)
+            else:
+                old.rename(r.path(args.results))
+    missing = [r for r in runs if not r.path(args.results).exists() or r in aside and not has_readings(r.path(args.results))]
     if missing:
         raise SystemExit(f"table {args.table}: {len(missing)} of {len(runs)} runs have no result (failed): "
                          + ", ".join(f"{r.recipe}/{r.row}-seed{r.seed}" for r in missing))
+
+
+def has_readings(path: Path) -> bool:
+    """Whether a result file keeps the other readings of the nMSE and each trajectory's value."""
+    found = json.loads(path.read_text())
+    return "nmse_readings" in found and "per_trajectory" in found
 
 
 if __name__ == "__main__":

@@ -355,6 +355,43 @@ def test_a_failing_run_writes_nothing_and_the_others_go_on(tmp_path):
     assert [p.name for p in results.glob("t/heat-param/*.json")] == ["fno-seed0.json"]
 
 
+@pytest.mark.slow
+def test_refresh_readings_reruns_the_cells_without_them_and_keeps_a_failed_cells_file(tmp_path):
+    tables = tmp_path / "tables.yaml"
+    tables.write_text(yaml.safe_dump({"tables": {"t": {"title": "t", "recipes": ["heat-param"], "rows": {
+        "fno": {}, "broken": {"model": "fno", "overrides": ["+model.kwargs.no_such_argument=1"]}}}}}))
+    results = tmp_path / "results"
+    command = [sys.executable, str(RECIPES / "benchmark.py"), "run", "--table", "t", "--size", "smoke",
+               "--tables", str(tables), "--results", str(results), "--output-root", str(tmp_path / "runs"),
+               "--", "trainer.epochs=1", "trainer.batch_size=4", "trainer.progress=false", "eval.figures=0",
+               "trainer.tensorboard=false"]
+    env = {**os.environ, "GNO_EXT_CACHE": str(tmp_path / "cache"), "GNO_EXT_SWEEP_DIR": str(tmp_path / "hydra")}
+    done = subprocess.run([*command[:3], "--rows", "fno", *command[3:]], capture_output=True, text=True, env=env,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    folder = results / "t" / "heat-param"
+    new = json.loads((folder / "fno-seed0.json").read_text())
+    assert "nmse_readings" in new and "per_trajectory" in new
+    # the files of an older run: without the readings, a value of their own
+    old = {k: v for k, v in new.items() if k not in ("nmse_readings", "per_trajectory")} | {"nmse_mean": 123.0}
+    (folder / "fno-seed0.json").write_text(json.dumps(old))
+    broken = {**old, "model": "broken", "overrides": ["+model.kwargs.no_such_argument=1"]}
+    (folder / "broken-seed0.json").write_text(json.dumps(broken))
+    plan = [*command[:2], "plan", *command[3:11]]  # (no --output-root: nothing runs)
+    planned = subprocess.run([*plan, *command[13:]], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert "done" in planned.stdout and "to run again" not in planned.stdout, planned.stdout  # kept without the option
+    planned = subprocess.run([*plan, "--refresh-readings", *command[13:]], capture_output=True, text=True, env=env,
+                             cwd=tmp_path)
+    assert planned.stdout.count("to run again: its file lacks the other readings") == 2, planned.stdout
+    again = subprocess.run([*command[:13], "--refresh-readings", *command[13:]], capture_output=True, text=True,
+                           env=env, cwd=tmp_path)
+    assert again.returncode != 0 and "heat-param/broken-seed0" in again.stderr
+    fno = json.loads((folder / "fno-seed0.json").read_text())
+    assert "nmse_readings" in fno and fno["nmse_mean"] != 123.0  # run again
+    assert json.loads((folder / "broken-seed0.json").read_text()) == broken  # its run failed: the old file kept
+    assert sorted(p.name for p in folder.iterdir()) == ["broken-seed0.json", "fno-seed0.json"]  # nothing left aside
+
+
 def test_an_untrained_reference_has_no_budget_and_a_mixed_budget_is_flagged(tmp_path):
     def result(model, steps, epochs, precision):
         return {"table": "bc", "recipe": "heat-bc", "model": model, "seed": 0, "size": "paper", "epochs": epochs,
@@ -730,7 +767,7 @@ def test_the_overview_says_which_result_files_keep_the_other_readings():
     full = {"nmse_mean": 0.1, "nmse_readings": {"pooled": 0.1}, "per_trajectory": []}
     assert brender._readings_said({"t": ([full, full], [])}).startswith("Each result file also keeps the pooled nMSE")
     said = brender._readings_said({"t": ([full], []), "u": ([{"nmse_mean": 0.2}], [])})
-    assert "(1 of 2) also keep the pooled nMSE" in said and "needs the run again" in said
+    assert "(1 of 2) also keep the pooled nMSE" in said and "needs the run again" in said and "--refresh-readings" in said
 
 
 def test_which_model_names_a_first_mesh_model_only_where_every_row_has_run():

@@ -412,7 +412,8 @@ def _readings_said(loaded: Loaded) -> str:
     return (f"The result files of the runs made since these were recorded ({kept} of {len(found)}) also keep "
             f"{what}. The older ones keep the tables' reading (the mean over the trajectories of each "
             "one's nMSE) with its per-step and per-group figures; another reading of them needs the run "
-            "again (the trained weights are not kept).")
+            "again (the trained weights are not kept): `python recipes/benchmark.py run --table NAME "
+            "--refresh-readings` reruns a table's cells that lack them.")
 
 
 def runtime_page(tables: dict[str, Any], results: Path = RESULTS) -> str | None:
