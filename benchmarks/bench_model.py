@@ -111,7 +111,7 @@ def make_inputs(batch: int, shape: tuple[int, ...], channels: int, device: str) 
 
 def setup(name: str, batch: int, shape: tuple[int, ...], channels: int, device: str,
           chunk: int | None, boundary: str = "fused", capturable: bool = False,
-          optimizer: str = "flat", attention: str = "fused", fourier: str = "dft"
+          optimizer: str = "flat", attention: str = "fused", fourier: str = "dft", activations: str = "float32"
           ) -> tuple[GNO, dict, torch.optim.Optimizer, FlatParameters | None]:
     """The model (normalisation fitted, mixture chunk, boundary and attention paths set), its inputs, a
     fused AdamW (``capturable`` for a step captured in a CUDA graph) and, for ``optimizer="flat"``
@@ -124,6 +124,8 @@ def setup(name: str, batch: int, shape: tuple[int, ...], channels: int, device: 
     torch.manual_seed(0)
     kwargs = dict(MODELS[name])
     registered = kwargs.pop("model", None)
+    if registered in ("fno", "gno_fno"):
+        kwargs["activations"] = activations
     model = (get_model(registered, in_channels=channels, n_params=1, log_params=[True], ndim=len(shape), **kwargs)
              if registered else GNO(in_channels=channels, ndim=len(shape), **kwargs)).to(device)
     model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].to(device))
@@ -206,19 +208,21 @@ def traffic_floor(model: torch.nn.Module, x: dict, device: str) -> int:
     return 2 * saved_bytes(model, x, device) + 2 * x["u"].nbytes + 8 * 4 * n_params
 
 
-def memory(name: str, batch: int, shape: tuple[int, ...], channels: int, device: str) -> dict:
+def memory(name: str, batch: int, shape: tuple[int, ...], channels: int, device: str,
+           activations: str = "float32") -> dict:
     """What a training step of ``name`` holds, without timing it (any device, a CPU included):
     the activations its forward pass saves (`saved_bytes`) per sample and per step (what does not
     grow with the batch, e.g. the bf16 copies of the weights), from the forward passes at batch
     ``batch`` and ``2 batch``; and the parameters with their gradients and AdamW's two moments
     (16 bytes per parameter). A run at batch ``B`` holds at least ``B x per_sample + per_step +
     state``; the backward's temporaries and the allocator's slack come on top."""
-    model, x, _, _ = setup(name, batch, shape, channels, device, None)
+    model, x, _, _ = setup(name, batch, shape, channels, device, None, activations=activations)
     one = saved_bytes(model, x, device)
     two = saved_bytes(model, make_inputs(2 * batch, shape, channels, device), device)
     per_sample = (two - one) / batch
     n_params = sum(p.numel() for p in model.parameters())
     return {"model": name, "batch": batch, "shape": list(shape), "params_m": n_params / 1e6,
+            "activations": activations if MODELS[name].get("model") in ("fno", "gno_fno") else None,
             "saved_gib_per_sample": per_sample / 2**30, "saved_gib_per_step": (one - batch * per_sample) / 2**30,
             "state_gib": 16 * n_params / 2**30}
 
@@ -246,8 +250,8 @@ def paths_taken(ops: set[str], boundary_transfer: bool) -> dict:
 
 def bench(name: str, batch: int, mode: str, shape: tuple[int, ...], channels: int, device: str, repeats: int,
           chunk: int | None = None, options: dict | None = None, boundary: str = "fused",
-          optimizer: str = "flat", attention: str = "fused", fourier: str = "dft", bandwidth: float = float("nan")
-          ) -> dict:
+          optimizer: str = "flat", attention: str = "fused", fourier: str = "dft", bandwidth: float = float("nan"),
+          activations: str = "float32") -> dict:
     if mode == "whole-graph" and device != "cuda":
         raise SystemExit("--modes whole-graph needs a CUDA device")
     # on a GPU everything on a stream of its own, as the trainer's loop runs (`side_stream`): the
@@ -255,15 +259,15 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, ...], channels: in
     # stream's when the whole step is captured
     with (side_stream() if device == "cuda" else contextlib.nullcontext()) as stream:
         return _bench(name, batch, mode, shape, channels, device, repeats, chunk, options, boundary, optimizer,
-                      attention, fourier, bandwidth, stream)
+                      attention, fourier, bandwidth, stream, activations)
 
 
 def _bench(name: str, batch: int, mode: str, shape: tuple[int, ...], channels: int, device: str, repeats: int,
            chunk: int | None, options: dict | None, boundary: str, optimizer: str, attention: str, fourier: str,
-           bandwidth: float, stream: torch.cuda.Stream | None = None) -> dict:
+           bandwidth: float, stream: torch.cuda.Stream | None = None, activations: str = "float32") -> dict:
     whole = mode == "whole-graph"
     model, x, opt, flat = setup(name, batch, shape, channels, device, chunk, boundary, capturable=whole,
-                                optimizer=optimizer, attention=attention, fourier=fourier)
+                                optimizer=optimizer, attention=attention, fourier=fourier, activations=activations)
     # a fresh compilation cache for every configuration: otherwise, after dynamo's recompilation
     # limit (8 by default), a later model of the same class silently runs eagerly
     torch._dynamo.reset()
@@ -301,6 +305,7 @@ def _bench(name: str, batch: int, mode: str, shape: tuple[int, ...], channels: i
             "boundary": boundary if has_boundary(model) else None, "compile_options": options or {},
             "optimizer": optimizer, "attention": attention, "ran": paths_taken(ops, has_boundary(model)),
             "fourier": fourier if any(isinstance(m, FullPrecisionSpectralConv) for m in model.modules()) else None,
+            "activations": activations if MODELS[name].get("model") in ("fno", "gno_fno") else None,
             "traffic_floor_gib": floor_bytes / 2**30, "traffic_floor_ms": 1e3 * floor_bytes / bandwidth}
 
 
@@ -393,6 +398,8 @@ def main() -> None:
     parser.add_argument("--attention", nargs="+", default=["fused"], choices=["fused", "sdpa"],
                         help="the attention kernels' attention as gno_ext's Triton kernels (attend_tokens, the "
                              "default on a GPU with Triton) or scaled_dot_product_attention")
+    parser.add_argument("--activations", nargs="+", default=["float32"], choices=["float32", "autocast"],
+                        help="the FNO models' activations between layers under autocast (their `activations`)")
     parser.add_argument("--fourier", nargs="+", default=["dft"], choices=["dft", "fft"],
                         help="the spectral convolutions' transforms (FNO-backbone models): the retained modes "
                              "alone by matrix products (the default) or the full FFT")
@@ -411,10 +418,12 @@ def main() -> None:
     if len(args.shape) not in (2, 3):
         parser.error(f"--shape: 2 or 3 sizes, got {args.shape}")
     if args.memory:
-        rows = [memory(model, batch, tuple(args.shape), args.channels, args.device)
-                for batch in args.batch for model in args.models]
+        rows = [memory(model, batch, tuple(args.shape), args.channels, args.device, kind)
+                for batch in args.batch for model in args.models
+                for kind in (args.activations if MODELS[model].get("model") in ("fno", "gno_fno") else ["float32"])]
         for r in rows:
-            print(f"{r['model']:15s} grid {'x'.join(map(str, r['shape']))}: {r['params_m']:.2f} M parameters, "
+            kind = f" ({r['activations']} activations)" if r["activations"] else ""
+            print(f"{r['model']:15s} grid {'x'.join(map(str, r['shape']))}{kind}: {r['params_m']:.2f} M parameters, "
                   f"saved activations {r['saved_gib_per_sample']:.3f} GiB per sample and {r['saved_gib_per_step']:.2f} "
                   f"per step, parameters with gradients and AdamW moments {r['state_gib']:.2f} GiB", flush=True)
         if args.out:
@@ -444,17 +453,19 @@ def main() -> None:
             for model in args.models:
                 chunks = args.chunk if MODELS[model].get("n_kernels", 4) > 1 else [0]
                 paths = args.boundary if MODELS[model].get("boundary_transfer", True) else ["fused"]
-                fouriers = args.fourier if "model" in MODELS[model] and "fno" in MODELS[model]["model"] else ["dft"]
-                for chunk, path, optimizer, attention, fourier in itertools.product(
-                        chunks, paths, args.optimizer, args.attention, fouriers):
+                fno = "model" in MODELS[model] and "fno" in MODELS[model]["model"]
+                fouriers, kinds = (args.fourier, args.activations) if fno else (["dft"], ["float32"])
+                for chunk, path, optimizer, attention, fourier, activations in itertools.product(
+                        chunks, paths, args.optimizer, args.attention, fouriers, kinds):
                     r = bench(model, batch, mode, tuple(args.shape), args.channels, args.device, args.repeats,
-                              chunk or None, options, path, optimizer, attention, fourier, bandwidth)
+                              chunk or None, options, path, optimizer, attention, fourier, bandwidth, activations)
                     rows.append(r)
                     print(f"{model:15s} {batch:5d} {mode:>8s} {r['forward_ms']:8.3f} {r['step_ms']:8.3f} "
                           f"{r['traffic_floor_ms']:8.3f} {r['train_tflops']:8.1f} {r['step_gflop']:8.1f} "
                           f"{r['peak_gib']:6.2f}  {r['kernels_used']}  chunk {chunk or 'auto'}, optimizer {optimizer}, "
                           f"ran: boundary {r['ran']['boundary']}, attention {r['ran']['attention']}"
-                          f"{f', fourier {fourier}' if r['fourier'] else ''}", flush=True)
+                          f"{f', fourier {fourier}' if r['fourier'] else ''}"
+                          f"{f', activations {activations}' if r['activations'] else ''}", flush=True)
                 if args.out:
                     args.out.parent.mkdir(parents=True, exist_ok=True)
                     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

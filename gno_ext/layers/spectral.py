@@ -29,12 +29,49 @@ from gno_ext.layers.gate import ParameterGate
 from gno_ext.layers.mixture import dispatch
 from gno_ext.layers.modes import contract_modes, from_modes, to_modes
 
-__all__ = ["FullPrecisionSpectralConv", "GatedSpectralConv", "TRANSFORMS", "condition_on"]
+__all__ = ["ACTIVATIONS", "FullPrecisionSpectralConv", "GatedSpectralConv", "TRANSFORMS", "condition_on",
+           "keep_autocast_type", "with_activations"]
 
 TRANSFORMS = ("dft", "fft")
 """How a spectral convolution of this package reaches its retained modes: ``"dft"`` (default),
 the kept modes only, by dense matrix products (`gno_ext.layers.modes`); ``"fft"``, the full
 FFT and its zero-filled inverse, as neuraloperator's ``SpectralConv`` does."""
+
+
+ACTIVATIONS = ("float32", "autocast")
+"""The type of an FNO's activations between its layers under autocast (a model argument
+``activations``): ``"float32"`` (default), what neuraloperator's blocks give (their spectral
+convolutions and channel-MLP skips return float32, which promotes every sum after them), or
+``"autocast"``, the autocast type (bf16), as the layers of a transformer under autocast
+(`keep_autocast_type`)."""
+
+
+def _autocast_output(module: nn.Module, inputs: Any, out: Any) -> Any:
+    """A forward hook: ``out`` in the autocast type where autocast is on (else unchanged)."""
+    if isinstance(out, Tensor) and out.is_floating_point() and torch.is_autocast_enabled(out.device.type):
+        return out.to(torch.get_autocast_dtype(out.device.type))
+    return None
+
+
+def keep_autocast_type(net: nn.Module) -> nn.Module:
+    """Keep a neuraloperator ``FNO``'s activations in the autocast type under autocast
+    (``activations="autocast"``, `ACTIVATIONS`): each block's spectral convolution and channel-MLP skip
+    return it (forward hooks) instead of float32, so that the sums, GELUs and their gradients
+    between them move half the bytes. Outside autocast nothing changes, nor do the parameters or
+    the checkpoints. Returns ``net``."""
+    blocks = net.fno_blocks
+    for layer in range(blocks.n_layers):
+        blocks.convs[layer].register_forward_hook(_autocast_output)
+        if blocks.channel_mlp_skips is not None:
+            blocks.channel_mlp_skips[layer].register_forward_hook(_autocast_output)
+    return net
+
+
+def with_activations(net: nn.Module, activations: str) -> nn.Module:
+    """``net`` (a neuraloperator ``FNO``) with its activations' type ``activations`` (`ACTIVATIONS`)."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations: expected one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+    return keep_autocast_type(net) if activations == "autocast" else net
 
 
 class FullPrecisionSpectralConv(SpectralConv):

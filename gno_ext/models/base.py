@@ -53,21 +53,23 @@ def boundary_channels(bc: BoundarySpec, grid: Grid, scale: Tensor | float = 1.0)
 
 
 def neuralop_fno(ndim: int, n_modes: int, in_channels: int, out_channels: int, hidden_channels: int,
-                 n_layers: int, fourier: str = "dft") -> nn.Module:
+                 n_layers: int, fourier: str = "dft", activations: str = "float32") -> nn.Module:
     """neuraloperator's ``FNO`` (an optional dependency, imported here) with ``n_modes`` modes on
     each of ``ndim`` axes, its spectral convolutions `FullPrecisionSpectralConv`s (their
     transforms by ``fourier``: the retained modes alone, or the FFT) so that it trains under
     bf16 autocast (cuFFT has no bf16 transform), and its grid coordinates `GridCoordinates` (made
-    at each call: compiled once, capturable)."""
+    at each call: compiled once, capturable); ``activations``: their type under autocast
+    (`gno_ext.layers.spectral.ACTIVATIONS`)."""
     import functools
 
     from neuralop.models import FNO
 
     from gno_ext.layers.embeddings import use_grid_coordinates
-    from gno_ext.layers.spectral import FullPrecisionSpectralConv
+    from gno_ext.layers.spectral import FullPrecisionSpectralConv, with_activations
 
-    return use_grid_coordinates(FNO((n_modes,) * ndim, in_channels, out_channels, hidden_channels, n_layers=n_layers,
-                                    conv_module=functools.partial(FullPrecisionSpectralConv, fourier=fourier)))
+    net = FNO((n_modes,) * ndim, in_channels, out_channels, hidden_channels, n_layers=n_layers,
+              conv_module=functools.partial(FullPrecisionSpectralConv, fourier=fourier))
+    return with_activations(use_grid_coordinates(net), activations)
 
 
 class TransformerBlock(nn.Module):

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from gno_ext.layers.boundary import BoundaryTransfer, boundary_features
 from gno_ext.layers.embeddings import use_grid_coordinates
-from gno_ext.layers.spectral import GatedSpectralConv, condition_on
+from gno_ext.layers.spectral import GatedSpectralConv, condition_on, with_activations
 from gno_ext.models.base import SchemaModel
 from gno_ext.models.registry import register_model
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch
@@ -170,6 +170,9 @@ class GNOFNO(SchemaModel):
     fourier : {"dft", "fft"}
         The spectral convolutions' transforms (`gno_ext.layers.spectral.TRANSFORMS`): the
         retained modes alone (default) or the full FFT.
+    activations : {"float32", "autocast"}
+        The activations' type between the layers under autocast (`gno_ext.layers.spectral.ACTIVATIONS`):
+        float32 as neuraloperator's blocks give it (default), or the autocast type.
     """
 
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2, t_in: int = 1,
@@ -177,7 +180,8 @@ class GNOFNO(SchemaModel):
                  n_layers: int = 4, n_kernels: int = 4, gate_hidden: int = 32, boundary_transfer: bool = True,
                  boundary_patch: int = 16, boundary_depth: int = 4, parameter_channels: bool = True,
                  domain_padding: float = 0.0, shared_kernel: bool = False,
-                 periodic_boundary_layer: bool = True, soft_routing: bool = False, fourier: str = "dft") -> None:
+                 periodic_boundary_layer: bool = True, soft_routing: bool = False, fourier: str = "dft",
+                 activations: str = "float32") -> None:
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
         from neuralop.models import FNO
 
@@ -199,8 +203,8 @@ class GNOFNO(SchemaModel):
                                  gate_hidden=gate_hidden, shared_kernel=shared_kernel, soft_routing=soft_routing,
                                  fourier=fourier)
         channels = t_in * in_channels + (n_params + field_channels if parameter_channels else 0)
-        self.net = use_grid_coordinates(FNO((n_modes,) * ndim, channels, in_channels, hidden_channels,
-                                            n_layers=n_layers, conv_module=conv))
+        net = FNO((n_modes,) * ndim, channels, in_channels, hidden_channels, n_layers=n_layers, conv_module=conv)
+        self.net = with_activations(use_grid_coordinates(net), activations)
         self.boundary = nn.ModuleList(BoundaryLayer(hidden_channels, ndim, boundary_patch, boundary_depth,
                                                     periodic_boundary_layer)
                                       for _ in range(n_layers)) if boundary_transfer else None

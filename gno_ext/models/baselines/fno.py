@@ -33,14 +33,17 @@ class ChannelFNO(SchemaModel):
     fourier : {"dft", "fft"}
         The spectral convolutions' transforms (`gno_ext.layers.spectral.TRANSFORMS`): the
         retained modes alone (default) or the full FFT.
+    activations : {"float32", "autocast"}
+        The activations' type between the layers under autocast (`gno_ext.layers.spectral.ACTIVATIONS`):
+        float32 as neuraloperator's blocks give it (default), or the autocast type.
     """
 
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2, t_in: int = 1,
                  log_params: Sequence[bool] | None = None, n_modes: int = 12, hidden_channels: int = 64,
-                 n_layers: int = 4, fourier: str = "dft") -> None:
+                 n_layers: int = 4, fourier: str = "dft", activations: str = "float32") -> None:
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
         channels = t_in * in_channels + n_params + field_channels + N_TYPES + 1
-        self.net = neuralop_fno(ndim, n_modes, channels, in_channels, hidden_channels, n_layers, fourier)
+        self.net = neuralop_fno(ndim, n_modes, channels, in_channels, hidden_channels, n_layers, fourier, activations)
 
     def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
                 bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:

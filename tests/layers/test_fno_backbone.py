@@ -1,6 +1,7 @@
-"""`GridCoordinates`: neuraloperator's grid embedding without state, so that a compiled FNO
-compiles once (neuraloperator's caches its grid on the module at the first call, which fails
-the compiled code's guard at the second)."""
+"""What the FNO-backbone models change in neuraloperator's FNO: `GridCoordinates`, its grid
+embedding without state, so that a compiled FNO compiles once (neuraloperator's caches its grid
+on the module at the first call, which fails the compiled code's guard at the second); and the
+option to keep its activations in the autocast type (``activations="autocast"``)."""
 
 import pytest
 import torch
@@ -64,3 +65,44 @@ def test_a_compiled_fno_compiles_once():
     with torch._dynamo.config.patch(error_on_recompile=True):
         for _ in range(3):
             compiled(u, theta=theta, bc=bc).pow(2).mean().backward()
+
+
+@pytest.mark.parametrize("name", ["fno", "gno_fno"])
+def test_activations_in_the_autocast_type(name):
+    """``activations="autocast"``: under autocast the blocks' spectral convolutions and channel-MLP
+    skips return bf16 (float32 by default, as neuraloperator's do); the same weights give the
+    same function within bf16's precision, exactly the same outside autocast, and the same
+    checkpoint."""
+    from gno_ext.layers.spectral import FullPrecisionSpectralConv, GatedSpectralConv
+
+    kwargs = {"n_params": 1, "n_modes": 4, "hidden_channels": 8, "n_layers": 2}
+    torch.manual_seed(0)
+    plain = get_model(name, **kwargs)
+    torch.manual_seed(0)
+    kept = get_model(name, activations="autocast", **kwargs)
+    assert plain.state_dict().keys() == kept.state_dict().keys()  # the same checkpoint layout
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), kept.parameters()))  # the same weights
+    u, theta, bc = torch.randn(2, 1, 1, 16, 16), torch.rand(2, 1), BoundarySpec.periodic(2, batch_size=2)
+    torch.testing.assert_close(kept(u, theta=theta, bc=bc), plain(u, theta=theta, bc=bc), rtol=0, atol=0)
+    types = {}
+    convs = (FullPrecisionSpectralConv, GatedSpectralConv)
+    for label, model in (("plain", plain), ("kept", kept)):
+        for module in model.net.fno_blocks.convs:
+            module.register_forward_hook(lambda m, i, out, label=label: types.setdefault(label, set()).add(out.dtype))
+        assert all(isinstance(m, convs) for m in model.net.fno_blocks.convs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y_plain, y_kept = plain(u, theta=theta, bc=bc), kept(u, theta=theta, bc=bc)
+    assert types == {"plain": {torch.float32}, "kept": {torch.bfloat16}}
+    scale = y_plain.float().abs().max()
+    torch.testing.assert_close(y_kept.float() / scale, y_plain.float() / scale, rtol=0, atol=3e-2)
+    y_kept.float().pow(2).mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in kept.net.fno_blocks.parameters()
+               if p.requires_grad and p.grad is not None)
+    with pytest.raises(ValueError, match="activations: expected one of float32, autocast, got 'bf16'"):
+        get_model(name, activations="bf16", **kwargs)
+
+
+def test_autocast_activations_save_less_memory():
+    bench = pytest.importorskip("tests._recipes").load_recipe("bench_model")
+    plain, kept = (bench.memory("fno", 1, (32, 32), 1, "cpu", kind) for kind in ("float32", "autocast"))
+    assert kept["saved_gib_per_sample"] < 0.8 * plain["saved_gib_per_sample"]
