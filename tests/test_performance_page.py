@@ -233,14 +233,29 @@ def test_the_trl_page_quotes_its_file():
 
 
 def test_the_3d_notes_quote_the_memory_file():
-    """The 3-D table's notes: the activations per sample and the memory at batch 64 of its file."""
+    """The 3-D table's notes: the activations per sample and the memory at batch 64 of its file,
+    with the FNO models' activations in float32 and in bf16."""
     notes = " ".join((REPO / "benchmarks" / "notes" / "3d.md").read_text().split())
-    rows = {r["model"]: r for r in history_rows("memory_3d_cpu")}
-    need = {m: 64 * r["saved_gib_per_sample"] + r["saved_gib_per_step"] + r["state_gib"] for m, r in rows.items()}
-    said = [f"the FNO saves {rows['fno']['saved_gib_per_sample']:.2f} GiB per sample and `gno_fno_soft` "
-            f"{rows['gno-fno-soft']['saved_gib_per_sample']:.2f} GiB",
-            f"hold at least {need['fno']:.0f} and {need['gno-fno-soft']:.0f} GiB",
-            f"save about {max(rows['gno']['saved_gib_per_sample'], rows['unisolver']['saved_gib_per_sample']):.2f} GiB "
-            f"per sample and need about {max(need['gno'], need['unisolver']):.0f} GiB at batch 64"]
+    rows = {(r["model"], r["activations"]): r for r in history_rows("memory_3d_cpu")}
+    need = {k: 64 * r["saved_gib_per_sample"] + r["saved_gib_per_step"] + r["state_gib"] for k, r in rows.items()}
+    per = {k: r["saved_gib_per_sample"] for k, r in rows.items()}
+    fno, soft = ("fno", "float32"), ("gno-fno-soft", "float32")
+    fno16, soft16 = ("fno", "autocast"), ("gno-fno-soft", "autocast")
+    said = [f"the FNO saves {per[fno]:.2f} GiB per sample and `gno_fno_soft` {per[soft]:.2f} GiB",
+            f"hold at least {need[fno]:.0f} and {need[soft]:.0f} GiB",
+            f"they save {per[fno16]:.2f} and {per[soft16]:.2f} GiB per sample and need at least "
+            f"{need[fno16]:.0f} and {need[soft16]:.0f} GiB",
+            f"save about {max(per['gno', None], per['unisolver', None]):.2f} GiB per sample and need about "
+            f"{max(need['gno', None], need['unisolver', None]):.0f} GiB at batch 64"]
     missing = [s for s in said if s not in notes]
+    assert not missing, missing
+
+
+def test_the_activations_paragraph_quotes_its_memory_file():
+    page = " ".join(PAGE.read_text().split())
+    mib = {(r["model"], r["activations"]): 1024 * r["saved_gib_per_sample"] for r in history_rows("memory_2d_cpu")}
+    said = [f"the FNO then saves {mib['fno', 'autocast']:.0f} MiB of activations per sample at 128² instead of "
+            f"{mib['fno', 'float32']:.0f}, `gno_fno_soft` {mib['gno-fno-soft', 'autocast']:.0f} instead of "
+            f"{mib['gno-fno-soft', 'float32']:.0f}"]
+    missing = [s for s in said if s not in page]
     assert not missing, missing
