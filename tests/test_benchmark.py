@@ -337,8 +337,10 @@ def test_a_check_placeholder_reads_the_checks_beside_the_results(tmp_path):
         brender.fill("{{check:modes/advection-param/gno:nmse_mean}}", results, "note.md")
 
 
-@pytest.mark.slow
-def test_a_failing_run_writes_nothing_and_the_others_go_on(tmp_path):
+def _a_table_with_a_broken_row(tmp_path: Path) -> tuple[list[str], dict[str, str], Path]:
+    """A table ``t`` of two rows on heat-param at the smoke size, ``fno`` and ``broken`` (a model
+    argument that does not exist): the ``run`` command (options, then ``--`` and the overrides),
+    its environment and the results folder."""
     tables = tmp_path / "tables.yaml"
     tables.write_text(yaml.safe_dump({"tables": {"t": {"title": "t", "recipes": ["heat-param"], "rows": {
         "fno": {}, "broken": {"model": "fno", "overrides": ["+model.kwargs.no_such_argument=1"]}}}}}))
@@ -348,6 +350,12 @@ def test_a_failing_run_writes_nothing_and_the_others_go_on(tmp_path):
                "--", "trainer.epochs=1", "trainer.batch_size=4", "trainer.progress=false", "eval.figures=0",
                "trainer.tensorboard=false"]
     env = {**os.environ, "GNO_EXT_CACHE": str(tmp_path / "cache"), "GNO_EXT_SWEEP_DIR": str(tmp_path / "hydra")}
+    return command, env, results
+
+
+@pytest.mark.slow
+def test_a_failing_run_writes_nothing_and_the_others_go_on(tmp_path):
+    command, env, results = _a_table_with_a_broken_row(tmp_path)
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode != 0
     assert "1 of 2 runs have no result (failed): heat-param/broken-seed0" in done.stderr
@@ -357,15 +365,7 @@ def test_a_failing_run_writes_nothing_and_the_others_go_on(tmp_path):
 
 @pytest.mark.slow
 def test_refresh_readings_reruns_the_cells_without_them_and_keeps_a_failed_cells_file(tmp_path):
-    tables = tmp_path / "tables.yaml"
-    tables.write_text(yaml.safe_dump({"tables": {"t": {"title": "t", "recipes": ["heat-param"], "rows": {
-        "fno": {}, "broken": {"model": "fno", "overrides": ["+model.kwargs.no_such_argument=1"]}}}}}))
-    results = tmp_path / "results"
-    command = [sys.executable, str(RECIPES / "benchmark.py"), "run", "--table", "t", "--size", "smoke",
-               "--tables", str(tables), "--results", str(results), "--output-root", str(tmp_path / "runs"),
-               "--", "trainer.epochs=1", "trainer.batch_size=4", "trainer.progress=false", "eval.figures=0",
-               "trainer.tensorboard=false"]
-    env = {**os.environ, "GNO_EXT_CACHE": str(tmp_path / "cache"), "GNO_EXT_SWEEP_DIR": str(tmp_path / "hydra")}
+    command, env, results = _a_table_with_a_broken_row(tmp_path)
     done = subprocess.run([*command[:3], "--rows", "fno", *command[3:]], capture_output=True, text=True, env=env,
                           cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
