@@ -143,7 +143,7 @@ def test_the_objective_of_a_padded_batch_is_the_unpadded_ones():
     net = model("gno_mesh", soft_routing=True, boundary_nodes=True)
     batch = collate_meshes(samples())
     problem = problem_for({"kind": "mesh"}, capture=True)
-    assert problem.capturable and not problem_for({"kind": "mesh"}).capturable
+    assert problem.pad and not problem_for({"kind": "mesh"}).pad
     padded = problem.train_collate(samples())
     assert isinstance(padded, PaddedMeshes) and not isinstance(MeshProblem().train_collate(samples()), PaddedMeshes)
     objective = make_objective(net, net, contextlib.nullcontext, torch.ones(1, 1, 1), n_groups=4, tau=1.0, world=1,

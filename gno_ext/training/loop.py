@@ -202,7 +202,7 @@ def _start(cfg: Mapping[str, Any], locks: contextlib.ExitStack | None) -> Start:
     test_epochs(cfg, tr.epochs)
     if tr.compile:  # the cache setting checked before anything is generated
         compile_cache_dir(tr.compile_cache, torch.device("cpu"))
-    _check_model_and_data(cfg, problem_for(data_cfg, tr.capture), tr.capture)
+    _check_model_and_data(cfg, problem_for(data_cfg))
     # Accelerate sets up several CPU processes (gloo) only when told cpu=True
     use_cpu = tr.device == "cpu" or not torch.cuda.is_available()
     fresh_accelerate_state()
@@ -339,10 +339,10 @@ def _valid_split(data_cfg: Mapping[str, Any], t_in: int, say: Callable[[str], No
         return None
 
 
-def _check_model_and_data(cfg: Mapping[str, Any], problem: Problem, capture: bool) -> None:
-    """Refuse a model that takes another kind of data than the recipe gives (grids or meshes), a
-    model keyword it does not take, and CUDA-graph capture of batches whose shapes change, before
-    any work is done."""
+def _check_model_and_data(cfg: Mapping[str, Any], problem: Problem) -> None:
+    """Refuse a model that takes another kind of data than the recipe gives (grids or meshes) and
+    a model keyword it does not take, before any work is done. (Every kind of batch can be
+    captured: mesh batches are then padded, `problem_for`.)"""
     data_cfg = cfg["data"]
     takes = getattr(model_class(cfg["model"]["name"]), "data_kind", "grid")
     if takes != problem.name:
@@ -350,9 +350,6 @@ def _check_model_and_data(cfg: Mapping[str, Any], problem: Problem, capture: boo
         raise ValueError(f"model={cfg['model']['name']} takes {takes} data, but data.kind={data_cfg['kind']} gives "
                          f"{problem.name} batches: use {hint}")
     check_model_kwargs(cfg["model"]["name"], cfg["model"].get("kwargs") or {}, prefix="model.kwargs.")
-    if capture and not problem.capturable:  # (every problem is, given capture: mesh batches are then padded)
-        raise ValueError(f"trainer.capture=true: data.kind={data_cfg['kind']} batches cannot be captured; set "
-                         "trainer.capture=false")
 
 
 def _run_line(run_dir: Path, name: str, raw: nn.Module, n_windows: int, binner: GroupBinner, world: int,

@@ -32,7 +32,6 @@ class GridProblem:
     bc=, grid=)``."""
 
     name = "grid"
-    capturable = True
 
     @staticmethod
     def collate(samples: Sequence[Any]) -> PDEBatch:
@@ -95,10 +94,6 @@ class MeshProblem:
 
     def __init__(self, pad: bool = False) -> None:
         self.pad = bool(pad)
-
-    @property
-    def capturable(self) -> bool:
-        return self.pad
 
     @staticmethod
     def collate(samples: Sequence[Any]) -> Any:
