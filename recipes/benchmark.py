@@ -42,6 +42,7 @@ from gno_ext.benchmark.tables import (
     TABLES,
     adopt,
     budget_difference,
+    has_readings,
     load_tables,
     merge_overrides,
     plan,
@@ -93,10 +94,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     runs = plan(tables, args.table, args.seeds, args.recipes, args.rows, args.size)
     stale = [r for r in runs if args.refresh_readings and r.path(args.results).exists()
-             and not has_readings(r.path(args.results))]
+             and not _has_readings(r.path(args.results))]
     todo = [r for r in runs if not r.path(args.results).exists() or r in stale]
     # (a refreshed cell takes only a result of the same computation that has the readings)
-    same = {r: s if s is not None and (r not in stale or has_readings(s)) else None
+    same = {r: s if s is not None and (r not in stale or _has_readings(s)) else None
             for r in todo for s in [same_run(r, args.extra, args.results)]}
     # a result file of another computation in a run's place (a smoke run's, say) is not this run's
     other = {r: budget_difference(r, args.extra, json.loads(r.path(args.results).read_text()))
@@ -150,16 +151,15 @@ def main(argv: list[str] | None = None) -> None:
                 old.unlink()  # superseded by the new run's file (the old one is in the repository's history)
             else:
                 old.rename(r.path(args.results))
-    missing = [r for r in runs if not r.path(args.results).exists() or r in aside and not has_readings(r.path(args.results))]
+    missing = [r for r in runs
+               if not r.path(args.results).exists() or r in aside and not _has_readings(r.path(args.results))]
     if missing:
         raise SystemExit(f"table {args.table}: {len(missing)} of {len(runs)} runs have no result (failed): "
                          + ", ".join(f"{r.recipe}/{r.row}-seed{r.seed}" for r in missing))
 
 
-def has_readings(path: Path) -> bool:
-    """Whether a result file keeps the other readings of the nMSE and each trajectory's value."""
-    found = json.loads(path.read_text())
-    return "nmse_readings" in found and "per_trajectory" in found
+def _has_readings(path: Path) -> bool:
+    return has_readings(json.loads(path.read_text()))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from .tables import (
     _tested,
     _values,
     budget_of,
+    has_readings,
     load_results,
     objective_text,
     ranked_values,
@@ -402,7 +403,7 @@ def _readings_said(loaded: Loaded) -> str:
     """Which result files keep the other readings of the nMSE, in words (the runs made before
     the readings were recorded lack them, and their weights are not kept to re-evaluate)."""
     found = [r for results, _ in loaded.values() for r in results]
-    kept = sum("nmse_readings" in r and "per_trajectory" in r for r in found)
+    kept = sum(has_readings(r) for r in found)
     what = ("the pooled nMSE (summed errors over summed variances of the split), the per-step one "
             "(each frame's own variance) and the per-channel one (`nmse_readings`), and each "
             "trajectory's value with its parameters and boundary configuration (`per_trajectory`), "

@@ -407,6 +407,12 @@ def _ranked(found: list[dict[str, Any]], recipe: str, metric: str = "nmse") -> l
     return trained + [(m, rs) for m, rs in rows.items() if m == "persistence"]
 
 
+def has_readings(result: dict[str, Any]) -> bool:
+    """Whether a result keeps the other readings of the nMSE (``nmse_readings``) and each
+    trajectory's value (``per_trajectory``): the runs made before they were recorded do not."""
+    return "nmse_readings" in result and "per_trajectory" in result
+
+
 def ranked_values(found: list[dict[str, Any]], recipe: str, metric: str = "nmse") -> list[tuple[str, list[float]]]:
     """The column's trained rows that hold a value of ``metric``, each with its values (one per
     seed), lowest mean first; `persistence` left out."""
