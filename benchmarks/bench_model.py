@@ -67,6 +67,7 @@ import torch
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
+from gno_ext._files import write_json
 from gno_ext.benchmark.timing import timed
 from gno_ext.layers import (
     AttentionKernel,
@@ -99,6 +100,12 @@ MODELS = {
 DEFAULT_MODELS = ["gno", "vit-standin"]
 
 
+def on_fno(name: str) -> bool:
+    """Whether model ``name`` is one of neuraloperator's FNO backbone (``fno``, ``gno_fno``): the
+    models that take ``fourier`` and ``activations``."""
+    return MODELS[name].get("model") in ("fno", "gno_fno")
+
+
 def make_inputs(batch: int, shape: tuple[int, ...], channels: int, device: str) -> dict:
     g = torch.Generator().manual_seed(0)
     theta = torch.logspace(-2, 0, batch)[:, None] if batch > 1 else torch.tensor([[0.1]])
@@ -124,7 +131,7 @@ def setup(name: str, batch: int, shape: tuple[int, ...], channels: int, device: 
     torch.manual_seed(0)
     kwargs = dict(MODELS[name])
     registered = kwargs.pop("model", None)
-    if registered in ("fno", "gno_fno"):
+    if on_fno(name):
         kwargs["activations"] = activations
     model = (get_model(registered, in_channels=channels, n_params=1, log_params=[True], ndim=len(shape), **kwargs)
              if registered else GNO(in_channels=channels, ndim=len(shape), **kwargs)).to(device)
@@ -222,7 +229,7 @@ def memory(name: str, batch: int, shape: tuple[int, ...], channels: int, device:
     per_sample = (two - one) / batch
     n_params = sum(p.numel() for p in model.parameters())
     return {"model": name, "batch": batch, "shape": list(shape), "params_m": n_params / 1e6,
-            "activations": activations if MODELS[name].get("model") in ("fno", "gno_fno") else None,
+            "activations": activations if on_fno(name) else None,
             "saved_gib_per_sample": per_sample / 2**30, "saved_gib_per_step": (one - batch * per_sample) / 2**30,
             "state_gib": 16 * n_params / 2**30}
 
@@ -305,7 +312,7 @@ def _bench(name: str, batch: int, mode: str, shape: tuple[int, ...], channels: i
             "boundary": boundary if has_boundary(model) else None, "compile_options": options or {},
             "optimizer": optimizer, "attention": attention, "ran": paths_taken(ops, has_boundary(model)),
             "fourier": fourier if any(isinstance(m, FullPrecisionSpectralConv) for m in model.modules()) else None,
-            "activations": activations if MODELS[name].get("model") in ("fno", "gno_fno") else None,
+            "activations": activations if on_fno(name) else None,
             "traffic_floor_gib": floor_bytes / 2**30, "traffic_floor_ms": 1e3 * floor_bytes / bandwidth}
 
 
@@ -420,15 +427,14 @@ def main() -> None:
     if args.memory:
         rows = [memory(model, batch, tuple(args.shape), args.channels, args.device, kind)
                 for batch in args.batch for model in args.models
-                for kind in (args.activations if MODELS[model].get("model") in ("fno", "gno_fno") else ["float32"])]
+                for kind in (args.activations if on_fno(model) else ["float32"])]
         for r in rows:
             kind = f" ({r['activations']} activations)" if r["activations"] else ""
             print(f"{r['model']:15s} grid {'x'.join(map(str, r['shape']))}{kind}: {r['params_m']:.2f} M parameters, "
                   f"saved activations {r['saved_gib_per_sample']:.3f} GiB per sample and {r['saved_gib_per_step']:.2f} "
                   f"per step, parameters with gradients and AdamW moments {r['state_gib']:.2f} GiB", flush=True)
         if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps({"device": args.device, "torch": torch.__version__, "rows": rows}, indent=1))
+            write_json(args.out, {"device": args.device, "torch": torch.__version__, "rows": rows})
         return
     args.modes = args.modes or ["eager", "compiled", "graphs"] + ["whole-graph"] * (args.device == "cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -453,8 +459,7 @@ def main() -> None:
             for model in args.models:
                 chunks = args.chunk if MODELS[model].get("n_kernels", 4) > 1 else [0]
                 paths = args.boundary if MODELS[model].get("boundary_transfer", True) else ["fused"]
-                fno = "model" in MODELS[model] and "fno" in MODELS[model]["model"]
-                fouriers, kinds = (args.fourier, args.activations) if fno else (["dft"], ["float32"])
+                fouriers, kinds = (args.fourier, args.activations) if on_fno(model) else (["dft"], ["float32"])
                 for chunk, path, optimizer, attention, fourier, activations in itertools.product(
                         chunks, paths, args.optimizer, args.attention, fouriers, kinds):
                     r = bench(model, batch, mode, tuple(args.shape), args.channels, args.device, args.repeats,
