@@ -184,14 +184,17 @@ class GraphKernelMixture(nn.Module):
         and gradients, ``K`` times the work, nothing read on the host)."""
         routing = self.gate(theta)
         self.last_routing = routing
-        run = [lambda k=k: self.kernels[k](x, edge_index, batch, pos, context, context_batch, n_graphs=n_graphs)
-               for k in range(len(self.kernels))]
+
+        def run(kernel: nn.Module) -> Tensor:  # on the whole batch
+            return kernel(x, edge_index, batch, pos, context, context_batch, n_graphs=n_graphs)
+
         if self.soft_routing:
             probs = routing.probs[batch]  # (N, K)
-            return sum(run[k]() * probs[:, k].to(x.dtype).view(-1, *([1] * (x.ndim - 1))) for k in range(len(run)))
+            return sum(run(kernel) * probs[:, k].to(x.dtype).view(-1, *([1] * (x.ndim - 1)))
+                       for k, kernel in enumerate(self.kernels))
         node_kernel = routing.index[batch]
         if n_graphs is not None:
-            every = torch.stack([r() for r in run], 1)  # (N, K, ...)
+            every = torch.stack([run(kernel) for kernel in self.kernels], 1)  # (N, K, ...)
             out = every[torch.arange(x.shape[0], device=x.device), node_kernel]
             return out * routing.weight[batch].to(out.dtype).view(-1, *([1] * (out.ndim - 1)))
         out = None
