@@ -213,12 +213,13 @@ class PaddedMeshes:
 def pad_meshes(batch: Any, per_octave: int = 8) -> PaddedMeshes:
     """``batch`` (`collate_meshes`'s, on the host) padded to `bucket` sizes (`PaddedMeshes`).
 
-    The padding graph has the remaining nodes (at the origin, fields zero), self-loops at its
-    first node for the remaining edges, and the remaining boundary entries at that node, a
-    Dirichlet condition with zero data spread over every segment; its parameters are the first
-    graph's. No edge joins it to a real graph, so the real graphs' predictions are those of the
-    unpadded batch (the models treat each graph apart); a per-graph loss reads the first
-    ``graphs`` entries. Every graph must have every segment ``0 .. S-1`` (the padded segment
+    The padding graph has the remaining nodes (at the origin, fields zero; at least one per 64
+    real nodes), the remaining edges as self-loops and the remaining boundary entries (a
+    Dirichlet condition with zero data, spread over every segment) dealt in turn to its nodes:
+    no node gathers thousands of them, which would serialise the scatters of the graph layers
+    on a GPU (atomic additions into one row); its parameters are the first graph's. No edge
+    joins it to a real graph, so the real graphs' predictions are those of the unpadded batch
+    (the models treat each graph apart); a per-graph loss reads the first ``graphs`` entries. Every graph must have every segment ``0 .. S-1`` (the padded segment
     tokens are then ``S`` per graph): a batch in which one lacks one is refused by name."""
     graphs, nodes = int(batch.num_graphs), int(batch.num_nodes)
     edges, boundary = int(batch.edge_index.shape[1]), int(batch.boundary_index.numel())
@@ -232,9 +233,9 @@ def pad_meshes(batch: Any, per_octave: int = 8) -> PaddedMeshes:
         g, s = (int(i) for i in (~present).nonzero()[0])
         raise ValueError(f"pad_meshes: graph {g} of the batch has no boundary node of segment {s} (of "
                          f"{n_segments}); padded batches need every segment in every graph")
-    n_pad, e_pad, m_pad = (bucket(nodes + 1, per_octave) - nodes, bucket(edges, per_octave) - edges,
+    n_pad, e_pad, m_pad = (bucket(nodes + max(1, nodes // 64), per_octave) - nodes, bucket(edges, per_octave) - edges,
                            bucket(boundary + n_segments, per_octave) - boundary)
-    first = torch.full((), nodes, dtype=torch.long)
+    loops, ends = nodes + torch.arange(e_pad) % n_pad, nodes + torch.arange(m_pad) % n_pad  # dealt to the padding nodes
 
     def grow(t: Tensor, extra: int, fill: Tensor | float = 0.0) -> Tensor:
         tail = (fill.expand(extra, *t.shape[1:]) if isinstance(fill, Tensor)
@@ -248,9 +249,9 @@ def pad_meshes(batch: Any, per_octave: int = 8) -> PaddedMeshes:
     return PaddedMeshes(
         pos=grow(batch.pos, n_pad), u_in=grow(batch.u_in, n_pad), u_out=grow(batch.u_out, n_pad),
         theta=torch.cat([batch.theta, batch.theta[:1]]),
-        edge_index=torch.cat([batch.edge_index, first.expand(2, e_pad)], 1),
+        edge_index=torch.cat([batch.edge_index, loops.expand(2, e_pad)], 1),
         batch=grow(batch.batch, n_pad, graphs),
-        boundary_index=grow(batch.boundary_index, m_pad, first),
+        boundary_index=torch.cat([batch.boundary_index, ends]),
         boundary_kind=grow(batch.boundary_kind, m_pad, int(BCType.DIRICHLET)),
         boundary_values=grow(batch.boundary_values, m_pad), boundary_normal=grow(batch.boundary_normal, m_pad, normal),
         boundary_segment=torch.cat([segment, torch.arange(m_pad) % n_segments]),

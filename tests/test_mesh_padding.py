@@ -53,7 +53,8 @@ def test_a_padded_batch_has_bucketed_sizes_and_one_padding_graph():
     assert padded.pos.shape[0] == bucket(n + 1) and padded.edge_index.shape[1] == bucket(e)
     assert padded.boundary_index.shape[0] == bucket(m + 2) and padded.boundary_coeffs.shape[0] == bucket(m + 2)
     assert (padded.batch[n:] == 3).all() and (padded.batch[:n] == batch.batch).all()
-    assert (padded.edge_index[:, e:] == n).all() and (padded.boundary_index[m:] == n).all()
+    loops = padded.edge_index[:, e:]
+    assert (loops[0] == loops[1]).all() and (loops >= n).all() and (padded.boundary_index[m:] >= n).all()
     assert set(padded.boundary_segment[m:].tolist()) == {0, 1}  # every segment in the padding graph too
     assert torch.equal(padded.theta[:3], batch.theta)
     # batches of 20 different node counts: a few signatures (each one captured graph); the
@@ -61,6 +62,21 @@ def test_a_padded_batch_has_bucketed_sizes_and_one_padding_graph():
     batches = [collate_meshes(samples(((12, 6, 20 + k), (8, 4, 9), (10, 5, 14)))) for k in range(20)]
     raw = {(b.num_nodes, b.edge_index.shape[1]) for b in batches}
     assert len(raw) == 20 and len({signature(pad_meshes(b, per_octave=2)) for b in batches}) <= 4
+
+
+def test_the_padding_is_dealt_over_many_nodes():
+    """A bench-sized batch (thousands of padding edges): no padding node takes more than a few of
+    them (one node holding them all serialises a GPU's scatters into its row), and there is at
+    least one padding node per 64 real ones."""
+    big = collate_meshes(samples(((60, 30, 900), (50, 25, 700))))
+    n, e, m = big.num_nodes, big.edge_index.shape[1], big.boundary_index.numel()
+    padded = pad_meshes(big, per_octave=2)  # coarse buckets: much padding
+    n_pad = padded.pos.shape[0] - n
+    assert n_pad >= n // 64 and padded.edge_index.shape[1] - e > 20 * n_pad
+    per_node = torch.bincount(padded.edge_index[0, e:] - n, minlength=n_pad)
+    assert per_node.max() - per_node.min() <= 1  # dealt in turn
+    ends = torch.bincount(padded.boundary_index[m:] - n, minlength=n_pad)
+    assert ends.max() <= -(-(padded.boundary_index.numel() - m) // n_pad)
 
 
 def test_a_captured_step_copies_a_new_padded_batch_into_its_static_one():
