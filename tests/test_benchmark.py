@@ -166,6 +166,17 @@ def test_a_run_writes_its_results_skips_them_next_time_and_renders(tmp_path):
             "trainer.epochs=1 eval.figures=0 ") in page  # what differs from the table's budget
 
 
+def test_the_reproduce_line_gives_each_speed_setting_once():
+    """Runs of one table made with different loader workers: the command names the setting once
+    (the value most runs used), not both values of one key."""
+    table = btab.load_tables()["mesh"]
+    run = {"recipe": "heat-mesh", "model": "mesh_gnn", "seed": 0, "size": "bench", "epochs": 10, "batch_size": 64,
+           "lr": 3e-4, "precision": "bf16", "extra": ["trainer.num_workers=1", "trainer.compile=false"]}
+    found = [run, {**run, "seed": 1}, {**run, "model": "gno_mesh", "extra": ["trainer.num_workers=3", "trainer.compile=false"]}]
+    line = brender._budget_line("mesh", table, found)
+    assert "-- trainer.compile=false trainer.num_workers=1`" in line and "num_workers=3" not in line
+
+
 def test_no_gpu_no_slot():
     import torch
 
@@ -772,14 +783,14 @@ def test_the_overview_says_which_result_files_keep_the_other_readings():
 
 def test_which_model_names_a_first_mesh_model_only_where_every_row_has_run():
     """A mesh column where one trained row has no result yet names no first model (the row not
-    run would be ranked below the rows that ran)."""
+    run would be ranked below the rows that ran); each column is said on its own."""
     tables = btab.load_tables()
     loaded = brender.load_all(tables, btab.RESULTS)
     rows = [row for row in tables["mesh"]["rows"] if row != "persistence"]
     result = {"recipe": "heat-mesh", "model": rows[1], "nmse_mean": 0.2, "seed": 0}
     one = {**loaded, "mesh": ([result], loaded["mesh"][1])}
     line = next(x for x in brender.which_model_page(tables, one).splitlines() if "irregular domain" in x)
-    assert "not every row has run yet" in line and "first on" not in line
+    assert "heat-mesh: not every row has run yet" in line and "first on" not in line
     both = {**loaded, "mesh": ([result, {**result, "model": rows[0], "nmse_mean": 0.1}], loaded["mesh"][1])}
     line = next(x for x in brender.which_model_page(tables, both).splitlines() if "irregular domain" in x)
-    assert f"first on the mesh table: `{rows[0]}`" in line
+    assert f"first on heat-mesh: `{rows[0]}`" in line and "advection-mesh: not every row has run yet" in line

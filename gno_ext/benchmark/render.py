@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -214,8 +215,9 @@ def _budget_line(name: str, table: dict[str, Any], found: list[dict[str, Any]]) 
             columns.setdefault(budget, []).append(recipe)
     budget = "; ".join(f"{_budget_text(b)} ({', '.join(c)})" for b, c in columns.items()) or "no trained run yet"
     seeds = sorted({r["seed"] for r in found})
-    speed = sorted({o for r in found for o in r.get("extra", [])  # (a data folder is the machine's own)
-                    if o.lstrip("+~").startswith(NOT_BUDGET) and not o.startswith("data.root=")})
+    used = Counter(o for r in found for o in r.get("extra", [])  # (a data folder is the machine's own)
+                   if o.lstrip("+~").startswith(NOT_BUDGET) and not o.startswith("data.root="))
+    speed = sorted({o.split("=")[0]: o for o, _ in sorted(used.items(), key=lambda u: u[1])}.values())  # each key once: its most used value
     spec = table["budget"]  # what the results used beyond the table's budget (a size or overrides given)
     other = sorted({o for b in columns for o in b[4]} - set(spec["overrides"]))
     sizes = sorted({r["size"] for r in found if r["size"] != spec["sizes"].get(r["recipe"], spec["size"])})
@@ -447,9 +449,12 @@ def which_model_page(tables: dict[str, Any], loaded: Loaded) -> str:
     lines, counts = _headline(tables, loaded)
     mesh = loaded["mesh"][0] if "mesh" in tables else []
     mesh_rows = {row for row in tables.get("mesh", {}).get("rows", {}) if row != "persistence"}
-    # first only in a column where every trained row has run: a row not run yet would be ranked last
-    mesh_first = sorted({ranked[0][0] for recipe in tables.get("mesh", {}).get("recipes", [])
-                         if (ranked := ranked_values(mesh, recipe)) and {r for r, _ in ranked} >= mesh_rows})
+    # a first model only in a column where every trained row has run: a row not run yet would be ranked last
+    mesh_said = []
+    for recipe in tables.get("mesh", {}).get("recipes", []):
+        ranked = ranked_values(mesh, recipe)
+        mesh_said.append(f"first on {recipe}: `{ranked[0][0]}`" if ranked and {r for r, _ in ranked} >= mesh_rows
+                         else f"{recipe}: not every row has run yet")
     out = ["# Which model to use\n",
            f"Every recipe trains `{DEFAULT_MODEL}` unless you pass another `model=NAME`: the GNO on "
            "neuraloperator's FNO, its kernels mixed by the gate's probabilities. The figures below are the "
@@ -460,9 +465,7 @@ def which_model_page(tables: dict[str, Any], loaded: Loaded) -> str:
            f"| the paper's own GNO (hard-gated kernels on a ViT), to reproduce or compare | `model={PAPER_MODEL}` | "
            + (_headline_text(counts).split(". ", 1)[1] if counts["ratios"] else "no result yet") + " |",
            "| an irregular domain (a triangle mesh) | `--recipe heat-mesh` or `advection-mesh` (model `gno_mesh`) | "
-           + (f"first on the mesh table: {', '.join(f'`{m}`' for m in mesh_first)} "
-              "([`mesh`](results/mesh.md))" if mesh_first
-              else "the [`mesh`](results/mesh.md) table (not every row has run yet)" if mesh
+           + ("; ".join(mesh_said) + " ([`mesh`](results/mesh.md))" if mesh
               else "the [`mesh`](results/mesh.md) table") + " |",
            "| a GNO layer inside your own FNO | `gno_ext.layers` | [Tutorial](tutorial.md), "
            "[Layers and models](models/index.md) |",
