@@ -56,11 +56,12 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from gno_ext._files import write_json
+    from gno_ext.benchmark.run import git_commit
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     rows = []
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
-              "size": args.size, "batch": args.batch, "steps": args.steps, "rows": rows}
+              "commit": git_commit(), "size": args.size, "batch": args.batch, "steps": args.steps, "rows": rows}
     plan = [(args.mesh_recipe, m, ["trainer.compile=false", f"trainer.capture={c}"]) for m in args.models
             for c in args.captures]
     fast = ["trainer.compile=true", "trainer.capture=true"] if device == "cuda" else ["trainer.compile=false"]

@@ -68,6 +68,7 @@ import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 from gno_ext._files import write_json
+from gno_ext.benchmark.run import git_commit
 from gno_ext.benchmark.timing import timed
 from gno_ext.layers import (
     AttentionKernel,
@@ -434,7 +435,7 @@ def main() -> None:
                   f"saved activations {r['saved_gib_per_sample']:.3f} GiB per sample and {r['saved_gib_per_step']:.2f} "
                   f"per step, parameters with gradients and AdamW moments {r['state_gib']:.2f} GiB", flush=True)
         if args.out:
-            write_json(args.out, {"device": args.device, "torch": torch.__version__, "rows": rows})
+            write_json(args.out, {"device": args.device, "torch": torch.__version__, "commit": git_commit(), "rows": rows})
         return
     args.modes = args.modes or ["eager", "compiled", "graphs"] + ["whole-graph"] * (args.device == "cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -447,8 +448,8 @@ def main() -> None:
         return
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     bandwidth = copy_bandwidth(args.device)
-    meta = {"device": name, "torch": torch.__version__, "shape": args.shape, "channels": args.channels,
-            "compile_options": options, "copy_bandwidth_gb_s": bandwidth / 1e9}
+    meta = {"device": name, "torch": torch.__version__, "commit": git_commit(), "shape": args.shape,
+            "channels": args.channels, "compile_options": options, "copy_bandwidth_gb_s": bandwidth / 1e9}
     rows = []
     print(f"device: {name}, torch {torch.__version__}, grid {args.shape}, {args.channels} channels, bf16 autocast, "
           f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")

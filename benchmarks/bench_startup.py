@@ -68,13 +68,14 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from gno_ext._files import write_json
+    from gno_ext.benchmark.run import git_commit
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.steps < 2:
         parser.error(f"--steps: at least 2 (the first captured step is the second), got {args.steps}")
     rows = []
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
-              "recipe": args.recipe, "size": args.size, "steps": args.steps, "rows": rows}
+              "commit": git_commit(), "recipe": args.recipe, "size": args.size, "steps": args.steps, "rows": rows}
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
             cache = Path(tmp) / f"cache-{model}"

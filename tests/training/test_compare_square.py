@@ -187,3 +187,24 @@ def test_the_advice_on_meshes_quotes_the_files():
             f"{best['wall_s'] / gnn['wall_s']:.1f} (square) times as long as `mesh_gnn`") in page
     assert (f"four times its parameters ({curved['gno_mesh']['params'] / 1e6:.2f} M against "
             f"{curved['mesh_gnn']['params'] / 1e6:.2f} M)") in page
+
+
+def test_the_bench_mesh_figures_quote_the_files():
+    """The irregular-domains page's (and the mesh table's notes') bench figures: the mesh table's
+    result files and the mesh step's timing file."""
+    page = " ".join((ROOT / "docs" / "irregular-domains.md").read_text().split())
+    notes = " ".join((ROOT / "benchmarks" / "notes" / "mesh.md").read_text().split())
+    step = json.loads((ROOT / "benchmarks" / "history" / "mesh_step_h100.json").read_text())
+    ms = {(r["model"], r["options"].endswith("capture=true")): r["step_ms"] for r in step["rows"]}
+    assert (f"{ms['gno_mesh', True]:.0f} against {ms['gno_mesh', False]:.0f} ms per step for `gno_mesh` and "
+            f"{ms['mesh_gnn', True]:.0f} against {ms['mesh_gnn', False]:.0f} ms for `mesh_gnn`") in page
+    assert f"takes {ms['gno_fno_soft', True]:.1f} ms on `heat-param`" in page
+    ratio = f"{ms['gno_mesh', False] / ms['mesh_gnn', False]:.1f} times"
+    eager = f"({ms['gno_mesh', False]:.0f} against {ms['mesh_gnn', False]:.0f} ms"
+    assert f"at {ratio} its step time on an H100 {eager})" in page and f"about {ratio} a `mesh_gnn` one {eager}" in notes
+    results = ROOT / "benchmarks" / "results" / "mesh" / "heat-mesh"
+    seeds = {m: [json.loads((results / f"{m}-seed{s}.json").read_text())["nmse_mean"] for s in (0, 1)]
+             for m in ("gno_mesh", "mesh_gnn")}
+    mean = {m: sum(v) / 2 for m, v in seeds.items()}
+    assert max(seeds["gno_mesh"]) < min(seeds["mesh_gnn"])  # "ahead with both seeds"
+    assert f"{mean['gno_mesh']:.3f} against {mean['mesh_gnn']:.3f} for `mesh_gnn`" in page
