@@ -21,7 +21,7 @@ from torch import Tensor
 
 from gno_ext.layers.embeddings import ParameterNormalizer, use_grid_coordinates
 from gno_ext.layers.gate import gate_input
-from gno_ext.layers.spectral import GatedSpectralConv, condition_on
+from gno_ext.layers.spectral import GatedSpectralConv, condition_on, with_activations
 from gno_ext.models.registry import register_model
 
 __all__ = ["GatedFNO"]
@@ -45,6 +45,10 @@ class GatedFNO(FNO, name="GatedFNO"):
         Hidden width of each gate.
     log_params : sequence of bool, optional
         Parameters normalised on a log scale.
+    activations : {"float32", "autocast"}
+        The activations' type between the layers under autocast (`gno_ext.layers.spectral.ACTIVATIONS`):
+        float32 as neuraloperator's blocks return them, or the autocast type (about a third
+        less activation memory; the same weights and checkpoints).
     **fno_kwargs
         Any other ``FNO`` argument (``n_layers``, ``positional_embedding``, ...).
 
@@ -57,12 +61,13 @@ class GatedFNO(FNO, name="GatedFNO"):
 
     def __init__(self, n_modes: Sequence[int], in_channels: int, out_channels: int, hidden_channels: int,
                  n_params: int = 1, n_kernels: int = 4, gate_hidden: int = 32,
-                 log_params: Sequence[bool] | None = None, **fno_kwargs: Any) -> None:
+                 log_params: Sequence[bool] | None = None, activations: str = "float32", **fno_kwargs: Any) -> None:
         if "conv_module" in fno_kwargs:
             raise ValueError("conv_module: GatedFNO sets it (GatedSpectralConv); use FNO for another module")
         conv = functools.partial(GatedSpectralConv, n_kernels=n_kernels, n_params=n_params, gate_hidden=gate_hidden)
         super().__init__(tuple(n_modes), in_channels, out_channels, hidden_channels, conv_module=conv, **fno_kwargs)
         use_grid_coordinates(self)  # the same coordinates, not cached on the module (compiled once)
+        with_activations(self, activations)
         self.param_norm = ParameterNormalizer(n_params, log_params)
 
     @staticmethod

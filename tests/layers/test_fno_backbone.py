@@ -102,6 +102,30 @@ def test_activations_in_the_autocast_type(name):
         get_model(name, activations="bf16", **kwargs)
 
 
+def test_gated_fno_keeps_its_activations_in_the_autocast_type():
+    """`gated_fno` takes ``activations`` too (the 3-D table's FNO rows need it to fit a GPU): its
+    gated spectral convolutions return bf16 under autocast, the function is the same outside it."""
+    kwargs = {"n_modes": (4, 4), "in_channels": 1, "out_channels": 1, "hidden_channels": 8, "n_layers": 2,
+              "n_params": 1}
+    torch.manual_seed(0)
+    plain = get_model("gated_fno", **kwargs)
+    torch.manual_seed(0)
+    kept = get_model("gated_fno", activations="autocast", **kwargs)
+    x, theta = torch.randn(2, 1, 16, 16), torch.rand(2, 1)
+    torch.testing.assert_close(kept(x, theta=theta), plain(x, theta=theta), rtol=0, atol=0)
+    types = {}
+    for label, model in (("plain", plain), ("kept", kept)):
+        for module in model.fno_blocks.convs:
+            module.register_forward_hook(lambda m, i, out, label=label: types.setdefault(label, set()).add(out.dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y_plain, y_kept = plain(x, theta=theta), kept(x, theta=theta)
+    assert types == {"plain": {torch.float32}, "kept": {torch.bfloat16}}
+    scale = y_plain.float().abs().max()
+    torch.testing.assert_close(y_kept.float() / scale, y_plain.float() / scale, rtol=0, atol=3e-2)
+    with pytest.raises(ValueError, match="activations: expected one of"):
+        get_model("gated_fno", activations="half", **kwargs)
+
+
 def test_autocast_activations_save_less_memory():
     bench = pytest.importorskip("tests._recipes").load_recipe("bench_model")
     plain, kept = (bench.memory("fno", 1, (32, 32), 1, "cpu", kind) for kind in ("float32", "autocast"))
