@@ -85,13 +85,13 @@ class GraphAttentionKernel(nn.Module):
         k, v = self.kv(x).view(n, 2, h, -1).unbind(1)
         scale = 1 / math.sqrt(q.shape[-1])
         src, dst = edge_index
-        k_edge, v_edge = k[src], v[src]
+        k_edge, v_edge = k.index_select(0, src), v.index_select(0, src)  # (index_select: its gradient adds, x[i]'s sorts)
         if self.offset is not None:
             offsets = _offsets(pos, edge_index, self.ndim, n).to(x.dtype)
             k_off, v_off = self.offset(offsets).view(-1, 2, h, q.shape[-1]).unbind(1)
             k_edge, v_edge = k_edge + k_off, v_edge + v_off
-        edge_score = (q[dst] * k_edge).sum(-1) * scale  # (E, H)
-        top = scatter(edge_score, dst, 0, dim_size=n, reduce="max")  # (N, H); 0 where a node has no edge
+        edge_score = (q.index_select(0, dst) * k_edge).sum(-1) * scale  # (E, H)
+        top = scatter(edge_score.detach(), dst, 0, dim_size=n, reduce="max")  # (N, H); 0 where a node has no edge
         has_edge = scatter(torch.ones_like(dst, dtype=x.dtype), dst, 0, dim_size=n, reduce="sum")[:, None] > 0
         top = torch.where(has_edge, top, torch.full_like(top, -math.inf))
         if context is not None:
@@ -100,17 +100,17 @@ class GraphAttentionKernel(nn.Module):
             slots, mask = (_dense_context(context_batch, int(batch.max()) + 1 if n else 0) if n_graphs is None
                            else _even_context(context.shape[0], n_graphs, context.device))
             kc, vc = kc[slots], vc[slots]  # (B, Mmax, H, dh)
-            ctx_score = (q[:, None] * kc[batch]).sum(-1) * scale  # (N, Mmax, H)
+            ctx_score = (q[:, None] * kc.index_select(0, batch)).sum(-1) * scale  # (N, Mmax, H)
             ctx_score = ctx_score.masked_fill(~mask[batch][..., None], -math.inf)
             top = torch.maximum(top, ctx_score.amax(1))
         top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()  # (any shift: exact)
-        edge_weight = (edge_score - top[dst]).exp()  # (E, H)
+        edge_weight = (edge_score - top.index_select(0, dst)).exp()  # (E, H)
         total = scatter(edge_weight, dst, 0, dim_size=n, reduce="sum")
         summed = scatter(edge_weight[..., None] * v_edge, dst, 0, dim_size=n, reduce="sum")  # (N, H, dh)
         if context is not None:
             ctx_weight = (ctx_score - top[:, None]).exp()  # masked slots: exp(-inf) = 0
             total = total + ctx_weight.sum(1)
-            summed = summed + (ctx_weight[..., None] * vc[batch]).sum(1)
+            summed = summed + (ctx_weight[..., None] * vc.index_select(0, batch)).sum(1)
         attended = summed / total.clamp_min(torch.finfo(total.dtype).tiny)[..., None]
         return self.out(attended.reshape(n, self.dim))
 
@@ -142,7 +142,7 @@ class GraphKernelIntegral(nn.Module):
         `GraphAttentionKernel`.)"""
         src, dst = edge_index
         phi = self.kernel(_offsets(pos, edge_index, self.ndim, x.shape[0]).to(x.dtype))
-        return scatter(phi * self.value(x)[src], dst, 0, dim_size=x.shape[0], reduce="mean")
+        return scatter(phi * self.value(x).index_select(0, src), dst, 0, dim_size=x.shape[0], reduce="mean")
 
 
 class GraphKernelMixture(nn.Module):
@@ -189,14 +189,14 @@ class GraphKernelMixture(nn.Module):
             return kernel(x, edge_index, batch, pos, context, context_batch, n_graphs=n_graphs)
 
         if self.soft_routing:
-            probs = routing.probs[batch]  # (N, K)
+            probs = routing.probs.index_select(0, batch)  # (N, K)
             return sum(run(kernel) * probs[:, k].to(x.dtype).view(-1, *([1] * (x.ndim - 1)))
                        for k, kernel in enumerate(self.kernels))
         node_kernel = routing.index[batch]
         if n_graphs is not None:
             every = torch.stack([run(kernel) for kernel in self.kernels], 1)  # (N, K, ...)
             out = every[torch.arange(x.shape[0], device=x.device), node_kernel]
-            return out * routing.weight[batch].to(out.dtype).view(-1, *([1] * (out.ndim - 1)))
+            return out * routing.weight.index_select(0, batch).to(out.dtype).view(-1, *([1] * (out.ndim - 1)))
         out = None
         for k in node_kernel.unique().tolist():
             nodes = (node_kernel == k).nonzero().squeeze(1)
@@ -208,7 +208,7 @@ class GraphKernelMixture(nn.Module):
             y = self.kernels[k](x[nodes], sub_edges, batch[nodes], None if pos is None else pos[nodes], ctx, cb)
             out = y.new_zeros(x.shape[0], *y.shape[1:]) if out is None else out
             out = out.index_copy(0, nodes, y)
-        return out * routing.weight[batch].to(out.dtype).view(-1, *([1] * (out.ndim - 1)))
+        return out * routing.weight.index_select(0, batch).to(out.dtype).view(-1, *([1] * (out.ndim - 1)))
 
 
 def _offsets(pos: Tensor | None, edge_index: Tensor, ndim: int, n: int) -> Tensor:
@@ -292,7 +292,8 @@ class GraphBoundaryTransfer(nn.Module):
         data = torch.stack([values[:, 0], values[:, -1]], 1)
         coeffs = robin_coefficients(boundary_kind, boundary_coeffs, x.dtype)  # the grid's rule, per node
         described = torch.cat([kind, data, boundary_normal.to(x.dtype), coeffs,
-                               pos[boundary_index].to(x.dtype), self.norm(x[boundary_index])], 1)
+                               pos.index_select(0, boundary_index).to(x.dtype),
+                               self.norm(x.index_select(0, boundary_index))], 1)
         return self.mlp(described)
 
     def pool(self, per_node: Tensor, batch: Tensor, boundary_index: Tensor, boundary_segment: Tensor,

@@ -143,7 +143,7 @@ class GNOMeshBlock(nn.Module):
         x = self.norm1(h)
         if self.to_nodes is not None:
             pooled = scatter(context, context_batch, 0, dim_size=gate_in.shape[0], reduce="mean")
-            x = x + self.to_nodes(pooled)[data.batch]
+            x = x + self.to_nodes(pooled).index_select(0, data.batch)
             context = context_batch = None
         h = h + self.mixture(x, gate_in, data.edge_index, data.batch, data.pos, context, context_batch, n_graphs)
         if self.local is not None:

@@ -87,7 +87,7 @@ class MeshGNN(MeshModel):
         x = self.node_inputs(data)
         parts = [x]
         if self.param_norm is not None:
-            parts.append(self.param_norm(data.theta).to(x.dtype)[data.batch])
+            parts.append(self.param_norm(data.theta).to(x.dtype).index_select(0, data.batch))
         parts.append(self.boundary_features(data).to(x.dtype))
         h = self.lift(torch.cat(parts, 1))
         for block in self.blocks:
