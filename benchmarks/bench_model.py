@@ -435,7 +435,8 @@ def main() -> None:
                   f"saved activations {r['saved_gib_per_sample']:.3f} GiB per sample and {r['saved_gib_per_step']:.2f} "
                   f"per step, parameters with gradients and AdamW moments {r['state_gib']:.2f} GiB", flush=True)
         if args.out:
-            write_json(args.out, {"device": args.device, "torch": torch.__version__, "commit": git_commit(), "rows": rows})
+            write_json(args.out, {"device": args.device, "torch": torch.__version__, "commit": git_commit(),
+                                  "rows": rows})
         return
     args.modes = args.modes or ["eager", "compiled", "graphs"] + ["whole-graph"] * (args.device == "cuda")
     torch.backends.cuda.matmul.allow_tf32 = True

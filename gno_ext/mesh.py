@@ -219,8 +219,9 @@ def pad_meshes(batch: Any, per_octave: int = 8) -> PaddedMeshes:
     no node gathers thousands of them, which would serialise the scatters of the graph layers
     on a GPU (atomic additions into one row); its parameters are the first graph's. No edge
     joins it to a real graph, so the real graphs' predictions are those of the unpadded batch
-    (the models treat each graph apart); a per-graph loss reads the first ``graphs`` entries. Every graph must have every segment ``0 .. S-1`` (the padded segment
-    tokens are then ``S`` per graph): a batch in which one lacks one is refused by name."""
+    (the models treat each graph apart); a per-graph loss reads the first ``graphs`` entries.
+    Every graph must have every segment ``0 .. S-1`` (the padded segment tokens are then ``S`` per
+    graph): a batch in which one lacks one is refused by name."""
     graphs, nodes = int(batch.num_graphs), int(batch.num_nodes)
     edges, boundary = int(batch.edge_index.shape[1]), int(batch.boundary_index.numel())
     segment = batch.boundary_segment.long()
@@ -233,8 +234,8 @@ def pad_meshes(batch: Any, per_octave: int = 8) -> PaddedMeshes:
         g, s = (int(i) for i in (~present).nonzero()[0])
         raise ValueError(f"pad_meshes: graph {g} of the batch has no boundary node of segment {s} (of "
                          f"{n_segments}); padded batches need every segment in every graph")
-    n_pad, e_pad, m_pad = (bucket(nodes + max(1, nodes // 64), per_octave) - nodes, bucket(edges, per_octave) - edges,
-                           bucket(boundary + n_segments, per_octave) - boundary)
+    n_pad = bucket(nodes + max(1, nodes // 64), per_octave) - nodes
+    e_pad, m_pad = bucket(edges, per_octave) - edges, bucket(boundary + n_segments, per_octave) - boundary
     loops, ends = nodes + torch.arange(e_pad) % n_pad, nodes + torch.arange(m_pad) % n_pad  # dealt to the padding nodes
 
     def grow(t: Tensor, extra: int, fill: Tensor | float = 0.0) -> Tensor:

@@ -172,7 +172,8 @@ def test_the_reproduce_line_gives_each_speed_setting_once():
     table = btab.load_tables()["mesh"]
     run = {"recipe": "heat-mesh", "model": "mesh_gnn", "seed": 0, "size": "bench", "epochs": 10, "batch_size": 64,
            "lr": 3e-4, "precision": "bf16", "extra": ["trainer.num_workers=1", "trainer.compile=false"]}
-    found = [run, {**run, "seed": 1}, {**run, "model": "gno_mesh", "extra": ["trainer.num_workers=3", "trainer.compile=false"]}]
+    other = {**run, "model": "gno_mesh", "extra": ["trainer.num_workers=3", "trainer.compile=false"]}
+    found = [run, {**run, "seed": 1}, other]
     line = brender._budget_line("mesh", table, found)
     assert "-- trainer.compile=false trainer.num_workers=1`" in line and "num_workers=3" not in line
 

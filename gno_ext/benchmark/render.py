@@ -217,7 +217,8 @@ def _budget_line(name: str, table: dict[str, Any], found: list[dict[str, Any]]) 
     seeds = sorted({r["seed"] for r in found})
     used = Counter(o for r in found for o in r.get("extra", [])  # (a data folder is the machine's own)
                    if o.lstrip("+~").startswith(NOT_BUDGET) and not o.startswith("data.root="))
-    speed = sorted({o.split("=")[0]: o for o, _ in sorted(used.items(), key=lambda u: u[1])}.values())  # each key once: its most used value
+    # each setting once, at the value most runs used
+    speed = sorted({o.split("=")[0]: o for o, _ in sorted(used.items(), key=lambda u: u[1])}.values())
     spec = table["budget"]  # what the results used beyond the table's budget (a size or overrides given)
     other = sorted({o for b in columns for o in b[4]} - set(spec["overrides"]))
     sizes = sorted({r["size"] for r in found if r["size"] != spec["sizes"].get(r["recipe"], spec["size"])})

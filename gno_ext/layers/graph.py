@@ -85,7 +85,8 @@ class GraphAttentionKernel(nn.Module):
         k, v = self.kv(x).view(n, 2, h, -1).unbind(1)
         scale = 1 / math.sqrt(q.shape[-1])
         src, dst = edge_index
-        k_edge, v_edge = k.index_select(0, src), v.index_select(0, src)  # (index_select: its gradient adds, x[i]'s sorts)
+        # rows gathered with index_select: its gradient adds them (index_add); indexing's sorts the indices first
+        k_edge, v_edge = k.index_select(0, src), v.index_select(0, src)
         if self.offset is not None:
             offsets = _offsets(pos, edge_index, self.ndim, n).to(x.dtype)
             k_off, v_off = self.offset(offsets).view(-1, 2, h, q.shape[-1]).unbind(1)
