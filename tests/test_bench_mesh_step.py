@@ -35,3 +35,4 @@ def test_a_mesh_and_a_grid_model_are_timed_by_training_runs(tmp_path, monkeypatc
     assert "trainer.capture=false" in mesh["options"]
     for r in (mesh, grid):
         assert r["samples_per_s"] > 0 and r["step_ms"] == pytest.approx(4000 / r["samples_per_s"])
+        assert r["captured_graphs"] == 0  # (uncaptured runs)

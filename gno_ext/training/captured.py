@@ -213,6 +213,11 @@ class CapturedSteps:
         self._step: Callable[[], None] | None = None
         self._norm: Tensor | None = None
 
+    @property
+    def captured(self) -> int:
+        """The forward-backward graphs captured so far: one per input signature met."""
+        return len(self.graphs)
+
     def _capture(self, fn: Callable[[], Any], warmup: int) -> Callable[[], None]:
         try:
             # thread_local: a DataLoader's pin-memory thread may use CUDA meanwhile
@@ -294,6 +299,11 @@ class CapturingSteps:
     @property
     def replayed(self) -> bool:
         return self.steps.replayed
+
+    @property
+    def captured(self) -> int:
+        """The forward-backward graphs captured so far (0 before the first replay)."""
+        return getattr(self.steps, "captured", 0)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:

@@ -613,9 +613,11 @@ class EpochLoop:
 
     def _log_training(self, loss_value: float, grad_norm: float, dro: bool) -> None:
         elapsed = max(time.perf_counter() - self._since_log, 1e-9)
+        captured = getattr(self.steps, "captured", None)  # CUDA graphs so far (trainer.capture=true)
         self._log({"train/loss": loss_value, "train/lr": float(self.training.scheduler.get_last_lr()[0]),
                    "train/grad_norm": grad_norm, "train/dro": float(dro), "train/skipped": self.guard.skipped,
-                   "train/samples_per_s": self._window_seen / elapsed, "train/data_wait": self._data_wait[0] / elapsed})
+                   "train/samples_per_s": self._window_seen / elapsed, "train/data_wait": self._data_wait[0] / elapsed,
+                   **({} if captured is None else {"train/captured_graphs": captured})})
         self._since_log, self._window_seen, self._data_wait[0] = time.perf_counter(), 0, 0.0
 
     def _log(self, values: dict[str, float]) -> None:

@@ -50,16 +50,18 @@ def test_capturing_steps_run_eagerly_until_the_first_update_then_replay():
 
     def captured(stream):
         made.append(stream)
-        return _Recorded(True, calls)
+        replays = _Recorded(True, calls)
+        replays.captured = 2  # (the graphs a `CapturedSteps` has captured, which the loop logs)
+        return replays
 
     steps = CapturingSteps(_Recorded(False, calls), captured)
     steps.forward_backward(None, None, False, True)
-    assert not steps.replayed and not made
+    assert not steps.replayed and not made and steps.captured == 0
     for _ in range(3):
         steps.gradient_norm(True)
         steps.optimizer_step()
         steps.updated()
-    assert steps.replayed and made == [None]  # made once (its stream: the loop's, set by running())
+    assert steps.replayed and made == [None] and steps.captured == 2  # made once (its stream: the loop's)
     assert calls == ["eager forward_backward", "eager gradient_norm", "eager optimizer_step", "captured gradient_norm",
                      "captured optimizer_step", "captured gradient_norm", "captured optimizer_step"]
     loop = inspect.getsource(EpochLoop)  # the loop never asks whether its steps are captured

@@ -98,6 +98,8 @@ def test_a_captured_mesh_run_replays_its_padded_steps_on_a_gpu(train_module, tmp
                                 f"output_root={tmp_path}", *QUIET])
     rows = [json.loads(line) for line in (Path(result["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     assert any("startup/first_captured_step_s" in r for r in rows)
+    captured = [r["train/captured_graphs"] for r in rows if "train/captured_graphs" in r]
+    assert captured and 1 <= max(captured) <= 8  # a few padded sizes (and the DRO phase): a few graphs
     losses = [r["train/loss"] for r in rows if "train/loss" in r]
     assert losses and all(0 < x < 1e3 for x in losses)
     assert result["skipped"] == 0 and 0 < result["report"]["nmse"]["mean"] < 10
