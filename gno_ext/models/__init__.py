@@ -37,13 +37,14 @@ def _load_gno_mesh() -> None:
 
 def _load_mesh_gnn() -> None:
     _load_gno_mesh()  # the same dependency, named the same way
-    import gno_ext.models.mesh_gnn  # noqa: F401  (registers "mesh_gnn")
+    import gno_ext.models.mesh_gnn  # noqa: F401  (registers "mesh_gnn" and "mesh_persistence")
 
 
 register_lazy("gated_fno", _load_gated_fno)
 register_lazy("gno_fno", _load_gno_fno)
 register_lazy("gno_mesh", _load_gno_mesh)
 register_lazy("mesh_gnn", _load_mesh_gnn)
+register_lazy("mesh_persistence", _load_mesh_gnn)
 
 __all__ = ["GNO", "GNOBlock", "GNOFNO", "GatedFNO", "MissingDependencyError", "available_models", "from_checkpoint", "get_model", "model_class", "rollout",
            "save_checkpoint"]

@@ -10,6 +10,9 @@ averaged over the neighbours) and an MLP; the output is the next frame, ``u_in[:
 delta``. There is no gate (one kernel for every $\theta$) and no boundary transfer operator
 (the boundary enters only through its nodes' features): the row the mesh GNO must beat with
 the same inputs.
+
+`MeshPersistence` (`get_model("mesh_persistence")`) is the mesh recipes' ``persistence`` row:
+the last input frame copied forward, no weights (the recipes evaluate it without training).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from gno_ext.models.gno_mesh import MeshModel
 from gno_ext.models.registry import register_model
 from gno_ext.schema import BCType
 
-__all__ = ["MeshGNN"]
+__all__ = ["MeshGNN", "MeshPersistence"]
 
 KINDS = (BCType.DIRICHLET, BCType.NEUMANN, BCType.ROBIN)
 
@@ -93,3 +96,20 @@ class MeshGNN(MeshModel):
         for block in self.blocks:
             h = block(h, data)
         return self.next_frame(data, self.head(h))
+
+
+@register_model("mesh_persistence")
+class MeshPersistence(MeshModel):
+    """The last input frame as the prediction of the next, on every node: what a mesh model that
+    has learnt nothing scores (the grid recipes' ``persistence``). No weights.
+
+    Parameters
+    ----------
+    in_channels, n_params, field_channels, ndim, t_in, log_params
+        As for `gno_ext.models.gno_mesh.GNOMesh` (the inputs are checked against them).
+    """
+
+    def forward(self, data: Any) -> Tensor:
+        """``u_in[:, -1:]``, shape ``(N, 1, C)``."""
+        self.node_inputs(data)  # the batch checked
+        return data.u_in[:, -1:]

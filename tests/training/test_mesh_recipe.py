@@ -55,6 +55,23 @@ def test_heat_mesh_smoke_end_to_end(train_module, tmp_path, cache):
     assert again["nmse"]["mean"] == pytest.approx(report["nmse"]["mean"], rel=1e-5)
 
 
+def test_mesh_persistence_is_evaluated_not_trained_and_scores_the_reports_persistence(train_module, tmp_path, cache):
+    """``model=mesh_persistence`` (the mesh table's reference row): no weights, so the recipe only
+    evaluates it, and its rollout errors are the persistence curve every mesh report prints."""
+    result = train_module.main(["--recipe", "advection-mesh", "size=smoke", "model=mesh_persistence",
+                                f"output_root={tmp_path}", *QUIET])
+    assert result["step"] == 0 and not (Path(result["run_dir"]) / "metrics.jsonl").exists()
+    report = result["report"]
+    assert report["per_step_nmse"] == pytest.approx(report["per_step_nmse_persistence"], rel=1e-6)
+    assert report["nmse"]["mean"] > 0 and len(report["per_step_nmse"]) == MESH_SIZES["smoke"]["frames"] - 1
+    from gno_ext.mesh import collate_meshes
+    from gno_ext.models import get_model
+    from tests.test_mesh_padding import samples
+
+    with pytest.raises(ValueError, match="data.u_in: expected shape"):  # the batch is checked all the same
+        get_model("mesh_persistence", in_channels=7)(collate_meshes(samples()))
+
+
 def test_advection_mesh_smoke_end_to_end(train_module, tmp_path, cache):
     """The advection recipe: its own files, the velocity (two parameters) reaching the model and
     the DRO groups, and the rollout's report."""
