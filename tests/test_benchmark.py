@@ -612,7 +612,7 @@ def test_the_mesh_table_runs_its_recipes_and_renders(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     for recipe in ("heat-mesh", "advection-mesh"):
         files = sorted(p.name for p in (results / "mesh" / recipe).glob("*.json"))
-        assert files == ["gno_mesh-seed0.json", "mesh_gnn-seed0.json"]
+        assert files == ["gno_mesh-seed0.json", "mesh_gnn-seed0.json", "persistence-seed0.json"]
         result = json.loads((results / "mesh" / recipe / "gno_mesh-seed0.json").read_text())
         assert set(btab.REQUIRED) <= set(result) and result["paper_nmse"] is None and result["nmse_mean"] > 0
         assert result["mse_mean"] > 0  # the mesh evaluation records the plain MSE too
