@@ -166,6 +166,13 @@ def test_a_run_writes_its_results_skips_them_next_time_and_renders(tmp_path):
             "trainer.epochs=1 eval.figures=0 ") in page  # what differs from the table's budget
 
 
+def test_the_provenance_names_the_cells_run_on_a_cpu():
+    run = {"recipe": "heat-mesh", "model": "mesh_gnn", "gpu": "NVIDIA H100 80GB HBM3", "commit": "a" * 40}
+    said = brender._provenance([run, {**run, "model": "persistence", "gpu": "cpu", "commit": "b" * 40}])
+    assert "GPU: NVIDIA H100 80GB HBM3. Run on a CPU: `persistence` on heat-mesh. Commits: aaaaaaaaaa, bbbbbbbbbb." in said
+    assert "GPU: none. Run on a CPU: `mesh_gnn` on heat-mesh." in brender._provenance([{**run, "gpu": "cpu"}])
+
+
 def test_the_reproduce_line_gives_each_speed_setting_once():
     """Runs of one table made with different loader workers: the command names the setting once
     (the value most runs used), not both values of one key."""

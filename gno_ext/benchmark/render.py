@@ -234,8 +234,10 @@ def _budget_line(name: str, table: dict[str, Any], found: list[dict[str, Any]]) 
 def _provenance(found: list[dict[str, Any]]) -> str:
     """Where the results came from, in a collapsed block: GPUs, commits, runs spread over
     several GPUs, cells taken from another table."""
-    lines = [f"GPU: {', '.join(sorted({r['gpu'] for r in found}))}. "
-             f"Commits: {', '.join(sorted({r['commit'][:10] for r in found}))}."]
+    on_cpu = sorted({(r["model"], r["recipe"]) for r in found if r["gpu"] == "cpu"})  # (a reference without weights)
+    lines = [f"GPU: {', '.join(sorted({r['gpu'] for r in found} - {'cpu'})) or 'none'}. "
+             + ("Run on a CPU: " + ", ".join(f"`{row}` on {recipe}" for row, recipe in on_cpu) + ". " if on_cpu else "")
+             + f"Commits: {', '.join(sorted({r['commit'][:10] for r in found}))}."]
     spread = sorted({(r["model"], r["recipe"], r["processes"]) for r in found if r.get("processes", 1) > 1})
     if spread:  # `execute`'s processes: the same computation, over several GPUs
         lines.append("Trained over several GPUs (DDP at the same global batch): " + ", ".join(
