@@ -161,7 +161,8 @@ def test_a_run_writes_its_results_skips_them_next_time_and_renders(tmp_path):
     # trainer.precision=auto: bf16 on a GPU that has it, fp16 on one that does not, none on a CPU
     precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if torch.cuda.is_available() else "no"
     assert gno["precision"] == precision
-    assert f"size=smoke, 1 epochs, batch 4, lr 0.001, precision {precision} (heat-bc)" in page and f"GPU: {gpu}" in page
+    assert f"size=smoke, 1 epochs, batch 4, lr 0.001, precision {precision} (heat-bc)" in page
+    assert ("GPU: none. Run on a CPU: `fno` on heat-bc, `gno` on heat-bc." if gpu == "cpu" else f"GPU: {gpu}.") in page
     assert ("Reproduce: `python recipes/benchmark.py run --table bc --size smoke --seeds 0 -- trainer.batch_size=4 "
             "trainer.epochs=1 eval.figures=0 ") in page  # what differs from the table's budget
 
