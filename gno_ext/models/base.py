@@ -10,6 +10,7 @@ uses of ``theta``, ``theta_field`` and ``bc`` is its own affair and said in its 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -53,13 +54,14 @@ def boundary_channels(bc: BoundarySpec, grid: Grid, scale: Tensor | float = 1.0)
 
 
 def neuralop_fno(ndim: int, n_modes: int, in_channels: int, out_channels: int, hidden_channels: int,
-                 n_layers: int, fourier: str = "dft", activations: str = "float32") -> nn.Module:
+                 n_layers: int, fourier: str = "dft", activations: str = "float32",
+                 conv_module: Any = None) -> nn.Module:
     """neuraloperator's ``FNO`` (an optional dependency, imported here) with ``n_modes`` modes on
     each of ``ndim`` axes, its spectral convolutions `FullPrecisionSpectralConv`s (their
     transforms by ``fourier``: the retained modes alone, or the FFT) so that it trains under
-    bf16 autocast (cuFFT has no bf16 transform), and its grid coordinates `GridCoordinates` (made
-    at each call: compiled once, capturable); ``activations``: their type under autocast
-    (`gno_ext.layers.spectral.ACTIVATIONS`)."""
+    bf16 autocast (cuFFT has no bf16 transform), or ``conv_module`` where given, and its grid
+    coordinates `GridCoordinates` (made at each call: compiled once, capturable);
+    ``activations``: their type under autocast (`gno_ext.layers.spectral.ACTIVATIONS`)."""
     import functools
 
     from neuralop.models import FNO
@@ -67,8 +69,8 @@ def neuralop_fno(ndim: int, n_modes: int, in_channels: int, out_channels: int, h
     from gno_ext.layers.embeddings import use_grid_coordinates
     from gno_ext.layers.spectral import FullPrecisionSpectralConv, with_activations
 
-    net = FNO((n_modes,) * ndim, in_channels, out_channels, hidden_channels, n_layers=n_layers,
-              conv_module=functools.partial(FullPrecisionSpectralConv, fourier=fourier))
+    conv = functools.partial(FullPrecisionSpectralConv, fourier=fourier) if conv_module is None else conv_module
+    net = FNO((n_modes,) * ndim, in_channels, out_channels, hidden_channels, n_layers=n_layers, conv_module=conv)
     return with_activations(use_grid_coordinates(net), activations)
 
 

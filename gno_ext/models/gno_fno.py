@@ -45,9 +45,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gno_ext.layers.boundary import BoundaryTransfer, boundary_features
-from gno_ext.layers.embeddings import use_grid_coordinates
-from gno_ext.layers.spectral import GatedSpectralConv, condition_on, with_activations
-from gno_ext.models.base import SchemaModel
+from gno_ext.layers.spectral import GatedSpectralConv, condition_on
+from gno_ext.models.base import SchemaModel, neuralop_fno
 from gno_ext.models.registry import register_model
 from gno_ext.schema import BCType, BoundarySpec, Grid, PDEBatch
 
@@ -183,8 +182,6 @@ class GNOFNO(SchemaModel):
                  periodic_boundary_layer: bool = True, soft_routing: bool = False, fourier: str = "dft",
                  activations: str = "float32") -> None:
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
-        from neuralop.models import FNO
-
         for name, value, least in (("n_modes", n_modes, 1), ("hidden_channels", hidden_channels, 1),
                                    ("n_layers", n_layers, 1), ("n_kernels", n_kernels, 1), ("gate_hidden", gate_hidden, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
@@ -203,8 +200,8 @@ class GNOFNO(SchemaModel):
                                  gate_hidden=gate_hidden, shared_kernel=shared_kernel, soft_routing=soft_routing,
                                  fourier=fourier)
         channels = t_in * in_channels + (n_params + field_channels if parameter_channels else 0)
-        net = FNO((n_modes,) * ndim, channels, in_channels, hidden_channels, n_layers=n_layers, conv_module=conv)
-        self.net = with_activations(use_grid_coordinates(net), activations)
+        self.net = neuralop_fno(ndim, n_modes, channels, in_channels, hidden_channels, n_layers,
+                                activations=activations, conv_module=conv)
         self.boundary = nn.ModuleList(BoundaryLayer(hidden_channels, ndim, boundary_patch, boundary_depth,
                                                     periodic_boundary_layer)
                                       for _ in range(n_layers)) if boundary_transfer else None
