@@ -216,12 +216,12 @@ def pad_meshes(batch: Any, per_octave: int = 8) -> PaddedMeshes:
     The padding graph has the remaining nodes (at the origin, fields zero; at least one per 64
     real nodes), the remaining edges as self-loops and the remaining boundary entries (a
     Dirichlet condition with zero data, spread over every segment) dealt in turn to its nodes:
-    no node gathers thousands of them, which would serialise the scatters of the graph layers
-    on a GPU (atomic additions into one row); its parameters are the first graph's. No edge
-    joins it to a real graph, so the real graphs' predictions are those of the unpadded batch
-    (the models treat each graph apart); a per-graph loss reads the first ``graphs`` entries.
-    Every graph must have every segment ``0 .. S-1`` (the padded segment tokens are then ``S`` per
-    graph): a batch in which one lacks one is refused by name."""
+    no node gathers thousands of them, whose additions into its row a GPU would make one after
+    another; its parameters are the first graph's. No edge joins it to a real graph, so the real
+    graphs' predictions are those of the unpadded batch (the models treat each graph apart); a
+    per-graph loss reads the first ``graphs`` entries. Every graph must have every segment
+    ``0 .. S-1`` (the padded segment tokens are then ``S`` per graph): a batch in which one lacks
+    one is refused by name."""
     graphs, nodes = int(batch.num_graphs), int(batch.num_nodes)
     edges, boundary = int(batch.edge_index.shape[1]), int(batch.boundary_index.numel())
     segment = batch.boundary_segment.long()

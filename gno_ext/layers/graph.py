@@ -196,7 +196,9 @@ class GraphKernelMixture(nn.Module):
         node_kernel = routing.index[batch]
         if n_graphs is not None:
             every = torch.stack([run(kernel) for kernel in self.kernels], 1)  # (N, K, ...)
-            out = every[torch.arange(x.shape[0], device=x.device), node_kernel]
+            # each node's own kernel's result by gather (its gradient scatters; indexing's sorts the indices)
+            own = node_kernel.view(-1, 1, *([1] * (every.ndim - 2))).expand(-1, 1, *every.shape[2:])
+            out = every.gather(1, own).squeeze(1)
             return out * routing.weight.index_select(0, batch).to(out.dtype).view(-1, *([1] * (out.ndim - 1)))
         out = None
         for k in node_kernel.unique().tolist():
