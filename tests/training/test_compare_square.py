@@ -207,12 +207,17 @@ def test_the_bench_mesh_figures_quote_the_files():
              for m in ("gno_mesh", "mesh_gnn")}
     mean = {m: sum(v) / 2 for m, v in seeds.items()}
     assert max(seeds["gno_mesh"]) < min(seeds["mesh_gnn"])  # "ahead with both seeds"
-    assert f"{mean['gno_mesh']:.3f} against {mean['mesh_gnn']:.3f} for `mesh_gnn`" in page
+    assert f"on heat ({mean['gno_mesh']:.3f} against {mean['mesh_gnn']:.3f} for `mesh_gnn`)" in page
+    advection = {m: [json.loads((results.parent / "advection-mesh" / f"{m}-seed{s}.json").read_text())["nmse_mean"]
+                     for s in (0, 1)] for m in ("gno_mesh", "mesh_gnn")}
+    assert max(advection["gno_mesh"]) < min(advection["mesh_gnn"])  # "with two seeds, on heat ... and on advection"
+    assert (f"on advection ({sum(advection['gno_mesh']) / 2:.3f} against "
+            f"{sum(advection['mesh_gnn']) / 2:.3f};") in page
     table = ROOT / "benchmarks" / "results" / "mesh"
     load = lambda recipe, name: json.loads((table / recipe / f"{name}.json").read_text())  # noqa: E731
     gnn, still = load("advection-mesh", "mesh_gnn-seed0"), load("advection-mesh", "persistence-seed0")
     gnn_mean = (gnn["nmse_mean"] + load("advection-mesh", "mesh_gnn-seed1")["nmse_mean"]) / 2
-    assert f"({gnn_mean:.3f} against persistence's {still['nmse_mean']:.2f})" in page
+    assert f"(`mesh_gnn` {gnn_mean:.3f} against persistence's {still['nmse_mean']:.2f})" in page
     for recipe, trained in (("heat-mesh", "gno_mesh-seed0"), ("advection-mesh", "mesh_gnn-seed0")):
         # persistence ran on a CPU: the same test trajectories as the GPU runs, one by one
         ran, reference = load(recipe, trained)["per_trajectory"], load(recipe, "persistence-seed0")["per_trajectory"]
