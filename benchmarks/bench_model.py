@@ -60,7 +60,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import json
 from pathlib import Path
 
 import torch
@@ -473,9 +472,9 @@ def main() -> None:
                           f"ran: boundary {r['ran']['boundary']}, attention {r['ran']['attention']}"
                           f"{f', fourier {fourier}' if r['fourier'] else ''}"
                           f"{f', activations {activations}' if r['activations'] else ''}", flush=True)
-                if args.out:
-                    args.out.parent.mkdir(parents=True, exist_ok=True)
-                    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+                    if args.out:  # after every row: a run stopped part-way keeps what it measured
+                        args.out.parent.mkdir(parents=True, exist_ok=True)
+                        write_json(args.out, {"meta": meta, "rows": rows})
 
 
 if __name__ == "__main__":

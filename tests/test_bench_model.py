@@ -1,6 +1,8 @@
 """`benchmarks/bench_model.py`: a CPU row, and the whole-graph mode's refusal on the CPU (the
 capture itself: tests/training/test_capture.py)."""
 
+import json
+
 import pytest
 import torch
 
@@ -99,3 +101,26 @@ def test_the_memory_a_step_holds_splits_into_per_sample_and_per_step_parts():
     assert 0 < fno2["saved_gib_per_sample"] < fno3["saved_gib_per_sample"]
     x = bench.make_inputs(3, (8, 8, 8), 1, "cpu")
     assert x["u"].shape == (3, 1, 1, 8, 8, 8) and x["bc"].kind.shape == (3, 6)
+
+
+def test_a_run_stopped_part_way_keeps_the_rows_it_measured(tmp_path, monkeypatch):
+    """``--out`` is written after every row: a run stopped at a time limit while timing one
+    configuration keeps the configurations it finished, of the same model too."""
+    bench = load_recipe("bench_model")
+    timed = bench.bench
+
+    def stops_at_the_fft(model, *args, **kwargs):
+        if args[-3] == "fft":  # the fourier argument: the second configuration of the model
+            raise KeyboardInterrupt("the call's time limit")
+        return timed(model, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "bench", stops_at_the_fft)
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda device: float("nan"))
+    out = tmp_path / "rows.json"
+    monkeypatch.setattr("sys.argv", ["bench_model.py", "--device", "cpu", "--batch", "2", "--shape", "32", "32",
+                                     "--modes", "eager", "--models", "fno", "--fourier", "dft", "fft",
+                                     "--repeats", "1", "--out", str(out)])
+    with pytest.raises(KeyboardInterrupt):
+        bench.main()
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["model"], r["fourier"]) for r in rows] == [("fno", "dft")] and rows[0]["step_ms"] > 0
