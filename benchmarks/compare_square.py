@@ -15,6 +15,18 @@ DRO groups, and each is evaluated on the same test trajectories (10-step rollout
 ``run`` writes one JSON file per PDE and model, ``benchmarks/results/square/<pde>-<model>.json``
 (skipped where it exists); ``render`` prints the Markdown table the irregular-domains page shows.
 
+``--domains curved`` compares them where the domain is not a square: the mesh models train on the
+annulus, star-shaped ring and L-shape trajectories of ``heat-mesh`` / ``advection-mesh`` (the
+recipes' default domains), the grid models on the same trajectories carried to a masked grid
+(`gno_ext.data.mesh.masked_grid_form`: zero outside the domain, the inside mask and each
+boundary cell's condition as field parameters). A grid model's test rollout is carried back to
+the nodes (`gno_ext.data.mesh.nodes_from_grid`) and scored there against the mesh's own values,
+with the same metric as the mesh models; the error of that carrying alone (the true frames to
+the grid and back) is stated beside it. Results go to ``benchmarks/results/curved/``:
+
+    python benchmarks/compare_square.py run --domains curved [--pde heat] [--size small]
+    python benchmarks/compare_square.py render --results benchmarks/results/curved
+
 A variant of a model (Hydra overrides after ``--``, a seed) is run into a folder of its own under
 ``benchmarks/results/square/variants/``; ``render --variants`` prints their table, one row per
 file, with the settings each ran with:
@@ -45,6 +57,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 RESULTS = ROOT / "benchmarks" / "results" / "square"
 VARIANTS = RESULTS / "variants"
+CURVED = ("annulus", "star", "l-shape")  # the mesh recipes' default domains
+# the domains a comparison takes (--domains) and where its results go by default
+DOMAINS = {"square": (("square",), RESULTS), "curved": (CURVED, ROOT / "benchmarks" / "results" / "curved")}
 MESH_MODELS = ("gno_mesh", "mesh_gnn")
 GRID_MODELS = ("gno_fno_soft", "gno_fno", "fno")
 MODELS = MESH_MODELS + GRID_MODELS
@@ -62,42 +77,100 @@ def _device() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({os.cpu_count()} cores, {platform.machine()})"
 
 
-def prepare(pde: str, size: str, data_root: Path) -> tuple[Path, list[int], int]:
-    """The square's mesh files of ``pde`` at ``size`` under ``data_root/mesh`` and their grid
-    form; returns the grid file, the split counts and the grid's side."""
+def prepare(pde: str, size: str, data_root: Path, domains: tuple[str, ...] = ("square",)) -> tuple[Path, list[int], int]:
+    """The mesh files of ``pde`` on ``domains`` at ``size`` under ``data_root/mesh`` and their
+    grid form (the square's own grid, or the masked grid of other domains); returns the grid
+    file, the split counts and the grid's side."""
     import h5py
 
-    from gno_ext.data.mesh import grid_form, prepare_mesh
+    from gno_ext.data.mesh import grid_form, masked_grid_form, prepare_mesh
 
-    prepare_mesh(data_root / "mesh", pde, ["square"], size)
-    grid = data_root / f"{pde}-square-grid.h5"
-    counts = grid_form(data_root / "mesh" / f"{pde}-square", grid)
+    prepare_mesh(data_root / "mesh", pde, list(domains), size)
+    if tuple(domains) == ("square",):
+        grid = data_root / f"{pde}-square-grid.h5"
+        counts = grid_form(data_root / "mesh" / f"{pde}-square", grid)
+    else:
+        grid = data_root / f"{pde}-{'-'.join(domains)}-masked-grid.h5"
+        counts = masked_grid_form([data_root / "mesh" / f"{pde}-{d}" for d in domains], grid)
     with h5py.File(grid, "r") as f:
         side = int(f["u"].shape[-1])
     return grid, counts, side
 
 
+def evaluate_on_nodes(run_dir: Path, grid: Path, counts: list[int], mesh_tests: list[Path], steps: int,
+                      max_trajectories: int | None = None) -> dict:
+    """A grid model's test rollout on the masked grid ``grid``, carried to the nodes and scored
+    against the mesh files ``mesh_tests`` (the test trajectories in the grid file's order): the
+    nMSE per trajectory and per step, persistence's per step, and the carrying's own error (the
+    true frames to the grid and back). ``max_trajectories`` picks the test trajectories as the
+    recipes' evaluation does (``eval.max_trajectories``, `spread`)."""
+    import h5py
+    import torch
+
+    from gno_ext.adapters import open_dataset
+    from gno_ext.data.mesh import nodes_from_grid
+    from gno_ext.losses import nmse
+    from gno_ext.models.registry import from_checkpoint
+    from gno_ext.models.rollout import rollout
+    from gno_ext.schema import collate
+    from gno_ext.training.recipe_data import rollout_indices, spread
+
+    model = from_checkpoint(run_dir / "model", device="cpu").eval()
+    first = counts[0] + counts[1]
+    chosen = list(range(counts[2]))
+    if max_trajectories:
+        chosen = [chosen[i] for i in spread(len(chosen), max_trajectories)]
+    ds = open_dataset("custom", grid, model.t_in, steps, trajectories=[first + i for i in chosen])
+    batch = collate([ds[i] for i in rollout_indices(ds)])
+    pred = rollout(model, batch, steps)[:, :, 0]  # (B, steps, side, side)
+    with h5py.File(grid, "r") as f:
+        test = [first + i for i in chosen]
+        cells, weights, n_nodes = f["node_cells"][test], f["node_weights"][test], f["node_count"][test]
+        on_grid = torch.from_numpy(f["u"][test][:, model.t_in:model.t_in + steps, 0])
+    truth = []
+    for path in mesh_tests:
+        with h5py.File(path, "r") as f:
+            truth += list(torch.from_numpy(f["u"][:, :model.t_in + steps, :, 0]))
+    if len(truth) != counts[2]:
+        raise ValueError(f"{grid}: {counts[2]} test trajectories, the mesh files {len(truth)}")
+    truth = [truth[i] for i in chosen]
+    at_nodes, carried = nodes_from_grid(pred, cells, weights), nodes_from_grid(on_grid, cells, weights)
+    out: dict = {"nmse": [], "per_step": [], "persistence": [], "carried": []}
+    for k, u in enumerate(truth):
+        target, n = u[model.t_in:][None], int(n_nodes[k])
+        still = u[model.t_in - 1:model.t_in][None].expand_as(target)
+        mine = at_nodes[k:k + 1, :, :n].to(target.dtype)
+        out["nmse"].append(float(nmse(mine, target)))
+        out["per_step"].append([float(nmse(mine[:, s], target[:, s])) for s in range(steps)])
+        out["persistence"].append([float(nmse(still[:, s], target[:, s])) for s in range(steps)])
+        out["carried"].append(float(nmse(carried[k:k + 1, :, :n].to(target.dtype), target)))
+    mean = lambda rows: [sum(col) / len(col) for col in zip(*rows)]  # noqa: E731
+    return {"nmse_mean": sum(out["nmse"]) / len(out["nmse"]), "per_step_nmse": mean(out["per_step"]),
+            "per_trajectory_nmse": out["nmse"], "persistence_per_step_nmse": mean(out["persistence"]),
+            "carried_nmse_mean": sum(out["carried"]) / len(out["carried"])}
+
+
 def command(pde: str, model: str, size: str, data_root: Path, grid: Path, counts: list[int], side: int,
-            run_dir: Path, extra: list[str]) -> list[str]:
+            run_dir: Path, extra: list[str], domains: tuple[str, ...] = ("square",)) -> list[str]:
     """The ``recipes/train.py`` command of one run."""
     common = [f"size={size}", f"run_dir={run_dir}", "overwrite=true", "trainer.progress=false", "eval.figures=0",
               *PDE_OVERRIDES[pde], *extra]
     if model in MESH_MODELS:
         return [sys.executable, str(ROOT / "recipes" / "train.py"), "--recipe", f"{pde}-mesh", f"model={model}",
-                "data.domains=[square]", f"data.root={data_root}", *common]
+                f"data.domains=[{','.join(domains)}]", f"data.root={data_root}", *common]
     return [sys.executable, str(ROOT / "recipes" / "train.py"), "--recipe", "custom", f"model={model}",
             f"data.root={grid}", f"data.split_fractions=[{','.join(map(str, counts))}]",
             *[o.format(side=side) for o in GRID_OVERRIDES[model]], *common]
 
 
 def run_one(pde: str, model: str, size: str, data_root: Path, grid: Path, counts: list[int], side: int,
-            runs: Path, results: Path, extra: list[str]) -> Path | None:
+            runs: Path, results: Path, extra: list[str], domains: tuple[str, ...] = ("square",)) -> Path | None:
     target = results / f"{pde}-{model}.json"
     if target.exists():
         print(f"{target}: exists, skipped", flush=True)
         return None
     run_dir = runs / f"{pde}-{model}"
-    cmd = command(pde, model, size, data_root, grid, counts, side, run_dir, extra)
+    cmd = command(pde, model, size, data_root, grid, counts, side, run_dir, extra, domains)
     start = time.perf_counter()
     with open(runs / f"{pde}-{model}.log", "w") as log:
         failed = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
@@ -116,7 +189,12 @@ def run_one(pde: str, model: str, size: str, data_root: Path, grid: Path, counts
               "nmse_mean": report["nmse"]["mean"], "nmse_std": report["nmse"]["std"],
               "rel_l2_mean": report["rel_l2"]["mean"], "per_step_nmse": report["per_step_nmse"],
               "per_trajectory_nmse": report["per_trajectory"]["nmse"],
-              "persistence_per_step_nmse": report.get("per_step_nmse_persistence")}
+              "persistence_per_step_nmse": report.get("per_step_nmse_persistence"), "domains": list(domains)}
+    if model not in MESH_MODELS and tuple(domains) != ("square",):  # scored at the nodes, as the mesh models
+        result["grid_nmse_mean"] = result["nmse_mean"]  # the recipe's own, over every cell of the grid
+        result.update(evaluate_on_nodes(run_dir, grid, counts, [data_root / "mesh" / f"{pde}-{d}" / "test.h5"
+                                                                for d in domains], result["rollout_steps"],
+                                        cfg.get("eval", {}).get("max_trajectories")))
     write_result(target, result)
     print(f"{target}: nMSE {result['nmse_mean']:.3e}", flush=True)
     return target
@@ -140,7 +218,9 @@ def render(results: Path = RESULTS) -> str:
         rows = {r["pde"]: r for r in found if r["model"] == model}
         if not rows:
             continue
-        form = next(iter(rows.values()))["form"]
+        first_row = next(iter(rows.values()))
+        form = "masked grid" if first_row["form"] == "grid" and first_row.get("domains", ["square"]) != ["square"] \
+            else first_row["form"]
         cells = []
         for p in pdes:
             r = rows.get(p)
@@ -159,6 +239,13 @@ def render(results: Path = RESULTS) -> str:
             steps = persistence.get(p)
             cells += ["—"] * 3 if not steps else [f"{sum(steps) / len(steps):.3f}", f"{steps[0]:.3f}", f"{steps[-1]:.3f}"]
         lines.append("| persistence (first cell: the mean of its per-step nMSE) | — | " + " | ".join(cells) + " |")
+    carried = {r["pde"]: r["carried_nmse_mean"] for r in found if "carried_nmse_mean" in r}
+    if carried:  # what a grid model loses to the grid alone
+        cells = []
+        for p in pdes:
+            cells += ["—"] * 3 if p not in carried else [f"{carried[p]:.3f}", "—", "—"]
+        lines.append("| the true frames carried to the grid and back (the grid's own error) | — | "
+                     + " | ".join(cells) + " |")
     first = found[0]
     lines.append("")
     lines.append(f"Budget: size={first['size']} ({first['splits'][0]} training, {first['splits'][2]} test trajectories, "
@@ -216,8 +303,10 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--size", default="small", choices=["smoke", "small", "bench", "paper"])
     run.add_argument("--jobs", type=int, default=1, help="runs at once")
     run.add_argument("--data-root", type=Path, default=None, help="default: $GNO_EXT_CACHE/data/SIZE")
-    run.add_argument("--runs", type=Path, default=ROOT / "runs" / "square")
-    run.add_argument("--results", type=Path, default=RESULTS)
+    run.add_argument("--domains", default="square", choices=list(DOMAINS),
+                     help="the unit square (both forms represent it) or the curved domains (a masked grid)")
+    run.add_argument("--runs", type=Path, default=None, help="default: runs/square or runs/curved")
+    run.add_argument("--results", type=Path, default=None, help="default: benchmarks/results/square or .../curved")
     run.add_argument("extra", nargs="*", help="Hydra overrides for every run (after --), e.g. trainer.epochs=30")
     out = sub.add_parser("render")
     out.add_argument("--results", type=Path, default=None, help="default: the results' (or variants') folder")
@@ -228,11 +317,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     cache = Path(os.environ.get("GNO_EXT_CACHE", Path.home() / ".cache" / "gno_ext"))
     data_root = args.data_root or cache / "data" / args.size
+    domains, args.results = DOMAINS[args.domains][0], args.results or DOMAINS[args.domains][1]
+    args.runs = args.runs or ROOT / "runs" / args.domains
     args.runs.mkdir(parents=True, exist_ok=True)
     jobs = []
     for pde in args.pde:
-        grid, counts, side = prepare(pde, args.size, data_root)
-        jobs += [(pde, model, args.size, data_root, grid, counts, side, args.runs, args.results, args.extra)
+        grid, counts, side = prepare(pde, args.size, data_root, domains)
+        jobs += [(pde, model, args.size, data_root, grid, counts, side, args.runs, args.results, args.extra, domains)
                  for model in args.models]
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         done = list(pool.map(lambda job: run_one(*job), jobs))
