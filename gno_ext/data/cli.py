@@ -4,6 +4,7 @@
     gno-data generate heat-param --size small [--out DIR] [--device cuda]
     gno-data info heat-param --size small         (or a dataset's folder: gno-data info DIR/datasets/heat-param)
     gno-data grid-form ~/.cache/gno_ext/data/small/mesh/heat-square square.h5
+    gno-data masked-grid-form ~/.cache/gno_ext/data/small/mesh/heat-{annulus,l-shape} --out curved.h5
 
 Without ``--out`` a dataset goes where the recipes look for it (``$GNO_EXT_CACHE/data/SIZE``,
 by default ``~/.cache/gno_ext/data/SIZE``), so ``recipes/train.py`` uses it as it is.
@@ -54,6 +55,12 @@ def _main(argv: list[str] | None = None) -> int:
     grid = sub.add_parser("grid-form", help="write a square-domain mesh dataset as one grid file (custom recipe)")
     grid.add_argument("folder", help="the mesh dataset's folder (train.h5, valid.h5, test.h5 of the square)")
     grid.add_argument("out", help="the grid file to write (.h5)")
+    masked = sub.add_parser("masked-grid-form", help="write mesh datasets of any domain on a masked grid, as one grid "
+                                                      "file (custom recipe)")
+    masked.add_argument("folders", nargs="+", help="mesh datasets' folders (train.h5, valid.h5, test.h5 each)")
+    masked.add_argument("--out", required=True, help="the grid file to write (.h5)")
+    masked.add_argument("--side", type=_positive, default=None,
+                        help="cells a side (default: three times the square root of the node count)")
     args = parser.parse_args(argv)
     if args.command == "list":
         for name, p in sorted(PRESETS.items()):
@@ -71,9 +78,12 @@ def _main(argv: list[str] | None = None) -> int:
         from gno_ext.data.mesh import grid_form
 
         counts = grid_form(args.folder, args.out)
-        print(f"{args.out}: {sum(counts)} trajectories (train, valid, test: {', '.join(map(str, counts))}); train a "
-              f"grid model on them with: python recipes/train.py --recipe custom data.root={args.out} "
-              f"data.split_fractions=[{','.join(map(str, counts))}]")
+        print(_grid_file_written(args.out, counts))
+    elif args.command == "masked-grid-form":
+        from gno_ext.data.mesh import masked_grid_form
+
+        counts = masked_grid_form(args.folders, args.out, args.side)
+        print(_grid_file_written(args.out, counts))
     else:
         path = Path(args.path)
         if not path.exists() and args.path in PRESETS:
@@ -85,6 +95,14 @@ def _main(argv: list[str] | None = None) -> int:
         print(text)
         return 1 if "\n  files: DAMAGED" in text else 0  # a script can tell
     return 0
+
+
+def _grid_file_written(out: str, counts: list[int]) -> str:
+    """What ``grid-form`` and ``masked-grid-form`` say of the file they wrote: its splits, and
+    the command that trains a grid model on it."""
+    return (f"{out}: {sum(counts)} trajectories (train, valid, test: {', '.join(map(str, counts))}); train a grid "
+            f"model on them with: python recipes/train.py --recipe custom data.root={out} "
+            f"data.split_fractions=[{','.join(map(str, counts))}]")
 
 
 def _positive(text: str) -> int:

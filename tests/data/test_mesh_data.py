@@ -309,3 +309,166 @@ def test_a_cached_file_of_another_solver_version_is_refused(tmp_path):
     with h5py.File(tmp_path / "heat-l-shape" / "test.h5", "a") as f:
         del f.attrs["solver_version"]  # heat's trajectories have not changed: version 1 is today's
     prepare_mesh(tmp_path, "heat", ["l-shape"], "smoke")
+
+
+@pytest.fixture(scope="module")
+def masked(tmp_path_factory):
+    """The smoke heat trajectories of the annulus and the L-shape on a masked grid of side 20."""
+    from gno_ext.data.mesh import masked_grid_form, prepare_mesh
+
+    folder = tmp_path_factory.mktemp("masked")
+    prepare_mesh(folder / "mesh", "heat", ["annulus", "l-shape"], "smoke")
+    sources = [folder / "mesh" / "heat-annulus", folder / "mesh" / "heat-l-shape"]
+    counts = masked_grid_form(sources, folder / "grid.h5", side=20)
+    return folder, sources, counts
+
+
+def test_the_masked_grid_holds_each_domains_trajectories_in_split_order(masked):
+    from gno_ext.adapters import open_dataset
+    from gno_ext.data.mesh import MASK_CHANNELS
+
+    folder, sources, counts = masked
+    assert counts == [8, 4, 4]  # two domains of 4 / 2 / 2 trajectories
+    with h5py.File(folder / "grid.h5") as g:
+        u, theta, fields, kind = (torch.from_numpy(g[k][...]) for k in ("u", "theta", "theta_field", "bc_kind"))
+        nodes = g["node_count"][...].tolist()
+        assert tuple(u.shape) == (16, 5, 1, 20, 20) and tuple(fields.shape) == (16, len(MASK_CHANNELS), 20, 20)
+        assert list(g.attrs["theta_field_names"]) == list(MASK_CHANNELS) and g.attrs["dt"] == 0.02
+    expected = []
+    for split in ("train", "valid", "test"):  # a split's trajectories: the folders' in order
+        for source in sources:
+            with h5py.File(source / f"{split}.h5") as f:
+                expected += [(t, f["pos"].shape[1]) for t in torch.from_numpy(f["theta"][...])]
+    assert all(torch.equal(theta[k], t) for k, (t, _) in enumerate(expected))
+    assert nodes == [n for _, n in expected] and len(set(nodes)) == 2  # the rings' node count, the L-shape's
+    assert (kind == int(BCType.DIRICHLET)).all()
+    for face in (u[..., 0, :], u[..., -1, :], u[..., :, 0], u[..., :, -1]):  # the cell around the domain: zero
+        assert (face == 0).all()
+    assert ((u != 0).any(1)[:, 0] <= (fields[:, 0] > 0)).all()  # values on inside cells alone
+    sample = open_dataset("custom", folder / "grid.h5", 1, 1)[0]  # the custom adapter reads it
+    assert tuple(sample.theta_field.shape) == (len(MASK_CHANNELS), 20, 20) and sample.u_in.shape[-1] == 20
+
+
+def test_the_masked_grids_inside_cells_are_the_domains(masked):
+    """The L-shape is [0, 1]^2 without (0.5, 1]^2, divided into 18 cells a side with one around:
+    a cell is inside where its centre is in the L (every centre is a quarter cell at least from
+    its edges); on the annulus, inside where the centre's radius is between the hole's and 1,
+    away from the polygonal rims by a cell."""
+    folder, sources, counts = masked
+    with h5py.File(folder / "grid.h5") as g:
+        fields = g["theta_field"][...]
+    with h5py.File(sources[1] / "train.h5") as f:
+        pos = f["pos"][0]
+    h = 1 / 18
+    centre = (torch.arange(20) - 0.5) * h  # cell i's centre: lo - h + (i + 1/2) h with lo = 0
+    x, y = torch.meshgrid(centre, centre, indexing="ij")
+    in_l = (x > 0) & (x < 1) & (y > 0) & (y < 1) & ~((x > 0.5) & (y > 0.5))
+    assert pos.min() == 0 and pos.max() == 1
+    assert torch.equal(torch.from_numpy(fields[4, 0] > 0), in_l)  # trajectory 4: the L-shape's first
+    with h5py.File(sources[0] / "train.h5") as f:
+        pos = torch.from_numpy(f["pos"][0]).double()
+        hole = pos.norm(dim=1).min()
+    lo, h = pos.min(0).values, float((pos.max(0).values - pos.min(0).values).max()) / 18
+    cx, cy = torch.meshgrid(lo[0] - h + (torch.arange(20) + 0.5) * h, lo[1] - h + (torch.arange(20) + 0.5) * h,
+                            indexing="ij")
+    r = (cx ** 2 + cy ** 2).sqrt()
+    inside = torch.from_numpy(fields[0, 0] > 0)
+    assert inside[(r > hole + h) & (r < 1 - h)].all() and not inside[(r < hole - h) | (r > 1 + h)].any()
+
+
+def test_the_masked_grids_boundary_cells_carry_their_segments_condition(masked):
+    folder, sources, counts = masked
+    with h5py.File(folder / "grid.h5") as g:
+        fields, group = torch.from_numpy(g["theta_field"][...]), g["group"][...]
+        configurations = g.attrs["configurations"].tolist()
+    k = 0
+    for split in ("train", "valid", "test"):
+        for source in sources:
+            with h5py.File(source / f"{split}.h5") as f:
+                kind, segment, values = f["boundary_kind"][...], f["boundary_segment"][...], f["boundary_values"][...]
+            for t in range(len(kind)):
+                inside, dirichlet, neumann, datum = fields[k]
+                padded = torch.nn.functional.pad(inside, (1, 1, 1, 1))
+                edge = (inside > 0) & ((padded[:-2, 1:-1] * padded[2:, 1:-1] * padded[1:-1, :-2] * padded[1:-1, 2:]) == 0)
+                assert torch.equal(dirichlet + neumann, edge.float())  # each boundary cell: one type, no other cell
+                own = [(int(kind[t][segment[t] == s][0]), float(values[t][segment[t] == s][0, 0])) for s in (0, 1)]
+                for s_kind, s_value in own:  # a segment's type is on some boundary cells, with its datum
+                    cells = (dirichlet if s_kind == int(BCType.DIRICHLET) else neumann) > 0
+                    assert (datum[cells] == s_value).any()
+                assert {float(v) for v in datum[edge]} <= {v for _, v in own} and (datum[~edge] == 0).all()
+                assert configurations[group[k]] == [kind for kind, _ in own]  # group: the segments' types
+                k += 1
+    assert k == sum(counts)
+
+
+def test_nodes_from_grid_carries_a_linear_field_back_exactly(masked, tmp_path):
+    """P1 interpolation to the cells and bilinear interpolation back are exact for a linear
+    field wherever a node's four cells are inside; a smooth field comes back closer on a finer
+    grid; padded node rows of the smaller domain carry weight 0."""
+    import shutil
+
+    from gno_ext.data.mesh import masked_grid_form, nodes_from_grid
+
+    folder, sources, _ = masked
+    for source in sources:  # the same meshes with u = 1 + 2x - 3y
+        shutil.copytree(source, tmp_path / source.name)
+        for split in ("train", "valid", "test"):
+            with h5py.File(tmp_path / source.name / f"{split}.h5", "r+") as f:
+                pos = f["pos"][...]
+                f["u"][...] = (1 + 2 * pos[..., 0] - 3 * pos[..., 1])[:, None, :, None].repeat(f["u"].shape[1], 1)
+    masked_grid_form([tmp_path / s.name for s in sources], tmp_path / "linear.h5", side=20)
+    with h5py.File(tmp_path / "linear.h5") as g:
+        u, cells, weights = (torch.from_numpy(g[k][...]) for k in ("u", "node_cells", "node_weights"))
+        count = g["node_count"][...]
+    back = nodes_from_grid(u[:, :, 0], cells, weights)  # (16, 5, most nodes)
+    for k in (0, 4):  # the annulus's first trajectory, the L-shape's
+        with h5py.File(tmp_path / sources[k // 4].name / "train.h5") as f:
+            pos = torch.from_numpy(f["pos"][0])
+        exact = 1 + 2 * pos[:, 0] - 3 * pos[:, 1]
+        full = (weights[k, :count[k]] > 0).all(1)  # the four cells inside
+        assert full.sum() > len(pos) / 3
+        assert torch.allclose(back[k, 0, :count[k]][full], exact[full], atol=1e-5)
+        assert (weights[k, :count[k]].sum(1) - 1).abs().max() < 1e-6
+    assert (weights[4:8, count[4]:] == 0).all() and count[4] < count[0]  # the L-shape's padded rows
+    errors = []
+    for side in (12, 24):  # the smooth smoke fields, carried to the grid and back
+        masked_grid_form(sources, tmp_path / f"smooth{side}.h5", side=side)
+        with h5py.File(tmp_path / f"smooth{side}.h5") as g:
+            carried = nodes_from_grid(torch.from_numpy(g["u"][:4, :, 0]), g["node_cells"][:4], g["node_weights"][:4])
+        with h5py.File(sources[0] / "train.h5") as f:
+            truth = torch.from_numpy(f["u"][...][..., 0])
+        errors.append(float(((carried - truth) ** 2).sum() / ((truth - truth.mean()) ** 2).sum()))
+    assert errors[1] < errors[0] / 2
+
+
+def test_masked_grid_form_names_what_it_cannot_convert(tmp_path, masked):
+    from gno_ext.data.mesh import masked_grid_form
+
+    folder, sources, _ = masked
+    with pytest.raises(FileNotFoundError, match="train.h5: no such file"):
+        masked_grid_form([tmp_path / "nothing"], tmp_path / "grid.h5")
+    with pytest.raises(ValueError, match="name at least one mesh folder"):
+        masked_grid_form([], tmp_path / "grid.h5")
+    (tmp_path / "other").mkdir()
+    for split in ("train", "valid", "test"):
+        with h5py.File(tmp_path / "other" / f"{split}.h5", "w") as f:
+            f.attrs["layout"] = "the custom layout"
+    with pytest.raises(ValueError, match=r"other/train.h5: expected a gno_ext.mesh/1 file, got layout 'the custom"):
+        masked_grid_form([sources[0], tmp_path / "other"], tmp_path / "grid.h5")
+    assert not (tmp_path / "grid.h5").exists()  # nothing half-written
+
+
+def test_gno_data_writes_both_grid_forms_and_says_how_to_train(masked, tmp_path, capsys):
+    from gno_ext.data.cli import main as cli
+    from gno_ext.data.mesh import prepare_mesh
+
+    folder, sources, _ = masked
+    assert cli(["masked-grid-form", *map(str, sources), "--out", str(tmp_path / "curved.h5"), "--side", "16"]) == 0
+    said = capsys.readouterr().out
+    assert f"{tmp_path / 'curved.h5'}: 16 trajectories (train, valid, test: 8, 4, 4)" in said
+    assert f"--recipe custom data.root={tmp_path / 'curved.h5'} data.split_fractions=[8,4,4]" in said
+    with h5py.File(tmp_path / "curved.h5") as g:
+        assert g["u"].shape[-2:] == (16, 16)
+    prepare_mesh(tmp_path / "mesh", "heat", ["square"], "smoke")
+    assert cli(["grid-form", str(tmp_path / "mesh" / "heat-square"), str(tmp_path / "square.h5")]) == 0
+    assert "data.split_fractions=[4,2,2]" in capsys.readouterr().out
