@@ -207,17 +207,11 @@ def grid_form(folder: str | Path, out: str | Path) -> list[int]:
     counts, attrs = [], {}
     for split in SPLITS:
         path = folder / f"{split}.h5"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such file (grid_form reads a square domain's train, valid and "
-                                    f"test files)")
-        with h5py.File(path, "r") as f:
-            if f.attrs.get("layout") != LAYOUT or f.attrs.get("domain") != "square":
-                raise ValueError(f"{path}: expected a {LAYOUT} file of the square domain, got layout "
-                                 f"{f.attrs.get('layout')!r}, domain {f.attrs.get('domain')!r}")
-            pos, u = f["pos"][...], f["u"][...]
-            segment, kind, values = f["boundary_segment"][...], f["boundary_kind"][...], f["boundary_values"][..., 0]
-            attrs = {"dt": float(f.attrs["dt"]), "parameter_names": list(f.attrs["parameter_names"])}
-            parts["theta"].append(f["theta"][...])
+        data, attrs = _read_split(path, "grid_form reads a square domain's", ("pos", "u", "theta", "boundary_segment",
+                                                                             "boundary_kind", "boundary_values"), "square")
+        pos, u, segment, kind = data["pos"], data["u"], data["boundary_segment"], data["boundary_kind"]
+        values = data["boundary_values"][..., 0]
+        parts["theta"].append(data["theta"])
         n_traj, n_frames, n_nodes, _ = u.shape
         side = math.isqrt(n_nodes)
         cells = side - 1
@@ -244,6 +238,21 @@ def grid_form(folder: str | Path, out: str | Path) -> list[int]:
             f.create_dataset(name, data=np.concatenate(arrays))
         f.attrs.update({**attrs, "extent": [side / cells] * 2, "split_counts": counts, "source": str(folder)})
     return counts
+
+
+def _read_split(path: Path, reader: str, names: tuple[str, ...], domain: str | None = None) -> tuple[dict, dict]:
+    """The arrays ``names`` of the mesh file ``path`` (of ``domain``, where given) and its ``dt``
+    and parameter names; a missing file or another layout is named, with what ``reader`` (``"X
+    reads ...'s"``) expected."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file ({reader} train, valid and test files)")
+    with h5py.File(path, "r") as f:
+        if f.attrs.get("layout") != LAYOUT or (domain is not None and f.attrs.get("domain") != domain):
+            raise ValueError(f"{path}: expected a {LAYOUT} file" + (f" of the {domain} domain" if domain else "")
+                             + f", got layout {f.attrs.get('layout')!r}"
+                             + (f", domain {f.attrs.get('domain')!r}" if domain else ""))
+        return ({k: f[k][...] for k in names},
+                {"dt": float(f.attrs["dt"]), "parameter_names": list(f.attrs["parameter_names"])})
 
 
 MASK_CHANNELS = ("inside", "dirichlet", "neumann", "datum")
@@ -318,7 +327,9 @@ def masked_grid_form(folders: list[str | Path] | tuple[str | Path, ...], out: st
 
     Each trajectory's bounding square (the larger side of its nodes' bounding box) is divided
     into ``side - 2`` cells a side, with one more cell around it, outside the domain: a
-    ``side x side`` grid whose axis 0 is along x. A cell whose centre lies in a triangle of the
+    ``side x side`` grid whose axis 0 is along x. The file gives the grid the unit square as its
+    extent: every trajectory's square is scaled to it, so the cell size differs between domains of
+    different sizes (the inside mask tells them apart). A cell whose centre lies in a triangle of the
     mesh is inside the domain and takes the P1 interpolant of each frame there; a cell outside
     holds 0, so the grid's four faces are Dirichlet with datum 0. The boundary conditions reach
     a grid model as field parameters (``theta_field``, `MASK_CHANNELS`): the inside mask, and on
@@ -341,15 +352,9 @@ def masked_grid_form(folders: list[str | Path] | tuple[str | Path, ...], out: st
         n_split = 0
         for folder in folders:
             path = folder / f"{split}.h5"
-            if not path.is_file():
-                raise FileNotFoundError(f"{path}: no such file (masked_grid_form reads each folder's train, valid "
-                                        f"and test files)")
-            with h5py.File(path, "r") as f:
-                if f.attrs.get("layout") != LAYOUT:
-                    raise ValueError(f"{path}: expected a {LAYOUT} file, got layout {f.attrs.get('layout')!r}")
-                data = {k: f[k][...] for k in ("pos", "triangles", "u", "theta", "boundary_index", "boundary_kind",
-                                                "boundary_segment", "boundary_values")}
-                here = {"dt": float(f.attrs["dt"]), "parameter_names": list(f.attrs["parameter_names"])}
+            data, here = _read_split(path, "masked_grid_form reads each folder's",
+                                     ("pos", "triangles", "u", "theta", "boundary_index", "boundary_kind",
+                                      "boundary_segment", "boundary_values"))
             if attrs and here != attrs:
                 raise ValueError(f"{path}: dt and parameters {here} differ from the other files' {attrs}")
             attrs = here
