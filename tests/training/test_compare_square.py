@@ -72,6 +72,21 @@ def test_the_irregular_domains_page_shows_the_committed_comparison():
     assert _module().render() in page, "docs/irregular-domains.md: paste `python benchmarks/compare_square.py render`"
 
 
+def test_the_irregular_domains_page_shows_the_committed_curved_comparison():
+    """The curved domains' table is the committed files' rendering, and the prose's figures are theirs."""
+    results = ROOT / "benchmarks" / "results" / "curved"
+    page = (ROOT / "docs" / "irregular-domains.md").read_text()
+    assert _module().render(results) in page, ("docs/irregular-domains.md: paste `python benchmarks/compare_square.py "
+                                               "render --results benchmarks/results/curved`")
+    found = {(r["pde"], r["model"]): r for r in map(json.loads, map(Path.read_text, results.glob("*.json")))}
+    flat = " ".join(page.split())
+    for pde in ("heat", "advection"):
+        mesh, grid = found[pde, "gno_mesh"]["nmse_mean"], min(found[pde, m]["nmse_mean"] for m in _module().GRID_MODELS)
+        assert found[pde, "gno_mesh"]["domains"] == ["annulus", "star", "l-shape"]
+        assert f"{pde}: {mesh:.3f} against {grid:.3f}" in flat  # the mesh GNO against the best grid model
+        assert mesh < grid
+
+
 def _module():
     import importlib.util
 
