@@ -85,6 +85,15 @@ def test_the_irregular_domains_page_shows_the_committed_curved_comparison():
         assert found[pde, "gno_mesh"]["domains"] == ["annulus", "star", "l-shape"]
         assert f"{pde}: {mesh:.3f} against {grid:.3f}" in flat  # the mesh GNO against the best grid model
         assert mesh < grid
+    fig = lambda pde, model, key="nmse_mean": f"{found[pde, model][key]:.3f}"  # noqa: E731
+    assert f"`mesh_gnn` second ({fig('heat', 'mesh_gnn')})" in flat and f"`mesh_gnn` at {fig('advection', 'mesh_gnn')}" in flat
+    assert (f"back score {fig('heat', 'fno', 'carried_nmse_mean')} and {fig('advection', 'fno', 'carried_nmse_mean')})"
+            in flat)
+    assert (f"last on both here ({fig('heat', 'gno_fno')} and {fig('advection', 'gno_fno')}), behind the FNO "
+            f"({fig('heat', 'fno')} and {fig('advection', 'fno')})") in flat
+    for pde in ("heat", "advection"):  # the orders the prose states
+        ranked = sorted(_module().MODELS, key=lambda m: found[pde, m]["nmse_mean"])
+        assert ranked[:3] == ["gno_mesh", "mesh_gnn", "gno_fno_soft"] and ranked[-1] == "gno_fno"
 
 
 def _module():
