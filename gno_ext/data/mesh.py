@@ -296,9 +296,9 @@ def _grid_to_node_weights(pos: np.ndarray, lo: np.ndarray, h: float, inside: np.
     total = weights.sum(1, keepdims=True)
     lone = total[:, 0] <= 1e-12
     if lone.any():  # no inside cell among the four: the nearest inside cell
-        centres = lo + (np.argwhere(inside) + 0.5) * h
-        near = np.argmin(((pos[lone, None, :] - centres[None]) ** 2).sum(-1), 1)
-        ij = np.argwhere(inside)[near]
+        inner = np.argwhere(inside)
+        near = np.argmin(((pos[lone, None, :] - (lo + (inner + 0.5) * h)[None]) ** 2).sum(-1), 1)
+        ij = inner[near]
         cells[lone] = (ij[:, 0] * side + ij[:, 1])[:, None]
         weights[lone], total[lone] = np.array([1.0, 0.0, 0.0, 0.0]), 1.0
     return cells, (weights / total).astype(np.float32)
@@ -345,6 +345,8 @@ def masked_grid_form(folders: list[str | Path] | tuple[str | Path, ...], out: st
     folders, out = [Path(f) for f in folders], Path(out)
     if not folders:
         raise ValueError("masked_grid_form: name at least one mesh folder")
+    if side is not None and (isinstance(side, bool) or not isinstance(side, int) or side < 3):
+        raise ValueError(f"side: an integer >= 3 expected (the domain's cells and one around them), got {side!r}")
     names = ("u", "theta", "theta_field", "bc_kind", "bc_values", "configuration", "node_cells", "node_weights")
     parts: dict[str, list[np.ndarray]] = {k: [] for k in names}
     counts, attrs = [], {}

@@ -449,6 +449,9 @@ def test_masked_grid_form_names_what_it_cannot_convert(tmp_path, masked):
         masked_grid_form([tmp_path / "nothing"], tmp_path / "grid.h5")
     with pytest.raises(ValueError, match="name at least one mesh folder"):
         masked_grid_form([], tmp_path / "grid.h5")
+    for side in (2, 0, 12.5):  # a side that leaves no cell for the domain, or not a count
+        with pytest.raises(ValueError, match=rf"side: an integer >= 3 expected .*got {side}"):
+            masked_grid_form(sources, tmp_path / "grid.h5", side=side)
     (tmp_path / "other").mkdir()
     for split in ("train", "valid", "test"):
         with h5py.File(tmp_path / "other" / f"{split}.h5", "w") as f:
