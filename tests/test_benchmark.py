@@ -325,6 +325,9 @@ def test_the_summary_opens_the_overview_and_the_notes_quote_the_result_files(tmp
     page = page_of(results, "index")
     assert page.index("## In short") < page.index("The FNO scores 0.5 (1.50; 2.5e-1).") < page.index("## The tables")
     assert "| heat-bc | **`fno`** 0.5 (2 seeds) | — | — |" in page
+    # a column the recommended model has no result in is said, not silently left out of the counts
+    assert (f"Of the 1 columns that have run, `{brender.DEFAULT_MODEL}` has the lowest error in 0, is level with the "
+            "first (the seeds' ranges overlap) in 0 and behind in 0; it has not run in 1 (heat-bc).") in page
     assert "10 epochs (the paper: 100) at batch 64, on the `bench` size" in page
     for seed in (0, 1):  # smoke results: the page says their budget, not the bench tables'
         path = folder / f"fno-seed{seed}.json"

@@ -260,6 +260,23 @@ def test_the_3d_notes_quote_the_memory_file():
     assert not missing, missing
 
 
+def test_the_3d_notes_quote_the_generation_file():
+    """The 3-D table's notes: the dataset's size and generation time on the GPU, and the captured
+    FNO's memory pool against the card's, as the measurement file records them."""
+    notes = " ".join((REPO / "benchmarks" / "notes" / "3d.md").read_text().split())
+    run = json.loads((REPO / "benchmarks" / "history" / "generate_3d_h100.json").read_text())
+    n = run["trajectories"]
+    oom = run["captured_fno_batch64"]
+    said = [f"{sum(n.values())} trajectories of {run['frames']} frames at {run['grid'][0]}³ ({n['train']} for "
+            f"training, {n['valid']} each for validation and test",
+            f"{run['bytes'] / 1e9:.1f} GB in float32", f"`{run['command']}` generated and wrote it in "
+            f"{run['wall_s']} s on one {run['device'].split()[1]}",
+            f"held {oom['private_pool_gib']:.0f} GiB of the card's {oom['capacity_gib']:.0f}"]
+    assert n["valid"] == n["test"] and run["device"].startswith("NVIDIA H100")
+    missing = [s for s in said if s not in notes]
+    assert not missing, missing
+
+
 def test_the_activations_paragraph_quotes_its_memory_file():
     page = " ".join(PAGE.read_text().split())
     mib = {(r["model"], r["activations"]): 1024 * r["saved_gib_per_sample"] for r in history_rows("memory_2d_cpu")}

@@ -322,7 +322,8 @@ def _headline(tables: dict[str, Any], loaded: Loaded) -> tuple[list[str], dict[s
     default model's and the paper's GNO's errors; and the counts that the prose quotes."""
     lines = [f"| column | lowest error (rollout nMSE) | `{DEFAULT_MODEL}` | `{PAPER_MODEL}` (the paper's) |",
              "| --- | --- | --- | --- |"]
-    counts: dict[str, Any] = {"first": [], "level": [], "behind": [], "ratios": [], "paper_first": [], "columns": 0}
+    counts: dict[str, Any] = {"first": [], "level": [], "behind": [], "unrun": [], "ratios": [], "paper_first": [],
+                              "columns": 0}
     for name, table in tables.items():
         if not table.get("headline"):
             continue
@@ -335,8 +336,7 @@ def _headline(tables: dict[str, Any], loaded: Loaded) -> tuple[list[str], dict[s
             counts["columns"] += 1
             best, best_values = ranked[0]
             where = standing(found, recipe, DEFAULT_MODEL)
-            if where:
-                counts[where].append(recipe)
+            counts[where or "unrun"].append(recipe)
             paper = _values(found, "nmse", recipe, PAPER_MODEL)
             if paper:
                 counts["ratios"].append(_mean(paper) / _mean(best_values))
@@ -363,6 +363,7 @@ def _headline_text(counts: dict[str, Any]) -> str:
             + f", is level with the first (the seeds' ranges overlap) in {len(counts['level'])}"
             + (f" ({', '.join(counts['level'])})" if counts["level"] else "")
             + f" and behind in {len(counts['behind'])}" + (f" ({', '.join(counts['behind'])})" if counts["behind"] else "")
+            + (f"; it has not run in {len(counts['unrun'])} ({', '.join(counts['unrun'])})" if counts["unrun"] else "")
             + "."]
     if counts["ratios"]:
         low, high = _range(counts["ratios"])

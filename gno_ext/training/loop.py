@@ -567,7 +567,8 @@ class EpochLoop:
                      f"{values['train/dro_weight_max']:.3g} of the mean's (batch average)")
         if self.valid_ds is not None and (epoch + 1) % tr.val_every == 0:
             v = _validate(self.training.model, self.valid_ds, self.problem, self.device, tr.batch_size,
-                          tr.val_batches, self.rank, self.world, self.training.accelerator.autocast)
+                          tr.val_batches, self.rank, self.world, self.training.accelerator.autocast,
+                          tr.val_batch_size)
             values["valid/nmse_one_step"] = v
             said += f", one-step validation nMSE {v:.4e}"
         if values:
@@ -772,11 +773,13 @@ def _check_finite_windows(finite: torch.Tensor, windows: list[int], root: Any) -
 
 @torch.no_grad()
 def _validate(model: nn.Module, ds: Dataset, problem: Problem, device: torch.device, batch_size: int,
-              n_batches: int, rank: int, world: int, autocast: Any) -> float:
-    """Mean one-step nMSE over up to ``n_batches`` batches of ``ds`` (spread over the split),
-    sharded over processes."""
+              n_batches: int, rank: int, world: int, autocast: Any, chunk: int | None = None) -> float:
+    """Mean one-step nMSE over up to ``n_batches`` batches of ``batch_size`` windows of ``ds``
+    (spread over the split), sharded over processes. The windows go through the model ``chunk``
+    at a time (default ``batch_size``; ``trainer.val_batch_size``): the same windows and the same
+    mean, in less memory beside a captured training step's."""
     idx = spread(len(ds), n_batches * batch_size)
-    loader = DataLoader(Subset(ds, idx[rank::world]), batch_size=batch_size, collate_fn=problem.collate)
+    loader = DataLoader(Subset(ds, idx[rank::world]), batch_size=chunk or batch_size, collate_fn=problem.collate)
     total = torch.zeros(2, dtype=torch.float64, device=device)
     model.eval()
     for batch in loader:

@@ -138,6 +138,7 @@ class TrainerSettings:
     log_every: Annotated[int, Number(1, integer=True)] = 10
     val_every: Annotated[int, Number(1, integer=True)] = 1
     val_batches: Annotated[int, Number(0, integer=True)] = 4
+    val_batch_size: Annotated[int | None, Number(1, integer=True, nullable=True)] = None  # null: batch_size
     max_steps: Annotated[int | None, Number(1, integer=True, nullable=True)] = None
     num_workers: Annotated[int, Number(0, integer=True)] = 0
     cpu_threads: Annotated[int | None, Number(1, integer=True, nullable=True)] = None  # null: the free cores (CPU runs)

@@ -96,6 +96,28 @@ def test_the_irregular_domains_page_shows_the_committed_curved_comparison():
         assert ranked[:3] == ["gno_mesh", "mesh_gnn", "gno_fno_soft"] and ranked[-1] == "gno_fno"
 
 
+def test_the_irregular_domains_page_shows_the_square_at_bench():
+    """The square's bench comparison: the table is the committed files' rendering, the prose's
+    figures and order are theirs, and the small size's figures it compares with are too."""
+    results = ROOT / "benchmarks" / "results" / "square" / "bench" / "seed0"
+    page = (ROOT / "docs" / "irregular-domains.md").read_text()
+    assert _module().render(results) in page, ("docs/irregular-domains.md: paste `python benchmarks/compare_square.py "
+                                               "render --results benchmarks/results/square/bench/seed0`")
+    bench = {r["model"]: r for r in map(json.loads, map(Path.read_text, results.glob("heat-*.json")))}
+    small = {m: json.loads((ROOT / "benchmarks" / "results" / "square" / f"heat-{m}.json").read_text())
+             for m in ("gno_mesh", "mesh_gnn")}
+    fig = lambda runs, m: f"{runs[m]['nmse_mean']:.3f}"  # noqa: E731
+    flat = " ".join(page.split())
+    assert (f"the mesh GNO scores {fig(bench, 'gno_mesh')} against `mesh_gnn`'s {fig(bench, 'mesh_gnn')} (at `small`: "
+            f"{fig(small, 'gno_mesh')} against {fig(small, 'mesh_gnn')})") in flat
+    assert (f"`gno_fno_soft` is close behind the graph baseline ({fig(bench, 'gno_fno_soft')}), then `gno_fno` "
+            f"({fig(bench, 'gno_fno')}) and the FNO ({fig(bench, 'fno')})") in flat
+    assert sorted(bench, key=lambda m: bench[m]["nmse_mean"]) == list(_module().MODELS)  # the order said
+    assert {r["size"] for r in bench.values()} == {"bench"} and {r["seed"] for r in bench.values()} == {0}
+    walls = [r["wall_s"] for r in bench.values()]
+    assert f"took {min(walls):.0f} to {max(walls):.0f} s each" in flat
+
+
 def _module():
     import importlib.util
 

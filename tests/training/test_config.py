@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from gno_ext.training.recipe_data import (
     open_split,
     prepare_data,
 )
-from gno_ext.training.loop import _fetch
+from gno_ext.training.loop import _fetch, _validate
 from gno_ext.training.problem import problem_for
 
 from .conftest import load_train_module
@@ -161,3 +162,29 @@ def test_the_recipes_page_names_every_recipe_model_and_size():
     for group, names in (("recipe", RECIPES), ("model", MODELS), ("size", train_py.available("size"))):
         missing = [n for n in names if f"`{n}`" not in page]
         assert not missing, f"docs/recipes/index.md does not name the {group}s {missing}"
+
+
+def test_validation_in_chunks_scores_the_same_windows():
+    """trainer.val_batch_size only splits the validation's forward passes: the windows (batch_size
+    x val_batches of them, spread over the split) and their mean nMSE are those of one pass per
+    batch, within float32 summation order; a chunk that does not divide the batch too."""
+    cfg = train_py.compose("heat-param", ["size=smoke", "model=fno"])
+    prepare_data(cfg["data"], progress=False)
+    ds = open_split(cfg["data"], "valid", cfg["data"]["n_steps_input"], 1)
+    spec = data_spec(ds, cfg["data"]["log_params"])
+    torch.manual_seed(0)
+    model = get_model("fno", **model_kwargs_from_data(model_class("fno"), spec, cfg["model"]["kwargs"]))
+    problem = problem_for(cfg["data"])
+    assert len(ds) > 8  # the validation picks 8 of the split's windows
+    args = (model, ds, problem, torch.device("cpu"), 4, 2, 0, 1, contextlib.nullcontext)
+    whole = _validate(*args)
+    assert whole > 0
+    seen: list[int] = []
+    model.register_forward_hook(lambda module, inputs, output: seen.append(len(output)))
+    for chunk in (1, 3, 4):
+        seen.clear()
+        assert _validate(*args, chunk) == pytest.approx(whole, rel=1e-5)
+        assert max(seen) == chunk and sum(seen) == 8  # the forwards took `chunk` windows at most, 8 in all
+    # fewer windows (another batch size) give another mean: the chunks above kept the windows
+    assert _validate(model, ds, problem, torch.device("cpu"), 2, 1, 0, 1, contextlib.nullcontext) != pytest.approx(
+        whole, rel=1e-5)

@@ -59,6 +59,7 @@ def test_absent_keys_take_the_defaults_and_given_ones_are_converted():
      "trainer.find_unused_parameters: expected one of auto, true, false, got 'yes'"),
     ({"trainer": {"progress": 1}}, "trainer.progress: expected true or false, got 1"),
     ({"trainer": {"max_steps": 0}}, r"trainer.max_steps: expected an integer >= 1 or null, got 0"),
+    ({"trainer": {"val_batch_size": 0}}, r"trainer.val_batch_size: expected an integer >= 1 or null, got 0"),
     ({"trainer": {"batch_size": True}}, "trainer.batch_size: expected an integer >= 1, got True"),
     ({"trainer": {"ema": 3}}, "trainer.ema: expected a mapping of settings, got 3"),
     ({"optimizer": {"betas": [0.9]}}, r"optimizer.betas: expected two numbers in \[0, 1\), got \[0.9\]"),
