@@ -95,3 +95,18 @@ def test_the_models_page_quotes_the_periodic_layer_ablation():
     assert change["advection-joint"] < 0 < change["heat-param"]
     assert (f"finds it {round(-100 * change['advection-joint'])} % better on advection-joint and "
             f"{round(100 * change['heat-param'])} % worse on heat-param") in page("models", "index.md")
+
+
+def test_the_3d_notes_claims_about_the_token_sizes_hold():
+    """The 3d notes: at the small size no token model beats persistence at any token size and the
+    FNO does; at bench the GNO and Unisolver stay within 1 % of persistence at every step."""
+    pers = result("patch3d", "advection-3d", "persistence")["nmse_mean"]
+    tokens = ("gno", "gno_patch2", "gno_patch8", "unisolver", "unisolver_patch8")
+    assert all(result("patch3d", "advection-3d", row)["nmse_mean"] >= pers for row in tokens)
+    assert result("patch3d", "advection-3d", "fno")["nmse_mean"] < pers
+    bench = ROOT / "benchmarks" / "results" / "3d" / "advection-3d"
+    steps = {row: json.loads((bench / f"{row}-seed0.json").read_text())["per_step_nmse"]
+             for row in ("gno", "unisolver", "persistence", "fno")}
+    for row in ("gno", "unisolver"):
+        assert all(abs(a - b) <= 0.01 * b for a, b in zip(steps[row], steps["persistence"]))
+    assert all(a < b for a, b in zip(steps["fno"], steps["persistence"]))
