@@ -74,12 +74,8 @@ def test_the_irregular_domains_page_shows_the_committed_comparison():
 
 def test_the_irregular_domains_page_shows_the_committed_curved_comparison():
     """The curved domains' table is the committed files' rendering, and the prose's figures are theirs."""
-    results = ROOT / "benchmarks" / "results" / "curved"
-    page = (ROOT / "docs" / "irregular-domains.md").read_text()
-    assert _module().render(results) in page, ("docs/irregular-domains.md: paste `python benchmarks/compare_square.py "
-                                               "render --results benchmarks/results/curved`")
-    found = {(r["pde"], r["model"]): r for r in map(json.loads, map(Path.read_text, results.glob("*.json")))}
-    flat = " ".join(page.split())
+    runs, flat = _shown_on_the_page(ROOT / "benchmarks" / "results" / "curved")
+    found = {(r["pde"], r["model"]): r for r in runs}
     for pde in ("heat", "advection"):
         mesh, grid = found[pde, "gno_mesh"]["nmse_mean"], min(found[pde, m]["nmse_mean"] for m in _module().GRID_MODELS)
         assert found[pde, "gno_mesh"]["domains"] == ["annulus", "star", "l-shape"]
@@ -99,15 +95,11 @@ def test_the_irregular_domains_page_shows_the_committed_curved_comparison():
 def test_the_irregular_domains_page_shows_the_square_at_bench():
     """The square's bench comparison: the table is the committed files' rendering, the prose's
     figures and order are theirs, and the small size's figures it compares with are too."""
-    results = ROOT / "benchmarks" / "results" / "square" / "bench" / "seed0"
-    page = (ROOT / "docs" / "irregular-domains.md").read_text()
-    assert _module().render(results) in page, ("docs/irregular-domains.md: paste `python benchmarks/compare_square.py "
-                                               "render --results benchmarks/results/square/bench/seed0`")
-    bench = {r["model"]: r for r in map(json.loads, map(Path.read_text, results.glob("heat-*.json")))}
+    runs, flat = _shown_on_the_page(ROOT / "benchmarks" / "results" / "square" / "bench" / "seed0")
+    bench = {r["model"]: r for r in runs if r["pde"] == "heat"}
     small = {m: json.loads((ROOT / "benchmarks" / "results" / "square" / f"heat-{m}.json").read_text())
              for m in ("gno_mesh", "mesh_gnn")}
     fig = lambda runs, m: f"{runs[m]['nmse_mean']:.3f}"  # noqa: E731
-    flat = " ".join(page.split())
     assert (f"the mesh GNO scores {fig(bench, 'gno_mesh')} against `mesh_gnn`'s {fig(bench, 'mesh_gnn')} (at `small`: "
             f"{fig(small, 'gno_mesh')} against {fig(small, 'mesh_gnn')})") in flat
     assert (f"`gno_fno_soft` is close behind the graph baseline ({fig(bench, 'gno_fno_soft')}), then `gno_fno` "
@@ -116,6 +108,15 @@ def test_the_irregular_domains_page_shows_the_square_at_bench():
     assert {r["size"] for r in bench.values()} == {"bench"} and {r["seed"] for r in bench.values()} == {0}
     walls = [r["wall_s"] for r in bench.values()]
     assert f"took {min(walls):.0f} to {max(walls):.0f} s each" in flat
+
+
+def _shown_on_the_page(results: Path) -> tuple[list[dict], str]:
+    """The result files of a comparison folder, after checking that the irregular-domains page
+    shows their rendered table; and the page's text with its line breaks folded."""
+    page = (ROOT / "docs" / "irregular-domains.md").read_text()
+    assert _module().render(results) in page, ("docs/irregular-domains.md: paste `python benchmarks/compare_square.py "
+                                               f"render --results {results.relative_to(ROOT)}`")
+    return [json.loads(p.read_text()) for p in results.glob("*.json")], " ".join(page.split())
 
 
 def _module():
