@@ -42,16 +42,18 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
 
 from gno_ext.benchmark.run import git_commit
-from gno_ext.benchmark.tables import write_result
+from gno_ext.benchmark.tables import computing_overrides, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -205,34 +207,39 @@ def _short(commit: str) -> str:
     return commit[:10] + ("-dirty" if commit.endswith("-dirty") else "")
 
 
-def render(results: Path = RESULTS) -> str:
-    """The Markdown table of every result file: one row per model, one column per PDE."""
-    found = [json.loads(p.read_text()) for p in sorted(results.glob("*.json"))]
+def render(results: Path | Sequence[Path] = RESULTS) -> str:
+    """The Markdown table of every result file of ``results`` (a folder, or several: one per seed):
+    one row per model, one column per PDE; with several seeds a cell is their mean ± the
+    standard deviation over the seeds (`_cell`)."""
+    folders = [results] if isinstance(results, Path) else list(results)
+    found = [json.loads(p.read_text()) for folder in folders for p in sorted(folder.glob("*.json"))]
     if not found:
-        raise SystemExit(f"{results}: no results; run `python benchmarks/compare_square.py run` first")
+        raise SystemExit(f"{', '.join(map(str, folders))}: no results; run `python benchmarks/compare_square.py run` "
+                         "first")
     pdes = [p for p in ("heat", "advection") if any(r["pde"] == p for r in found)]
-    last = found[0]["rollout_steps"]
+    last, seeds = found[0]["rollout_steps"], sorted({r["seed"] for r in found})
     lines = ["| model | input | " + " | ".join(f"{p}: rollout nMSE | {p}: step 1 | {p}: step {last}" for p in pdes) + " |",
              "| --- | --- |" + " --- | --- | --- |" * len(pdes)]
     for model in MODELS:
-        rows = {r["pde"]: r for r in found if r["model"] == model}
+        rows = [r for r in found if r["model"] == model]
         if not rows:
             continue
-        first_row = next(iter(rows.values()))
-        form = "masked grid" if first_row["form"] == "grid" and first_row.get("domains", ["square"]) != ["square"] \
-            else first_row["form"]
+        form = "masked grid" if rows[0]["form"] == "grid" and rows[0].get("domains", ["square"]) != ["square"] \
+            else rows[0]["form"]
         cells = []
         for p in pdes:
-            r = rows.get(p)
-            cells += ["—"] * 3 if r is None else [f"{r['nmse_mean']:.3f}", f"{r['per_step_nmse'][0]:.3f}",
-                                                    f"{r['per_step_nmse'][-1]:.3f}"]
+            runs = [r for r in rows if r["pde"] == p]
+            cells += ["—"] * 3 if not runs else [_cell([r["nmse_mean"] for r in runs], runs, seeds),
+                                                 _cell([r["per_step_nmse"][0] for r in runs], runs, seeds),
+                                                 _cell([r["per_step_nmse"][-1] for r in runs], runs, seeds)]
         lines.append(f"| `{model}` | {form} | " + " | ".join(cells) + " |")
     persistence = {r["pde"]: r["persistence_per_step_nmse"] for r in found if r.get("persistence_per_step_nmse")}
     for r in found:  # the same test trajectories and metric on both forms: the same persistence error
         if r.get("persistence_per_step_nmse") and max(abs(a - b) for a, b in zip(
                 r["persistence_per_step_nmse"], persistence[r["pde"]])) > 1e-4 * max(persistence[r["pde"]]):
-            raise ValueError(f"{results}: {r['pde']}-{r['model']}.json's persistence error differs from the other "
-                             f"runs': they were not evaluated on the same test trajectories")
+            raise ValueError(f"{', '.join(map(str, folders))}: {r['pde']}-{r['model']}.json (seed {r['seed']})'s "
+                             f"persistence error differs from the other runs': they were not evaluated on the same "
+                             f"test trajectories")
     if persistence:
         cells = []
         for p in pdes:
@@ -247,18 +254,35 @@ def render(results: Path = RESULTS) -> str:
         lines.append("| the true frames carried to the grid and back (the grid's own error) | — | "
                      + " | ".join(cells) + " |")
     first = found[0]
+    said = f"seed {seeds[0]}" if len(seeds) == 1 else \
+        f"seeds {', '.join(map(str, seeds))} (a cell: the mean ± the standard deviation over the seeds)"
     lines.append("")
     lines.append(f"Budget: size={first['size']} ({first['splits'][0]} training, {first['splits'][2]} test trajectories, "
                  f"a {first['grid_side']} x {first['grid_side']} grid), {first['epochs']} epochs, batch "
-                 f"{first['batch_size']}, lr {first['lr']}, seed {first['seed']}"
-                 + _provenance(found, ("size", "epochs", "batch_size", "lr", "seed", "extra")))
+                 f"{first['batch_size']}, lr {first['lr']}, {said}"
+                 + _provenance(found, ("size", "epochs", "batch_size", "lr", "extra")
+                               + (("seed",) if len(folders) == 1 else ())))
     return "\n".join(lines)
+
+
+def _cell(values: list[float], runs: list[dict], seeds: list[int]) -> str:
+    """One cell: the value, or the mean ± the (sample) standard deviation of several seeds'; in a
+    table of several seeds, a cell that has fewer names its own."""
+    text = f"{values[0]:.3f}" if len(values) == 1 else f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+    own = sorted(r["seed"] for r in runs)
+    if len(seeds) > 1 and own != seeds:
+        text += f" (seed{'s' * (len(own) > 1)} {', '.join(map(str, own))})"
+    return text
 
 
 def _provenance(found: list[dict], budget: tuple[str, ...]) -> str:
     """What follows a table's budget line: a warning where the files differ in the ``budget``
-    keys, then the devices and the commits that made them."""
-    mixed = len({json.dumps([r[k] for k in budget]) for r in found}) > 1
+    keys (of ``extra``, the overrides that change what a run computes, the seed apart), then the
+    devices and the commits that made them."""
+    def key(r: dict) -> str:
+        return json.dumps([[o for o in computing_overrides(r[k]) if not o.startswith("seed=")] if k == "extra" else r[k]
+                           for k in budget])
+    mixed = len({key(r) for r in found}) > 1
     return (" (MIXED: the files differ in their budget)" * mixed
             + f". Device: {', '.join(sorted({r['device'] for r in found}))}. Commits: "
             f"{', '.join(sorted({_short(r['commit']) for r in found}))}.")
@@ -309,11 +333,15 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--results", type=Path, default=None, help="default: benchmarks/results/square or .../curved")
     run.add_argument("extra", nargs="*", help="Hydra overrides for every run (after --), e.g. trainer.epochs=30")
     out = sub.add_parser("render")
-    out.add_argument("--results", type=Path, default=None, help="default: the results' (or variants') folder")
+    out.add_argument("--results", type=Path, nargs="+", default=None,
+                     help="default: the results' (or variants') folder; several: one per seed, averaged")
     out.add_argument("--variants", action="store_true", help="the variants' table")
     args = parser.parse_args(argv)
     if args.command == "render":
-        print(render_variants(args.results or VARIANTS) if args.variants else render(args.results or RESULTS))
+        if args.variants and args.results and len(args.results) > 1:
+            parser.error("render --variants: one --results folder")
+        print(render_variants(args.results[0] if args.results else VARIANTS) if args.variants
+              else render(args.results or RESULTS))
         return
     cache = Path(os.environ.get("GNO_EXT_CACHE", Path.home() / ".cache" / "gno_ext"))
     data_root = args.data_root or cache / "data" / args.size

@@ -263,7 +263,7 @@ NOT_BUDGET = ("trainer.compile", "trainer.capture", "trainer.progress", "trainer
               "eval.batch_size", "trainer.val_batch_size")
 
 
-def _computes(overrides: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+def computing_overrides(overrides: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """The overrides that change what a run computes (those not in `NOT_BUDGET`)."""
     return tuple(o for o in overrides if not o.lstrip("+~").startswith(NOT_BUDGET))
 
@@ -319,7 +319,7 @@ def budget_of(result: dict[str, Any]) -> tuple | None:
     if result.get("steps", 1) == 0:
         return None
     return (result["size"], result["epochs"], result["batch_size"], result.get("lr"),
-            _without_dro(_computes(result.get("extra", []))), result.get("precision"))
+            _without_dro(computing_overrides(result.get("extra", []))), result.get("precision"))
 
 
 def budget_difference(run: Run, extra: list[str], result: dict[str, Any]) -> str | None:
@@ -328,12 +328,12 @@ def budget_difference(run: Run, extra: list[str], result: dict[str, Any]) -> str
     the overrides that change the computation, the DRO temperature; None where they agree (the
     result is this run's)."""
     budget = merge_overrides(run.budget, extra)
-    wanted = {"size": run.size, "model config": run.model, "row overrides": _without_dro(_computes(run.overrides)),
-              "overrides": _without_dro(_computes(budget)),
+    wanted = {"size": run.size, "model config": run.model, "row overrides": _without_dro(computing_overrides(run.overrides)),
+              "overrides": _without_dro(computing_overrides(budget)),
               "DRO": _dro_key([*budget, *run.overrides], dro_of_overrides([*budget, *run.overrides]))}
     found = {"size": result.get("size"), "model config": result.get("model_config", result.get("model")),
-             "row overrides": _without_dro(_computes(result.get("overrides", ()))),
-             "overrides": _without_dro(_computes(result.get("extra", []))),
+             "row overrides": _without_dro(computing_overrides(result.get("overrides", ()))),
+             "overrides": _without_dro(computing_overrides(result.get("extra", []))),
              "DRO": _dro_key([*result.get("extra", []), *result.get("overrides", [])], dro_of_result(result))}
     diff = [f"{k} {found[k]!r} where this run has {wanted[k]!r}" for k in wanted if found[k] != wanted[k]]
     return "; ".join(diff) or None

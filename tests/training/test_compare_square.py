@@ -67,6 +67,37 @@ def test_on_the_curved_domains_grid_models_are_scored_at_the_nodes(tmp_path):
     assert f"(the grid's own error) | — | {grid['carried_nmse_mean']:.3f} |" in table
 
 
+def test_render_averages_the_seeds_of_several_folders(tmp_path):
+    """``render`` over one folder per seed: a cell is the seeds' mean ± their standard deviation,
+    the budget line names the seeds; files of other test trajectories are refused, by name."""
+    def result(model, seed, nmse, persistence=(1.0, 3.0), extra=()):
+        return {"pde": "heat", "model": model, "form": "mesh" if model == "gno_mesh" else "grid", "seed": seed,
+                "nmse_mean": nmse, "per_step_nmse": [nmse / 2, 2 * nmse], "rollout_steps": 2,
+                "persistence_per_step_nmse": list(persistence), "size": "bench", "splits": [400, 64, 64],
+                "grid_side": 17, "epochs": 10, "batch_size": 64, "lr": 3e-4, "device": "gpu",
+                "extra": [f"seed={seed}", f"trainer.num_workers={seed + 2}", *extra],
+                "commit": "c" * 40}
+    folders = [tmp_path / "seed0", tmp_path / "seed1"]
+    for folder, seed, (mesh, fno) in zip(folders, (0, 1), ((0.10, 0.50), (0.14, 0.40))):
+        folder.mkdir()
+        for model, nmse in (("gno_mesh", mesh), ("fno", fno)):
+            (folder / f"heat-{model}.json").write_text(json.dumps(result(model, seed, nmse)))
+    table = _module().render(folders)
+    assert "| `gno_mesh` | mesh | 0.120 ± 0.028 | 0.060 ± 0.014 | 0.240 ± 0.057 |" in table
+    assert "| `fno` | grid | 0.450 ± 0.071 |" in table and "(MIXED" not in table
+    assert "| persistence (first cell: the mean of its per-step nMSE) | — | 2.000 | 1.000 | 3.000 |" in table
+    assert "seeds 0, 1 (a cell: the mean ± the standard deviation over the seeds)" in table
+    assert "| `gno_mesh` | mesh | 0.100 | 0.050 | 0.200 |" in _module().render(folders[0])  # one seed: the value
+    (folders[0] / "heat-fno.json").unlink()  # a cell that has fewer seeds than the table names its own
+    assert "| `fno` | grid | 0.400 (seed 1) | 0.200 (seed 1) | 0.800 (seed 1) |" in _module().render(folders)
+    # the seed and the speed settings may differ between the folders, what a run computes may not
+    (folders[1] / "heat-fno.json").write_text(json.dumps(result("fno", 1, 0.4, extra=["trainer.epochs=30"])))
+    assert "(MIXED: the files differ in their budget)" in _module().render(folders)
+    (folders[1] / "heat-fno.json").write_text(json.dumps(result("fno", 1, 0.4, persistence=(1.0, 6.0))))
+    with pytest.raises(ValueError, match=r"heat-fno.json \(seed 1\)'s persistence error differs"):
+        _module().render(folders)
+
+
 def test_the_irregular_domains_page_shows_the_committed_comparison():
     page = (ROOT / "docs" / "irregular-domains.md").read_text()
     assert _module().render() in page, "docs/irregular-domains.md: paste `python benchmarks/compare_square.py render`"
