@@ -124,30 +124,71 @@ def test_the_irregular_domains_page_shows_the_committed_curved_comparison():
 
 
 def test_the_irregular_domains_page_shows_the_square_at_bench():
-    """The square's bench comparison: the table is the committed files' rendering, the prose's
-    figures and order are theirs, and the small size's figures it compares with are too."""
-    runs, flat = _shown_on_the_page(ROOT / "benchmarks" / "results" / "square" / "bench" / "seed0")
-    bench = {r["model"]: r for r in runs if r["pde"] == "heat"}
-    small = {m: json.loads((ROOT / "benchmarks" / "results" / "square" / f"heat-{m}.json").read_text())
+    """The square's bench comparison: the table is the committed files' rendering (two seeds'
+    folders), the prose's figures and orders are theirs, and the small size's figures it compares
+    with are too."""
+    folders = [ROOT / "benchmarks" / "results" / "square" / "bench" / f"seed{s}" for s in (0, 1)]
+    runs, flat = _shown_on_the_page(folders)
+    heat = {m: [r["nmse_mean"] for r in runs if r["pde"] == "heat" and r["model"] == m] for m in _module().MODELS}
+    assert all(len(v) == 2 for v in heat.values())
+    mean = {m: f"{sum(v) / 2:.3f}" for m, v in heat.items()}
+    small = {m: json.loads((ROOT / "benchmarks" / "results" / "square" / f"heat-{m}.json").read_text())["nmse_mean"]
              for m in ("gno_mesh", "mesh_gnn")}
-    fig = lambda runs, m: f"{runs[m]['nmse_mean']:.3f}"  # noqa: E731
-    assert (f"the mesh GNO scores {fig(bench, 'gno_mesh')} against `mesh_gnn`'s {fig(bench, 'mesh_gnn')} (at `small`: "
-            f"{fig(small, 'gno_mesh')} against {fig(small, 'mesh_gnn')})") in flat
-    assert (f"`gno_fno_soft` is close behind the graph baseline ({fig(bench, 'gno_fno_soft')}), then `gno_fno` "
-            f"({fig(bench, 'gno_fno')}) and the FNO ({fig(bench, 'fno')})") in flat
-    assert sorted(bench, key=lambda m: bench[m]["nmse_mean"]) == list(_module().MODELS)  # the order said
-    assert {r["size"] for r in bench.values()} == {"bench"} and {r["seed"] for r in bench.values()} == {0}
-    walls = [r["wall_s"] for r in bench.values()]
+    assert (f"the mesh GNO scores {mean['gno_mesh']} against `mesh_gnn`'s {mean['mesh_gnn']} on heat (the mean of "
+            f"seeds 0 and 1, below it with both; at `small`: {small['gno_mesh']:.3f} against "
+            f"{small['mesh_gnn']:.3f})") in flat
+    assert max(heat["gno_mesh"]) < min(heat["mesh_gnn"])
+    assert (f"`gno_fno_soft` is close behind the graph baseline ({mean['gno_fno_soft']}), then `gno_fno` "
+            f"({mean['gno_fno']}) and the FNO ({mean['fno']})") in flat
+    assert sorted(heat, key=lambda m: sum(heat[m])) == list(_module().MODELS)  # the order said
+    advection = {r["model"]: r for r in runs if r["pde"] == "advection"}
+    assert {r["seed"] for r in advection.values()} == {1} and set(advection) == set(_module().MODELS)
+    persistence = advection["gno_mesh"]["persistence_per_step_nmse"]
+    for model, r in advection.items():  # "every model beats persistence at every step"
+        assert all(a < b for a, b in zip(r["per_step_nmse"], persistence, strict=True)), model
+    n = {m: f"{r['nmse_mean']:.3f}" for m, r in advection.items()}
+    assert (f"(`gno_fno_soft` {n['gno_fno_soft']}, `gno_fno` {n['gno_fno']}, the FNO {n['fno']}), then `mesh_gnn` "
+            f"({n['mesh_gnn']}) and `gno_mesh` ({n['gno_mesh']}; persistence "
+            f"{sum(persistence) / len(persistence):.2f})") in flat
+    assert sorted(advection, key=lambda m: advection[m]["nmse_mean"]) == ["gno_fno_soft", "gno_fno", "fno",
+                                                                          "mesh_gnn", "gno_mesh"]
+    assert {r["size"] for r in runs} == {"bench"}
+    walls = [r["wall_s"] for r in runs]
     assert f"took {min(walls):.0f} to {max(walls):.0f} s each" in flat
 
 
-def _shown_on_the_page(results: Path) -> tuple[list[dict], str]:
-    """The result files of a comparison folder, after checking that the irregular-domains page
-    shows their rendered table; and the page's text with its line breaks folded."""
+def test_the_irregular_domains_page_shows_the_curved_domains_at_bench():
+    """The curved domains' bench comparison (heat, seed 0): the rendered table, its figures, and the
+    `mesh` table's gno_mesh run quoted beside it, on the same test trajectories."""
+    runs, flat = _shown_on_the_page(ROOT / "benchmarks" / "results" / "curved" / "bench" / "seed0")
+    found = {r["model"]: r for r in runs if r["pde"] == "heat"}
+    n = {m: f"{r['nmse_mean']:.3f}" for m, r in found.items()}
+    assert (f"`gno_fno_soft` scores {n['gno_fno_soft']}, the FNO {n['fno']} and `gno_fno` {n['gno_fno']}, against "
+            f"`mesh_gnn`'s {n['mesh_gnn']}") in flat
+    best_grid = min(found[m]["nmse_mean"] for m in _module().GRID_MODELS)
+    assert best_grid == found["gno_fno_soft"]["nmse_mean"] and found["mesh_gnn"]["nmse_mean"] < best_grid
+    table = ROOT / "benchmarks" / "results" / "mesh" / "heat-mesh"
+    gno, still = (json.loads((table / f"{name}-seed0.json").read_text()) for name in ("gno_mesh", "persistence"))
+    # the same test trajectories: the same count and persistence's error at every step
+    assert gno["test_trajectories"] == found["mesh_gnn"]["test_trajectories"]
+    assert still["per_step_nmse"] == pytest.approx(found["mesh_gnn"]["persistence_per_step_nmse"], rel=1e-5)
+    assert gno["size"] == "bench" and gno["seed"] == 0
+    assert (f"scores {gno['nmse_mean']:.3f} (seed 0): {best_grid / gno['nmse_mean']:.1f} times below the best grid "
+            f"model") in flat
+    assert (f"(heat, seed 0: {gno['nmse_mean']:.3f} against {best_grid:.3f} for `gno_fno_soft`)") in flat
+    mesh_page = " ".join((ROOT / "docs" / "results" / "mesh.md").read_text().split())
+    assert f"`gno_fno_soft`, scores {best_grid:.3f} against this table's {gno['nmse_mean']:.3g} for `gno_mesh`" in mesh_page
+
+
+def _shown_on_the_page(results: Path | list[Path]) -> tuple[list[dict], str]:
+    """The result files of a comparison folder (or of one folder per seed), after checking that
+    the irregular-domains page shows their rendered table; and the page's text with its line
+    breaks folded."""
+    folders = results if isinstance(results, list) else [results]
     page = (ROOT / "docs" / "irregular-domains.md").read_text()
     assert _module().render(results) in page, ("docs/irregular-domains.md: paste `python benchmarks/compare_square.py "
-                                               f"render --results {results.relative_to(ROOT)}`")
-    return [json.loads(p.read_text()) for p in results.glob("*.json")], " ".join(page.split())
+                                               f"render --results {' '.join(str(f.relative_to(ROOT)) for f in folders)}`")
+    return [json.loads(p.read_text()) for f in folders for p in f.glob("*.json")], " ".join(page.split())
 
 
 def _module():
@@ -304,13 +345,19 @@ def test_the_bench_mesh_figures_quote_the_files():
     assert f"takes {ms['gno_fno_soft', True]:.1f} ms on `heat-param`" in page
     ratio = f"{ms['gno_mesh', False] / ms['mesh_gnn', False]:.1f} times"
     eager = f"({ms['gno_mesh', False]:.0f} against {ms['mesh_gnn', False]:.0f} ms"
-    assert f"at {ratio} its step time on an H100 {eager})" in page and f"about {ratio} a `mesh_gnn` one {eager}" in notes
+    assert f"at {ratio} `mesh_gnn`'s step time on an H100 {eager})" in page
+    assert f"about {ratio} a `mesh_gnn` one {eager}" in notes
     results = ROOT / "benchmarks" / "results" / "mesh" / "heat-mesh"
     seeds = {m: [json.loads((results / f"{m}-seed{s}.json").read_text())["nmse_mean"] for s in (0, 1)]
              for m in ("gno_mesh", "mesh_gnn")}
     mean = {m: sum(v) / 2 for m, v in seeds.items()}
     assert max(seeds["gno_mesh"]) < min(seeds["mesh_gnn"])  # "ahead with both seeds"
-    assert f"on heat ({mean['gno_mesh']:.3f} against {mean['mesh_gnn']:.3f} for `mesh_gnn`)" in page
+    assert f"and on the curved domains, on heat ({mean['gno_mesh']:.3f} against {mean['mesh_gnn']:.3f})" in page
+    square = ROOT / "benchmarks" / "results" / "square" / "bench"
+    on_square = {m: sum(json.loads((square / f"seed{s}" / f"heat-{m}.json").read_text())["nmse_mean"]
+                        for s in (0, 1)) / 2 for m in ("gno_mesh", "mesh_gnn")}
+    assert (f"ahead of `mesh_gnn` with two seeds on the square, on heat ({on_square['gno_mesh']:.3f} against "
+            f"{on_square['mesh_gnn']:.3f})") in page
     advection = {m: [json.loads((results.parent / "advection-mesh" / f"{m}-seed{s}.json").read_text())["nmse_mean"]
                      for s in (0, 1)] for m in ("gno_mesh", "mesh_gnn")}
     assert max(advection["gno_mesh"]) < min(advection["mesh_gnn"])  # "with two seeds, on heat ... and on advection"
