@@ -212,7 +212,8 @@ def render(results: Path | Sequence[Path] = RESULTS) -> str:
     one row per model, one column per PDE; with several seeds a cell is their mean ± the
     standard deviation over the seeds (`_cell`)."""
     folders = [results] if isinstance(results, Path) else list(results)
-    found = [json.loads(p.read_text()) for folder in folders for p in sorted(folder.glob("*.json"))]
+    paths = [p for folder in folders for p in sorted(folder.glob("*.json"))]
+    found = [json.loads(p.read_text()) for p in paths]
     if not found:
         raise SystemExit(f"{', '.join(map(str, folders))}: no results; run `python benchmarks/compare_square.py run` "
                          "first")
@@ -234,12 +235,11 @@ def render(results: Path | Sequence[Path] = RESULTS) -> str:
                                                  _cell([r["per_step_nmse"][-1] for r in runs], runs, seeds)]
         lines.append(f"| `{model}` | {form} | " + " | ".join(cells) + " |")
     persistence = {r["pde"]: r["persistence_per_step_nmse"] for r in found if r.get("persistence_per_step_nmse")}
-    for r in found:  # the same test trajectories and metric on both forms: the same persistence error
+    for path, r in zip(paths, found):  # the same test trajectories and metric on both forms: one persistence
         if r.get("persistence_per_step_nmse") and max(abs(a - b) for a, b in zip(
                 r["persistence_per_step_nmse"], persistence[r["pde"]])) > 1e-4 * max(persistence[r["pde"]]):
-            raise ValueError(f"{', '.join(map(str, folders))}: {r['pde']}-{r['model']}.json (seed {r['seed']})'s "
-                             f"persistence error differs from the other runs': they were not evaluated on the same "
-                             f"test trajectories")
+            raise ValueError(f"{path}'s persistence error differs from the other runs': they were not evaluated on "
+                             f"the same test trajectories")
     if persistence:
         cells = []
         for p in pdes:

@@ -94,7 +94,7 @@ def test_render_averages_the_seeds_of_several_folders(tmp_path):
     (folders[1] / "heat-fno.json").write_text(json.dumps(result("fno", 1, 0.4, extra=["trainer.epochs=30"])))
     assert "(MIXED: the files differ in their budget)" in _module().render(folders)
     (folders[1] / "heat-fno.json").write_text(json.dumps(result("fno", 1, 0.4, persistence=(1.0, 6.0))))
-    with pytest.raises(ValueError, match=r"heat-fno.json \(seed 1\)'s persistence error differs"):
+    with pytest.raises(ValueError, match=r"seed1/heat-fno.json's persistence error differs"):
         _module().render(folders)
 
 
