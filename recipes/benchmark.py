@@ -15,7 +15,7 @@ Each run trains with ``recipes/train.py`` and leaves one JSON file,
 so the same command resumes a table across days and machines (commit the files).
 ``--refresh-readings`` runs again the cells whose file was written before the other readings of
 the nMSE were recorded (``nmse_readings``, ``per_trajectory``), keeping the old file where the
-new run fails.
+new run fails; ``--refresh-only`` runs those cells alone, none that has no file yet.
 
 ``run`` prepares the datasets once, then starts ``recipes/sweep.py -m`` — Hydra's multirun —
 over the table's grid. With Hydra's default launcher the runs go one after another; with
@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> None:
                        help="run again the cells whose result file lacks the other readings of the nMSE "
                             "(nmse_readings, per_trajectory: files written before they were recorded); a cell "
                             "whose new run fails keeps its old file")
+        p.add_argument("--refresh-only", action="store_true",
+                       help="--refresh-readings for those cells alone: a cell without a result file is left for "
+                            "a plain run")
         p.add_argument("extra", nargs="*", help="Hydra overrides for every run (after --), e.g. trainer.epochs=20")
     p = sub.add_parser("render")
     p.add_argument("--tables", type=Path, default=TABLES)
@@ -93,9 +96,9 @@ def main(argv: list[str] | None = None) -> None:
             print("\n\n".join(f"<!-- {name} -->\n{text}" for name, text in pages.items()))
         return
     runs = plan(tables, args.table, args.seeds, args.recipes, args.rows, args.size)
-    stale = [r for r in runs if args.refresh_readings and r.path(args.results).exists()
-             and not _has_readings(r.path(args.results))]
-    todo = [r for r in runs if not r.path(args.results).exists() or r in stale]
+    refresh = args.refresh_readings or args.refresh_only
+    stale = [r for r in runs if refresh and r.path(args.results).exists() and not _has_readings(r.path(args.results))]
+    todo = stale if args.refresh_only else [r for r in runs if not r.path(args.results).exists() or r in stale]
     # (a refreshed cell takes only a result of the same computation that has the readings)
     same = {r: s if s is not None and (r not in stale or _has_readings(s)) else None
             for r in todo for s in [same_run(r, args.extra, args.results)]}
@@ -108,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
             state = (f"blocked: its file holds another computation ({blocked[r]})" if r in blocked else
                      "to run again: its file lacks the other readings" if r in stale else
                      "done" if r.path(args.results).exists() else
+                     "not run (--refresh-only)" if r not in todo else
                      f"the same run as {same[r].relative_to(args.results)}" if same[r] else "to run")
             print(f"{r.table}/{r.recipe}/{r.row}-seed{r.seed} (size={r.size} {' '.join(r.budget)}): {state}")
         print(f"{sum(same[r] is None for r in todo)} of {len(runs)} runs to do"

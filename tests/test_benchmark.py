@@ -406,6 +406,15 @@ def test_refresh_readings_reruns_the_cells_without_them_and_keeps_a_failed_cells
     planned = subprocess.run([*plan, "--refresh-readings", *command[13:]], capture_output=True, text=True, env=env,
                              cwd=tmp_path)
     assert planned.stdout.count("to run again: its file lacks the other readings") == 2, planned.stdout
+    # with a second seed, whose cells have no files: --refresh-only plans the two stale cells alone
+    both = [*plan, "--seeds", "0", "1"]
+    planned = subprocess.run([*both, "--refresh-readings", *command[13:]], capture_output=True, text=True, env=env,
+                             cwd=tmp_path)
+    assert planned.stdout.count("to run again") == 2 and "4 of 4 runs to do" in planned.stdout, planned.stdout
+    planned = subprocess.run([*both, "--refresh-only", *command[13:]], capture_output=True, text=True, env=env,
+                             cwd=tmp_path)
+    assert planned.stdout.count("to run again") == 2 and planned.stdout.count("not run (--refresh-only)") == 2
+    assert "2 of 4 runs to do" in planned.stdout, planned.stdout
     again = subprocess.run([*command[:13], "--refresh-readings", *command[13:]], capture_output=True, text=True,
                            env=env, cwd=tmp_path)
     assert again.returncode != 0 and "heat-param/broken-seed0" in again.stderr
@@ -790,7 +799,7 @@ def test_the_overview_says_which_result_files_keep_the_other_readings():
     full = {"nmse_mean": 0.1, "nmse_readings": {"pooled": 0.1}, "per_trajectory": []}
     assert brender._readings_said({"t": ([full, full], [])}).startswith("Each result file also keeps the pooled nMSE")
     said = brender._readings_said({"t": ([full], []), "u": ([{"nmse_mean": 0.2}], [])})
-    assert "(1 of 2) also keep the pooled nMSE" in said and "needs the run again" in said and "--refresh-readings" in said
+    assert "(1 of 2) also keep the pooled nMSE" in said and "needs the run again" in said and "--refresh-only" in said
 
 
 def test_which_model_names_a_first_mesh_model_only_where_every_row_has_run():

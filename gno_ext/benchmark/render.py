@@ -420,7 +420,7 @@ def _readings_said(loaded: Loaded) -> str:
             f"{what}. The older ones keep the tables' reading (the mean over the trajectories of each "
             "one's nMSE) with its per-step and per-group figures; another reading of them needs the run "
             "again (the trained weights are not kept): `python recipes/benchmark.py run --table NAME "
-            "--refresh-readings` reruns a table's cells that lack them.")
+            "--seeds 0 1 2 --refresh-only` reruns a table's cells that lack them, and no other.")
 
 
 def runtime_page(tables: dict[str, Any], results: Path = RESULTS) -> str | None:
