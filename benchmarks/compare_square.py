@@ -230,9 +230,10 @@ def render(results: Path | Sequence[Path] = RESULTS) -> str:
         cells = []
         for p in pdes:
             runs = [r for r in rows if r["pde"] == p]
-            cells += ["—"] * 3 if not runs else [_cell([r["nmse_mean"] for r in runs], runs, seeds),
-                                                 _cell([r["per_step_nmse"][0] for r in runs], runs, seeds),
-                                                 _cell([r["per_step_nmse"][-1] for r in runs], runs, seeds)]
+            own = sorted(r["seed"] for r in runs)  # a cell with fewer seeds than the table names its own
+            label = f" (seed{'s' * (len(own) > 1)} {', '.join(map(str, own))})" if len(seeds) > 1 and own != seeds else ""
+            cells += ["—"] * 3 if not runs else [_cell([value(r) for r in runs]) + label for value in (
+                lambda r: r["nmse_mean"], lambda r: r["per_step_nmse"][0], lambda r: r["per_step_nmse"][-1])]
         lines.append(f"| `{model}` | {form} | " + " | ".join(cells) + " |")
     persistence = {r["pde"]: r["persistence_per_step_nmse"] for r in found if r.get("persistence_per_step_nmse")}
     for path, r in zip(paths, found):  # the same test trajectories and metric on both forms: one persistence
@@ -265,14 +266,9 @@ def render(results: Path | Sequence[Path] = RESULTS) -> str:
     return "\n".join(lines)
 
 
-def _cell(values: list[float], runs: list[dict], seeds: list[int]) -> str:
-    """One cell: the value, or the mean ± the (sample) standard deviation of several seeds'; in a
-    table of several seeds, a cell that has fewer names its own."""
-    text = f"{values[0]:.3f}" if len(values) == 1 else f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
-    own = sorted(r["seed"] for r in runs)
-    if len(seeds) > 1 and own != seeds:
-        text += f" (seed{'s' * (len(own) > 1)} {', '.join(map(str, own))})"
-    return text
+def _cell(values: list[float]) -> str:
+    """One cell: the value, or the mean ± the (sample) standard deviation of several seeds'."""
+    return f"{values[0]:.3f}" if len(values) == 1 else f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
 def _provenance(found: list[dict], budget: tuple[str, ...]) -> str:
