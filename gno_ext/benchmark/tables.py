@@ -260,7 +260,7 @@ def misplaced(path: Path, result: dict[str, Any]) -> str | None:
 # of the budget that a table states (a row may need capture off where its step cannot be captured).
 NOT_BUDGET = ("trainer.compile", "trainer.capture", "trainer.progress", "trainer.num_workers", "trainer.tensorboard",
               "trainer.grad_sync", "trainer.compile_options", "data.in_memory", "data.root", "eval.figures",
-              "eval.batch_size", "trainer.val_batch_size")
+              "eval.batch_size", "trainer.val_batch_size", "model.kwargs.checkpoint_blocks")
 
 
 def computing_overrides(overrides: list[str] | tuple[str, ...]) -> tuple[str, ...]:

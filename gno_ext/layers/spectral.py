@@ -29,8 +29,8 @@ from gno_ext.layers.gate import ParameterGate
 from gno_ext.layers.mixture import dispatch
 from gno_ext.layers.modes import contract_modes, from_modes, to_modes
 
-__all__ = ["ACTIVATIONS", "FullPrecisionSpectralConv", "GatedSpectralConv", "TRANSFORMS", "condition_on",
-           "keep_autocast_type", "with_activations"]
+__all__ = ["ACTIVATIONS", "FullPrecisionSpectralConv", "GatedSpectralConv", "TRANSFORMS", "checkpoint_blocks",
+           "condition_on", "keep_autocast_type", "with_activations"]
 
 TRANSFORMS = ("dft", "fft")
 """How a spectral convolution of this package reaches its retained modes: ``"dft"`` (default),
@@ -72,6 +72,41 @@ def with_activations(net: nn.Module, activations: str) -> nn.Module:
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations: expected one of {', '.join(ACTIVATIONS)}, got {activations!r}")
     return keep_autocast_type(net) if activations == "autocast" else net
+
+
+def checkpoint_blocks(net: nn.Module) -> nn.Module:
+    """Recompute each block of a neuraloperator ``FNO`` (``net.fno_blocks``, called once per layer)
+    in the backward pass instead of keeping its activations: activation checkpointing
+    (``torch.utils.checkpoint``, non-reentrant). A training step then keeps each block's input
+    alone, at the cost of a second forward pass of every block; the values and gradients are the
+    same. Where grad is off (validation, rollouts) the blocks run as before. The conditioning of
+    gated convolutions (`condition_on`, set around the forward pass) is handed to the
+    recomputation, which runs after that block has closed. For large grids (3-D) whose activations
+    do not fit the GPU at the batch wanted. Returns ``net``."""
+    from torch.utils.checkpoint import checkpoint
+
+    blocks = net.fno_blocks
+    forward = blocks.forward
+    convs = [m for m in blocks.modules() if isinstance(m, GatedSpectralConv)]
+
+    def run(x: Tensor, index: int, output_shape: Any, theta: Tensor | None) -> Tensor:
+        before = [conv.theta for conv in convs]
+        for conv in convs:
+            conv.theta = theta
+        try:
+            return forward(x, index, output_shape=output_shape)
+        finally:
+            for conv, value in zip(convs, before):
+                conv.theta = value
+
+    def checkpointed(x: Tensor, index: int = 0, output_shape: Any = None) -> Tensor:
+        if not torch.is_grad_enabled():
+            return forward(x, index, output_shape=output_shape)
+        theta = convs[0].theta if convs else None
+        return checkpoint(run, x, index, output_shape, theta, use_reentrant=False)
+
+    blocks.forward = checkpointed
+    return net
 
 
 class FullPrecisionSpectralConv(SpectralConv):

@@ -55,23 +55,28 @@ def boundary_channels(bc: BoundarySpec, grid: Grid, scale: Tensor | float = 1.0)
 
 def neuralop_fno(ndim: int, n_modes: int, in_channels: int, out_channels: int, hidden_channels: int,
                  n_layers: int, fourier: str = "dft", activations: str = "float32",
-                 conv_module: Any = None) -> nn.Module:
+                 conv_module: Any = None, checkpoint_blocks: bool = False) -> nn.Module:
     """neuraloperator's ``FNO`` (an optional dependency, imported here) with ``n_modes`` modes on
     each of ``ndim`` axes, its spectral convolutions `FullPrecisionSpectralConv`s (their
     transforms by ``fourier``: the retained modes alone, or the FFT) so that it trains under
     bf16 autocast (cuFFT has no bf16 transform), or ``conv_module`` where given, and its grid
     coordinates `GridCoordinates` (made at each call: compiled once, capturable);
-    ``activations``: their type under autocast (`gno_ext.layers.spectral.ACTIVATIONS`)."""
+    ``activations``: their type under autocast (`gno_ext.layers.spectral.ACTIVATIONS`);
+    ``checkpoint_blocks``: recompute its blocks in the backward pass
+    (`gno_ext.layers.spectral.checkpoint_blocks`)."""
     import functools
 
     from neuralop.models import FNO
 
     from gno_ext.layers.embeddings import use_grid_coordinates
-    from gno_ext.layers.spectral import FullPrecisionSpectralConv, with_activations
+    from gno_ext.layers.spectral import FullPrecisionSpectralConv, checkpoint_blocks as recompute, with_activations
 
     conv = functools.partial(FullPrecisionSpectralConv, fourier=fourier) if conv_module is None else conv_module
     net = FNO((n_modes,) * ndim, in_channels, out_channels, hidden_channels, n_layers=n_layers, conv_module=conv)
-    return with_activations(use_grid_coordinates(net), activations)
+    if not isinstance(checkpoint_blocks, bool):
+        raise ValueError(f"checkpoint_blocks: expected true or false, got {checkpoint_blocks!r}")
+    net = with_activations(use_grid_coordinates(net), activations)
+    return recompute(net) if checkpoint_blocks else net
 
 
 class TransformerBlock(nn.Module):

@@ -22,6 +22,7 @@ from torch import Tensor
 from gno_ext.layers.embeddings import ParameterNormalizer, use_grid_coordinates
 from gno_ext.layers.gate import gate_input
 from gno_ext.layers.spectral import GatedSpectralConv, condition_on, with_activations
+from gno_ext.layers.spectral import checkpoint_blocks as recompute_blocks
 from gno_ext.models.registry import register_model
 
 __all__ = ["GatedFNO"]
@@ -61,13 +62,18 @@ class GatedFNO(FNO, name="GatedFNO"):
 
     def __init__(self, n_modes: Sequence[int], in_channels: int, out_channels: int, hidden_channels: int,
                  n_params: int = 1, n_kernels: int = 4, gate_hidden: int = 32,
-                 log_params: Sequence[bool] | None = None, activations: str = "float32", **fno_kwargs: Any) -> None:
+                 log_params: Sequence[bool] | None = None, activations: str = "float32",
+                 checkpoint_blocks: bool = False, **fno_kwargs: Any) -> None:
         if "conv_module" in fno_kwargs:
             raise ValueError("conv_module: GatedFNO sets it (GatedSpectralConv); use FNO for another module")
         conv = functools.partial(GatedSpectralConv, n_kernels=n_kernels, n_params=n_params, gate_hidden=gate_hidden)
         super().__init__(tuple(n_modes), in_channels, out_channels, hidden_channels, conv_module=conv, **fno_kwargs)
         use_grid_coordinates(self)  # the same coordinates, not cached on the module (compiled once)
         with_activations(self, activations)
+        if not isinstance(checkpoint_blocks, bool):
+            raise ValueError(f"checkpoint_blocks: expected true or false, got {checkpoint_blocks!r}")
+        if checkpoint_blocks:
+            recompute_blocks(self)
         self.param_norm = ParameterNormalizer(n_params, log_params)
 
     @staticmethod

@@ -172,6 +172,10 @@ class GNOFNO(SchemaModel):
     activations : {"float32", "autocast"}
         The activations' type between the layers under autocast (`gno_ext.layers.spectral.ACTIVATIONS`):
         float32 as neuraloperator's blocks give it (default), or the autocast type.
+    checkpoint_blocks : bool
+        Recompute the FNO's blocks in the backward pass instead of keeping their activations
+        (`gno_ext.layers.spectral.checkpoint_blocks`): less GPU memory for a second forward pass
+        of each block, the same values and gradients. Default False.
     """
 
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2, t_in: int = 1,
@@ -180,7 +184,7 @@ class GNOFNO(SchemaModel):
                  boundary_patch: int = 16, boundary_depth: int = 4, parameter_channels: bool = True,
                  domain_padding: float = 0.0, shared_kernel: bool = False,
                  periodic_boundary_layer: bool = True, soft_routing: bool = False, fourier: str = "dft",
-                 activations: str = "float32") -> None:
+                 activations: str = "float32", checkpoint_blocks: bool = False) -> None:
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
         for name, value, least in (("n_modes", n_modes, 1), ("hidden_channels", hidden_channels, 1),
                                    ("n_layers", n_layers, 1), ("n_kernels", n_kernels, 1), ("gate_hidden", gate_hidden, 1)):
@@ -201,7 +205,7 @@ class GNOFNO(SchemaModel):
                                  fourier=fourier)
         channels = t_in * in_channels + (n_params + field_channels if parameter_channels else 0)
         self.net = neuralop_fno(ndim, n_modes, channels, in_channels, hidden_channels, n_layers,
-                                activations=activations, conv_module=conv)
+                                activations=activations, conv_module=conv, checkpoint_blocks=checkpoint_blocks)
         self.boundary = nn.ModuleList(BoundaryLayer(hidden_channels, ndim, boundary_patch, boundary_depth,
                                                     periodic_boundary_layer)
                                       for _ in range(n_layers)) if boundary_transfer else None

@@ -130,3 +130,40 @@ def test_autocast_activations_save_less_memory():
     bench = pytest.importorskip("tests._recipes").load_recipe("bench_model")
     plain, kept = (bench.memory("fno", 1, (32, 32), 1, "cpu", kind) for kind in ("float32", "autocast"))
     assert kept["saved_gib_per_sample"] < 0.8 * plain["saved_gib_per_sample"]
+
+
+@pytest.mark.parametrize("name, extra", [("fno", {}), ("gno_fno", {}), ("gno_fno", {"soft_routing": True}),
+                                         ("gated_fno", {})], ids=["fno", "gno_fno", "gno_fno_soft", "gated_fno"])
+def test_checkpointed_blocks_give_the_same_values_and_gradients(name, extra):
+    """``checkpoint_blocks=True`` recomputes each FNO block in the backward pass: the same output
+    and the same gradients of every parameter (the gated kernels' conditioning reaches the
+    recomputation, which runs after the forward pass has closed it), and the same checkpoint."""
+    if name == "gated_fno":
+        kwargs = {"n_modes": (4, 4), "in_channels": 1, "out_channels": 1, "hidden_channels": 8, "n_layers": 2,
+                  "n_params": 1, **extra}
+    else:
+        kwargs = {"n_params": 1, "n_modes": 4, "hidden_channels": 8, "n_layers": 2, **extra}
+    torch.manual_seed(0)
+    plain = get_model(name, **kwargs)
+    torch.manual_seed(0)
+    recomputed = get_model(name, checkpoint_blocks=True, **kwargs)
+    assert plain.state_dict().keys() == recomputed.state_dict().keys()
+    u, theta = torch.randn(3, 1, 1, 16, 16), torch.rand(3, 1) * 2
+    call = (lambda m: m(u[:, 0], theta=theta)) if name == "gated_fno" else \
+        (lambda m: m(u, theta=theta, bc=BoundarySpec.periodic(2, batch_size=3)))
+    outputs = []
+    for model in (plain, recomputed):
+        y = call(model)
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        outputs.append(y.detach())
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
+    grads = [(n, p.grad, q.grad) for (n, p), q in zip(plain.named_parameters(), recomputed.parameters())]
+    assert any(g is not None and g.abs().sum() > 0 for _, g, _ in grads)
+    for n, g, h in grads:
+        assert (g is None) == (h is None), n
+        if g is not None:
+            torch.testing.assert_close(h, g, rtol=1e-6, atol=1e-7, msg=n)
+    with torch.no_grad():  # without grad the blocks run as before
+        torch.testing.assert_close(call(recomputed), outputs[0], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="checkpoint_blocks: expected true or false"):
+        get_model(name, checkpoint_blocks="yes", **kwargs)

@@ -36,14 +36,20 @@ class ChannelFNO(SchemaModel):
     activations : {"float32", "autocast"}
         The activations' type between the layers under autocast (`gno_ext.layers.spectral.ACTIVATIONS`):
         float32 as neuraloperator's blocks give it (default), or the autocast type.
+    checkpoint_blocks : bool
+        Recompute the FNO's blocks in the backward pass instead of keeping their activations
+        (`gno_ext.layers.spectral.checkpoint_blocks`): less GPU memory for a second forward pass
+        of each block, the same values and gradients. Default False.
     """
 
     def __init__(self, in_channels: int = 1, n_params: int = 1, field_channels: int = 0, ndim: int = 2, t_in: int = 1,
                  log_params: Sequence[bool] | None = None, n_modes: int = 12, hidden_channels: int = 64,
-                 n_layers: int = 4, fourier: str = "dft", activations: str = "float32") -> None:
+                 n_layers: int = 4, fourier: str = "dft", activations: str = "float32",
+                 checkpoint_blocks: bool = False) -> None:
         super().__init__(in_channels, n_params, field_channels, ndim, t_in, log_params)
         channels = t_in * in_channels + n_params + field_channels + N_TYPES + 1
-        self.net = neuralop_fno(ndim, n_modes, channels, in_channels, hidden_channels, n_layers, fourier, activations)
+        self.net = neuralop_fno(ndim, n_modes, channels, in_channels, hidden_channels, n_layers, fourier, activations,
+                                checkpoint_blocks=checkpoint_blocks)
 
     def forward(self, u_in: Tensor | PDEBatch, theta: Tensor | None = None, theta_field: Tensor | None = None,
                 bc: BoundarySpec | None = None, grid: Grid | None = None) -> Tensor:
