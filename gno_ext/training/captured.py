@@ -15,7 +15,9 @@ training loop and keeps the loop's semantics:
   norm are finite, so the non-finite guard still skips updates;
 * the graphs share one memory pool (they never run at the same time), and everything (the
   first, eager step included) runs on one side stream: no gradient accumulator is bound to
-  the default stream, which a capture cannot wait on.
+  the default stream, which a capture cannot wait on. When the objective moves from its MSE
+  phase to DRO (the curriculum never goes back), the MSE graphs and their pool are freed before
+  the first DRO capture, whose eager warm-up needs the memory of a step beside the pool.
 
 The flat buffers make the gradients fixed tensors that every graph writes in full, and give
 the eager and captured steps the same semantics (a parameter without gradient in a step gets
@@ -227,6 +229,19 @@ class CapturedSteps:
             raise RuntimeError(f"trainer.capture=true: the training step could not be captured in a CUDA graph "
                                f"({error}). Set trainer.capture=false for this model") from error
 
+    def release(self) -> None:
+        """Free every graph and their memory pool; the graphs to come are captured in a new pool
+        (the optimizer step's too, at its next call). `forward_backward` calls it when the
+        objective changes phase (MSE to DRO), after which the old graphs are not replayed: their
+        pool would otherwise stay reserved beside the new capture's eager warm-up, which needs a
+        step's memory of its own (a 3-D `gno_fno_soft` step at batch 64 ran out of an 80 GB
+        GPU's memory there)."""
+        self.graphs.clear()
+        self._step, self._norm = None, None
+        self.pool = torch.cuda.graph_pool_handle()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
     def forward_backward(self, batch: PDEBatch, groups: Tensor, dro: bool, last_micro: bool = True) -> Tensor:
         """Replay (capturing it first for a new signature) the forward and backward passes on
         ``batch``, which leave the gradients, clipped, in the flat buffers. Returns the values to
@@ -234,6 +249,8 @@ class CapturedSteps:
         gradient norm it keeps for `gradient_norm`. (``last_micro``: always, the captured steps accumulate no gradients.)"""
         key = (signature(batch), signature(groups), dro)
         if key not in self.graphs:
+            if any(k[2] != dro for k in self.graphs):  # a new phase of the objective
+                self.release()
             static, static_groups = _clone(batch), groups.clone()
             out: dict[str, Tensor] = {}
 

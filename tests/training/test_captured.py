@@ -108,6 +108,50 @@ def test_static_inputs_are_cloned_and_refilled_in_place():
     assert torch.equal(static.bc.values, second.bc.values) and torch.equal(static.bc.kind, second.bc.kind)
 
 
+def test_a_new_objective_phase_frees_the_old_graphs_and_their_pool(monkeypatch):
+    """MSE graphs (one per batch signature) and the optimizer step share a pool; the first DRO
+    step frees them all and captures into a new pool (the MSE phase never returns), so that the
+    pool does not sit beside the DRO capture's eager warm-up. Within a phase nothing is freed.
+    (CUDA's calls are stood in for: the order of captures, replays and releases is what is tested.)"""
+    from types import SimpleNamespace
+
+    from gno_ext.training.captured import CapturedSteps
+
+    pools, events = iter(range(100)), []
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: ("pool", next(pools)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("free"))
+    weight = torch.zeros(2, requires_grad=True)
+    weight.grad = torch.ones(2)
+    flat = SimpleNamespace(gather_grads=lambda: None, parameters=lambda: [weight])
+    optimizer = SimpleNamespace(step=lambda: None)
+
+    def objective(batch, groups, dro):
+        return torch.zeros(3), weight.sum()
+
+    objective.running = None
+    steps = CapturedSteps(flat, optimizer, objective, clip=None, stream=None)
+
+    def capture(fn, warmup):  # runs fn once (as a capture records it) and replays nothing
+        what = "optimizer" if fn is optimizer.step else "step"
+        events.append(f"capture {what} in pool {steps.pool[1]}")
+        fn()
+        return lambda: events.append(f"replay {what}")
+
+    monkeypatch.setattr(steps, "_capture", capture)
+    for seed, (b, dro) in enumerate([(4, False), (4, False), (3, False), (4, True), (3, True), (4, True)]):
+        steps.forward_backward(_batch(b, seed), torch.zeros(b, dtype=torch.long), dro)
+        steps.optimizer_step()
+    assert events == ["capture step in pool 0", "replay step", "capture optimizer in pool 0", "replay optimizer",
+                      "replay step", "replay optimizer",
+                      "capture step in pool 0", "replay step", "replay optimizer",  # a last, shorter batch
+                      "free", "capture step in pool 1", "replay step",  # DRO: everything freed, a new pool
+                      "capture optimizer in pool 1", "replay optimizer",
+                      "capture step in pool 1", "replay step", "replay optimizer",
+                      "replay step", "replay optimizer"]
+    assert steps.captured == 2 and all(key[2] for key in steps.graphs)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU run set up in this process would stay on the CPU")
 def test_capture_on_the_cpu_is_refused_before_training(train_module, tmp_path):
     with pytest.raises(ValueError, match="trainer.capture=true: CUDA graphs need a GPU"):
