@@ -102,7 +102,7 @@ DEFAULT_MODELS = ["gno", "vit-standin"]
 
 def on_fno(name: str) -> bool:
     """Whether model ``name`` is one of neuraloperator's FNO backbone (``fno``, ``gno_fno``): the
-    models that take ``fourier`` and ``activations``."""
+    models that take ``fourier``, ``activations`` and ``checkpoint_blocks``."""
     return MODELS[name].get("model") in ("fno", "gno_fno")
 
 
@@ -118,8 +118,8 @@ def make_inputs(batch: int, shape: tuple[int, ...], channels: int, device: str) 
 
 def setup(name: str, batch: int, shape: tuple[int, ...], channels: int, device: str,
           chunk: int | None, boundary: str = "fused", capturable: bool = False,
-          optimizer: str = "flat", attention: str = "fused", fourier: str = "dft", activations: str = "float32"
-          ) -> tuple[GNO, dict, torch.optim.Optimizer, FlatParameters | None]:
+          optimizer: str = "flat", attention: str = "fused", fourier: str = "dft", activations: str = "float32",
+          checkpoint: bool = False) -> tuple[GNO, dict, torch.optim.Optimizer, FlatParameters | None]:
     """The model (normalisation fitted, mixture chunk, boundary and attention paths set), its inputs, a
     fused AdamW (``capturable`` for a step captured in a CUDA graph) and, for ``optimizer="flat"``
     (what the recipes' trainer does), the `FlatParameters` it steps; ``"fused"``: the AdamW
@@ -132,7 +132,7 @@ def setup(name: str, batch: int, shape: tuple[int, ...], channels: int, device: 
     kwargs = dict(MODELS[name])
     registered = kwargs.pop("model", None)
     if on_fno(name):
-        kwargs["activations"] = activations
+        kwargs.update(activations=activations, checkpoint_blocks=checkpoint)
     model = (get_model(registered, in_channels=channels, n_params=1, log_params=[True], ndim=len(shape), **kwargs)
              if registered else GNO(in_channels=channels, ndim=len(shape), **kwargs)).to(device)
     model.param_norm.fit(torch.logspace(-2, 0, 64)[:, None].to(device))
@@ -258,7 +258,7 @@ def paths_taken(ops: set[str], boundary_transfer: bool) -> dict:
 def bench(name: str, batch: int, mode: str, shape: tuple[int, ...], channels: int, device: str, repeats: int,
           chunk: int | None = None, options: dict | None = None, boundary: str = "fused",
           optimizer: str = "flat", attention: str = "fused", fourier: str = "dft", bandwidth: float = float("nan"),
-          activations: str = "float32") -> dict:
+          activations: str = "float32", checkpoint: bool = False) -> dict:
     if mode == "whole-graph" and device != "cuda":
         raise SystemExit("--modes whole-graph needs a CUDA device")
     # on a GPU everything on a stream of its own, as the trainer's loop runs (`side_stream`): the
@@ -266,15 +266,17 @@ def bench(name: str, batch: int, mode: str, shape: tuple[int, ...], channels: in
     # stream's when the whole step is captured
     with (side_stream() if device == "cuda" else contextlib.nullcontext()) as stream:
         return _bench(name, batch, mode, shape, channels, device, repeats, chunk, options, boundary, optimizer,
-                      attention, fourier, bandwidth, stream, activations)
+                      attention, fourier, bandwidth, stream, activations, checkpoint)
 
 
 def _bench(name: str, batch: int, mode: str, shape: tuple[int, ...], channels: int, device: str, repeats: int,
            chunk: int | None, options: dict | None, boundary: str, optimizer: str, attention: str, fourier: str,
-           bandwidth: float, stream: torch.cuda.Stream | None = None, activations: str = "float32") -> dict:
+           bandwidth: float, stream: torch.cuda.Stream | None = None, activations: str = "float32",
+           checkpoint: bool = False) -> dict:
     whole = mode == "whole-graph"
     model, x, opt, flat = setup(name, batch, shape, channels, device, chunk, boundary, capturable=whole,
-                                optimizer=optimizer, attention=attention, fourier=fourier, activations=activations)
+                                optimizer=optimizer, attention=attention, fourier=fourier, activations=activations,
+                                checkpoint=checkpoint)
     # a fresh compilation cache for every configuration: otherwise, after dynamo's recompilation
     # limit (8 by default), a later model of the same class silently runs eagerly
     torch._dynamo.reset()
@@ -313,6 +315,7 @@ def _bench(name: str, batch: int, mode: str, shape: tuple[int, ...], channels: i
             "optimizer": optimizer, "attention": attention, "ran": paths_taken(ops, has_boundary(model)),
             "fourier": fourier if any(isinstance(m, FullPrecisionSpectralConv) for m in model.modules()) else None,
             "activations": activations if on_fno(name) else None,
+            "checkpoint_blocks": checkpoint if on_fno(name) else None,
             "traffic_floor_gib": floor_bytes / 2**30, "traffic_floor_ms": 1e3 * floor_bytes / bandwidth}
 
 
@@ -407,6 +410,9 @@ def main() -> None:
                              "default on a GPU with Triton) or scaled_dot_product_attention")
     parser.add_argument("--activations", nargs="+", default=["float32"], choices=["float32", "autocast"],
                         help="the FNO models' activations between layers under autocast (their `activations`)")
+    parser.add_argument("--checkpoint-blocks", nargs="+", default=["false"], choices=["false", "true"],
+                        help="the FNO models' blocks recomputed in the backward pass (their `checkpoint_blocks`): "
+                             "compare the step time and peak memory with and without (timing modes only)")
     parser.add_argument("--fourier", nargs="+", default=["dft"], choices=["dft", "fft"],
                         help="the spectral convolutions' transforms (FNO-backbone models): the retained modes "
                              "alone by matrix products (the default) or the full FFT")
@@ -424,6 +430,9 @@ def main() -> None:
     args = parser.parse_args()
     if len(args.shape) not in (2, 3):
         parser.error(f"--shape: 2 or 3 sizes, got {args.shape}")
+    if args.memory and "true" in args.checkpoint_blocks:
+        parser.error("--memory counts the tensors a forward pass saves, and recomputed blocks save theirs out of "
+                     "its sight: time with --checkpoint-blocks true on a GPU instead (its rows give the peak memory)")
     if args.memory:
         rows = [memory(model, batch, tuple(args.shape), args.channels, args.device, kind)
                 for batch in args.batch for model in args.models
@@ -460,18 +469,21 @@ def main() -> None:
             for model in args.models:
                 chunks = args.chunk if MODELS[model].get("n_kernels", 4) > 1 else [0]
                 paths = args.boundary if MODELS[model].get("boundary_transfer", True) else ["fused"]
-                fouriers, kinds = (args.fourier, args.activations) if on_fno(model) else (["dft"], ["float32"])
-                for chunk, path, optimizer, attention, fourier, activations in itertools.product(
-                        chunks, paths, args.optimizer, args.attention, fouriers, kinds):
+                fouriers, kinds, recomputes = ((args.fourier, args.activations, args.checkpoint_blocks) if on_fno(model)
+                                               else (["dft"], ["float32"], ["false"]))
+                for chunk, path, optimizer, attention, fourier, activations, recompute in itertools.product(
+                        chunks, paths, args.optimizer, args.attention, fouriers, kinds, recomputes):
                     r = bench(model, batch, mode, tuple(args.shape), args.channels, args.device, args.repeats,
-                              chunk or None, options, path, optimizer, attention, fourier, bandwidth, activations)
+                              chunk or None, options, path, optimizer, attention, fourier, bandwidth, activations,
+                              recompute == "true")
                     rows.append(r)
                     print(f"{model:15s} {batch:5d} {mode:>8s} {r['forward_ms']:8.3f} {r['step_ms']:8.3f} "
                           f"{r['traffic_floor_ms']:8.3f} {r['train_tflops']:8.1f} {r['step_gflop']:8.1f} "
                           f"{r['peak_gib']:6.2f}  {r['kernels_used']}  chunk {chunk or 'auto'}, optimizer {optimizer}, "
                           f"ran: boundary {r['ran']['boundary']}, attention {r['ran']['attention']}"
                           f"{f', fourier {fourier}' if r['fourier'] else ''}"
-                          f"{f', activations {activations}' if r['activations'] else ''}", flush=True)
+                          f"{f', activations {activations}' if r['activations'] else ''}"
+                          f"{', blocks recomputed' if r['checkpoint_blocks'] else ''}", flush=True)
                     if args.out:  # after every row: a run stopped part-way keeps what it measured
                         args.out.parent.mkdir(parents=True, exist_ok=True)
                         write_json(args.out, {"meta": meta, "rows": rows})
