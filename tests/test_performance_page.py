@@ -288,3 +288,35 @@ def test_the_activations_paragraph_quotes_its_memory_file():
                 f"at a peak of {step['autocast']['peak_gib']:.1f} GiB instead of {step['float32']['peak_gib']:.1f}")
     missing = [s for s in said if s not in page]
     assert not missing, missing
+
+
+def test_the_recomputed_blocks_paragraph_quotes_its_file():
+    """The FLOPs of a step with and without recomputed blocks, as the benchmark file has them."""
+    page = " ".join(PAGE.read_text().split())
+    flop = {(r["model"], r["checkpoint_blocks"]): r["step_gflop"] for r in history_rows("model_checkpoint_blocks_cpu")}
+
+    def more(model: str) -> float:
+        return 100 * (flop[model, True] / flop[model, False] - 1)
+
+    said = [f"{more('fno'):.0f} % more work per step for the FNO ({flop['fno', True]:.1f} GFLOP against "
+            f"{flop['fno', False]:.1f} at batch 2) and {more('gno-fno-soft'):.0f} % for `gno_fno_soft` "
+            f"({flop['gno-fno-soft', True]:.1f} against {flop['gno-fno-soft', False]:.1f};"]
+    assert all(flop[m, True] > flop[m, False] for m in ("fno", "gno-fno-soft"))  # the recomputation counted
+    missing = [s for s in said if s not in page]
+    assert not missing, missing
+
+
+def test_the_3d_notes_quote_the_captured_soft_run_log():
+    """The 3-D notes' account of `gno_fno_soft`'s captured run with recomputed blocks: the graphs'
+    pool and the last MSE epoch's validation as its log records them."""
+    import re
+
+    notes = " ".join((REPO / "benchmarks" / "notes" / "3d.md").read_text().split())
+    log = (REPO / "benchmarks" / "history" / "soft3d_capture_h100_53fa9f7.log").read_text()
+    assert "model.kwargs.checkpoint_blocks=true" in notes and "MSE for 7 epochs, then DRO" in log
+    epochs = re.findall(r"epoch (\d+): loss \S+, one-step validation nMSE (\S+)", log)
+    assert epochs[-1][0] == "7"
+    pool = float(re.search(r"with ([\d.]+) GiB allocated in private pools", log).group(1))
+    said = [f"memory pool held {pool:.0f} GiB", f"one-step validation nMSE {float(epochs[-1][1]):.4f} after the seventh"]
+    missing = [s for s in said if s not in notes]
+    assert not missing, missing

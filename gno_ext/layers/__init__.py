@@ -1,6 +1,6 @@
 """Reusable GNO building blocks.
 
-`GatedSpectralConv`, `FullPrecisionSpectralConv` (and `condition_on`) need the optional
+`GatedSpectralConv`, `FullPrecisionSpectralConv` (and `condition_on`, `checkpoint_blocks`) need the optional
 ``neuraloperator`` package, and the graph layers (`GraphAttentionKernel`, `GraphKernelIntegral`,
 `GraphKernelMixture`, `GraphBoundaryTransfer`) the optional ``torch-geometric``; they are
 imported on first use.
@@ -48,6 +48,7 @@ __all__ = [
     "Routing",
     "balance_losses",
     "boundary_features",
+    "checkpoint_blocks",
     "chunk_plan",
     "condition_on",
     "default_chunk",
@@ -65,6 +66,7 @@ __all__ = [
 ]
 
 _LAZY = {"FullPrecisionSpectralConv": "spectral", "GatedSpectralConv": "spectral", "condition_on": "spectral",
+         "checkpoint_blocks": "spectral",
          "GraphAttentionKernel": "graph", "GraphBoundaryTransfer": "graph", "GraphKernelIntegral": "graph",
          "GraphKernelMixture": "graph"}
 

@@ -167,3 +167,29 @@ def test_checkpointed_blocks_give_the_same_values_and_gradients(name, extra):
         torch.testing.assert_close(call(recomputed), outputs[0], rtol=0, atol=0)
     with pytest.raises(ValueError, match="checkpoint_blocks: expected true or false"):
         get_model(name, checkpoint_blocks="yes", **kwargs)
+
+
+def test_checkpoint_blocks_on_a_users_fno_with_gated_kernels():
+    """The layer as the models page shows it: a plain neuraloperator ``FNO`` with
+    `GatedSpectralConv`s, conditioned by `condition_on`, recomputed by `checkpoint_blocks`:
+    the same loss and gradients as without."""
+    from functools import partial
+
+    from gno_ext.layers import GatedSpectralConv, checkpoint_blocks, condition_on
+
+    theta, x, y = torch.rand(2, 2), torch.randn(2, 1, 8, 8, 8), torch.randn(2, 1, 8, 8, 8)
+    grads, losses = [], []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        fno = FNO((4, 4, 4), 1, 1, 8, conv_module=partial(GatedSpectralConv, n_params=2))
+        fno = checkpoint_blocks(fno) if recompute else fno
+        with condition_on(fno, theta):
+            loss = (fno(x) - y).pow(2).mean()
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append([p.grad for p in fno.parameters()])
+    torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=0)
+    for g, h in zip(*grads):
+        assert (g is None) == (h is None)
+        if g is not None:
+            torch.testing.assert_close(h, g, rtol=1e-6, atol=1e-7)
