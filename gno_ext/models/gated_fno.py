@@ -50,6 +50,10 @@ class GatedFNO(FNO, name="GatedFNO"):
         The activations' type between the layers under autocast (`gno_ext.layers.spectral.ACTIVATIONS`):
         float32 as neuraloperator's blocks return them, or the autocast type (about a third
         less activation memory; the same weights and checkpoints).
+    checkpoint_blocks : bool
+        Recompute the FNO's blocks in the backward pass instead of keeping their activations
+        (`gno_ext.layers.spectral.checkpoint_blocks`): less GPU memory for a second forward pass
+        of each block, the same values and gradients. Default False.
     **fno_kwargs
         Any other ``FNO`` argument (``n_layers``, ``positional_embedding``, ...).
 
