@@ -74,7 +74,7 @@ def with_activations(net: nn.Module, activations: str) -> nn.Module:
     return keep_autocast_type(net) if activations == "autocast" else net
 
 
-def checkpoint_blocks(net: nn.Module) -> nn.Module:
+def checkpoint_blocks(net: nn.Module, enabled: bool = True) -> nn.Module:
     """Recompute each block of a neuraloperator ``FNO`` (``net.fno_blocks``, called once per layer)
     in the backward pass instead of keeping its activations: activation checkpointing
     (``torch.utils.checkpoint``, non-reentrant). A training step then keeps each block's input
@@ -82,9 +82,14 @@ def checkpoint_blocks(net: nn.Module) -> nn.Module:
     same. Where grad is off (validation, rollouts) the blocks run as before. The conditioning of
     gated convolutions (`condition_on`, set around the forward pass) is handed to the
     recomputation, which runs after that block has closed. For large grids (3-D) whose activations
-    do not fit the GPU at the batch wanted. Returns ``net``."""
+    do not fit the GPU at the batch wanted. ``enabled=False`` leaves ``net`` as it is (a model's
+    ``checkpoint_blocks`` argument passed through). Returns ``net``."""
     from torch.utils.checkpoint import checkpoint
 
+    if not isinstance(enabled, bool):
+        raise ValueError(f"checkpoint_blocks: expected true or false, got {enabled!r}")
+    if not enabled:
+        return net
     blocks = net.fno_blocks
     forward = blocks.forward
     convs = [m for m in blocks.modules() if isinstance(m, GatedSpectralConv)]

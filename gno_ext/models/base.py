@@ -73,10 +73,7 @@ def neuralop_fno(ndim: int, n_modes: int, in_channels: int, out_channels: int, h
 
     conv = functools.partial(FullPrecisionSpectralConv, fourier=fourier) if conv_module is None else conv_module
     net = FNO((n_modes,) * ndim, in_channels, out_channels, hidden_channels, n_layers=n_layers, conv_module=conv)
-    if not isinstance(checkpoint_blocks, bool):
-        raise ValueError(f"checkpoint_blocks: expected true or false, got {checkpoint_blocks!r}")
-    net = with_activations(use_grid_coordinates(net), activations)
-    return recompute(net) if checkpoint_blocks else net
+    return recompute(with_activations(use_grid_coordinates(net), activations), checkpoint_blocks)
 
 
 class TransformerBlock(nn.Module):

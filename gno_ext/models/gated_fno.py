@@ -74,10 +74,7 @@ class GatedFNO(FNO, name="GatedFNO"):
         super().__init__(tuple(n_modes), in_channels, out_channels, hidden_channels, conv_module=conv, **fno_kwargs)
         use_grid_coordinates(self)  # the same coordinates, not cached on the module (compiled once)
         with_activations(self, activations)
-        if not isinstance(checkpoint_blocks, bool):
-            raise ValueError(f"checkpoint_blocks: expected true or false, got {checkpoint_blocks!r}")
-        if checkpoint_blocks:
-            recompute_blocks(self)
+        recompute_blocks(self, checkpoint_blocks)
         self.param_norm = ParameterNormalizer(n_params, log_params)
 
     @staticmethod
