@@ -15,9 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+from gno_ext import _children as children
 
 TRAIN = Path(__file__).resolve().parents[1] / "recipes" / "train.py"
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                "--recipe", args.recipe, f"size={args.size}", f"trainer.max_steps={args.steps}",
                f"trainer.batch_size={args.batch}", f"trainer.log_every={args.log_every}", "trainer.val_every=100000",
                "trainer.progress=false", "eval.enabled=false", f"run_dir={run}", "overwrite=true", *args.overrides]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = children.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"{n} process(es) failed:\n{proc.stderr[-4000:]}")
         rows.append({"procs": n, "global_batch": n * args.batch, **throughput(run / "metrics.jsonl")})
@@ -68,4 +69,5 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
+    children.forward_signals()  # killed or interrupted, the run it started stops with it
     main()

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_ddp import TRAIN, throughput  # noqa: E402
+
+from gno_ext import _children as children  # noqa: E402
 
 
 def run(recipe: str, model: str, size: str, steps: int, batch: int, device: str, options: list[str]) -> dict:
@@ -34,7 +35,7 @@ def run(recipe: str, model: str, size: str, steps: int, batch: int, device: str,
                 f"trainer.max_steps={steps}", f"trainer.batch_size={batch}", f"trainer.log_every={max(steps // 10, 1)}",
                 "trainer.val_every=100000", "trainer.progress=false", "trainer.tensorboard=false", "eval.enabled=false",
                 f"run_dir={tmp}/run", *(["trainer.device=cpu"] if device == "cpu" else []), *options]
-        proc = subprocess.run(args, capture_output=True, text=True)
+        proc = children.run(args, capture_output=True, text=True)
         if proc.returncode:
             raise SystemExit(f"{recipe} {model} {' '.join(options)}: training failed (exit {proc.returncode}):\n"
                              f"{proc.stderr[-3000:]}")
@@ -84,4 +85,5 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    children.forward_signals()  # killed or interrupted, the run it started stops with it
     main()

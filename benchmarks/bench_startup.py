@@ -20,11 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from gno_ext import _children as children
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,7 +50,7 @@ def run(recipe: str, model: str, size: str, device: str, cache: Path, folder: Pa
             "trainer.progress=false", "trainer.tensorboard=false", "eval.enabled=false", "trainer.num_workers=0"]
     args += ["trainer.capture=true"] if device == "cuda" else ["trainer.device=cpu"]
     start = time.perf_counter()
-    proc = subprocess.run(args, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = children.run(args, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     wall = time.perf_counter() - start
     if proc.returncode:
         raise SystemExit(f"{model}: training failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -94,4 +95,5 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    children.forward_signals()  # killed or interrupted, the run it started stops with it
     main()

@@ -52,6 +52,7 @@ from pathlib import Path
 
 import yaml
 
+from gno_ext import _children as children
 from gno_ext.benchmark.run import git_commit
 from gno_ext.benchmark.tables import computing_overrides, write_result
 
@@ -175,7 +176,7 @@ def run_one(pde: str, model: str, size: str, data_root: Path, grid: Path, counts
     cmd = command(pde, model, size, data_root, grid, counts, side, run_dir, extra, domains)
     start = time.perf_counter()
     with open(runs / f"{pde}-{model}.log", "w") as log:
-        failed = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+        failed = children.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
     wall = time.perf_counter() - start
     if failed:
         print(f"{pde}/{model}: FAILED (exit {failed}), see {runs / f'{pde}-{model}.log'}", file=sys.stderr, flush=True)
@@ -358,4 +359,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    children.forward_signals()  # killed or interrupted, the runs it started stop with it
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("\ninterrupted: the finished runs' results are kept; the same command runs the others afresh", file=sys.stderr)
+        sys.exit(130)

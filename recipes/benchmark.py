@@ -34,6 +34,7 @@ import json
 import subprocess
 from pathlib import Path
 
+from gno_ext import _children as children
 from gno_ext.benchmark.figures import write_figures
 from gno_ext.benchmark.render import PAGES, render_pages
 from gno_ext.benchmark.run import per_process_batch, prepare, sweep_command
@@ -148,7 +149,9 @@ def main(argv: list[str] | None = None) -> None:
     for r, old in aside.items():  # out of the runner's way, back in place if the new run fails
         r.path(args.results).rename(old)
     try:
-        subprocess.run(command, check=True)
+        finished = children.run(command)
+        if finished.returncode:
+            raise subprocess.CalledProcessError(finished.returncode, command)
     finally:
         for r, old in aside.items():
             if r.path(args.results).exists():
@@ -172,8 +175,13 @@ if __name__ == "__main__":
 
     from gno_ext._files import DiskFull
 
+    children.forward_signals()  # killed or interrupted, the runs it started stop with it
     try:
         main()
+    except KeyboardInterrupt:
+        print("\ninterrupted: the finished cells' results are kept; the same command resumes the others from their "
+              "last checkpoints", file=sys.stderr)
+        sys.exit(130)
     except (FileNotFoundError, FileExistsError, ValueError, KeyError, DiskFull) as err:  # a bad file or value: one line
         if os.environ.get("GNO_EXT_DEBUG"):
             raise

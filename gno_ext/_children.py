@@ -1,0 +1,95 @@
+"""Child processes that stop with the command that started them.
+
+The benchmark drivers (`recipes/benchmark.py run`, `benchmarks/compare_square.py run`, the
+`bench_*` scripts) start their training runs as child processes. Killed alone (`kill PID`,
+`timeout 2h python recipes/benchmark.py run ...`, a job manager that signals the process it
+started), a driver used to leave its runs training on, orphaned, on the GPUs. Here each child
+goes into a process group of its own (`run`), and `forward_signals` makes the driver pass
+SIGTERM, SIGINT and SIGHUP on to every child's group (the child's own children with it: a sweep's
+training runs, their data loader workers, `torchrun`'s processes) before it stops itself: Ctrl-C
+interrupts the runs as it interrupts one (each keeps its last checkpoint), SIGTERM ends them.
+A signal the driver was started ignoring (SIGINT in a background job, SIGHUP under `nohup`)
+stays ignored, as the shell meant. After the first signal no new child is started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["forward_signals", "run"]
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+_lock = threading.RLock()  # re-entrant: the handler may run in the main thread while it holds the lock
+_live: dict[int, subprocess.Popen] = {}  # the running children, by pid
+_signalled: set[int] = set()  # the children the handler has passed a signal on to
+_stopped_by: list[int] = []  # the signal that stopped this process, once one has
+
+
+def run(command: Sequence[str], **popen: Any) -> subprocess.CompletedProcess:
+    """Run ``command`` to its end in a process group of its own and return what
+    `subprocess.run` would (``stdout``/``stderr`` where ``popen`` pipes them, or has
+    ``capture_output=True``). Where the waiting
+    is interrupted otherwise than by a forwarded signal (an error), the child's group is sent
+    SIGTERM; either way the child is waited for before the exception goes on. Raises `SystemExit`
+    instead of starting the child once a forwarded signal has arrived."""
+    if popen.pop("capture_output", False):
+        popen.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    group = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+    proc = None
+    try:
+        with _lock:
+            if _stopped_by:
+                raise SystemExit(128 + _stopped_by[0])
+            proc = subprocess.Popen(list(command), **group, **popen)
+            _live[proc.pid] = proc
+        out, err = proc.communicate()
+    except BaseException:
+        if proc is not None:
+            if proc.pid not in _signalled:
+                _signal_group(proc, signal.SIGTERM)
+            proc.wait()
+        raise
+    finally:
+        if proc is not None:
+            with _lock:
+                _live.pop(proc.pid, None)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def forward_signals() -> None:
+    """Install, in the main thread, the handlers that pass SIGTERM, SIGINT and SIGHUP on to the
+    process groups of the children that `run` started, then stop this process: `KeyboardInterrupt`
+    for SIGINT, `SystemExit` with status 128 + the signal's number for the others. Signals this
+    process ignores are left ignored."""
+    for sig in FORWARDED:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _forward)
+
+
+def _forward(signum: int, frame: Any) -> None:
+    with _lock:
+        if not _stopped_by:
+            _stopped_by.append(signum)
+        children = list(_live.values())
+        _signalled.update(_live)
+    for proc in children:
+        _signal_group(proc, signum)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
+
+
+def _signal_group(proc: subprocess.Popen, signum: int) -> None:
+    """``signum`` to the child's process group (its own pid), unless it has already ended."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:  # ended meanwhile
+            pass
