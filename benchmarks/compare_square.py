@@ -363,5 +363,6 @@ if __name__ == "__main__":
     try:
         main()
     except KeyboardInterrupt:
-        print("\ninterrupted: the finished runs' results are kept; the same command runs the others afresh", file=sys.stderr)
+        print("\ninterrupted: the finished runs' results are kept; the same command runs the others afresh",
+              file=sys.stderr)
         sys.exit(130)
