@@ -1,9 +1,9 @@
 """Child processes that stop with the command that started them.
 
 The benchmark drivers (`recipes/benchmark.py run`, `benchmarks/compare_square.py run`, the
-`bench_*` scripts) start their training runs as child processes. Killed alone (`kill PID`,
-`timeout 2h python recipes/benchmark.py run ...`, a job manager that signals the process it
-started), a driver used to leave its runs training on, orphaned, on the GPUs. Here each child
+`bench_*` scripts) start their training runs as child processes. A driver killed alone (`kill
+PID`, `timeout 2h python recipes/benchmark.py run ...`, a job manager that signals the process it
+started) would otherwise leave its runs training on, orphaned, on the GPUs. Here each child
 goes into a process group of its own (`run`), and `forward_signals` makes the driver pass
 SIGTERM, SIGINT and SIGHUP on to every child's group (the child's own children with it: a sweep's
 training runs, their data loader workers, `torchrun`'s processes) before it stops itself: Ctrl-C
