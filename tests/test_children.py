@@ -16,6 +16,8 @@ import pytest
 
 from gno_ext import _children as children
 
+from ._recipes import sigint_as_at_a_terminal
+
 # a "training run": writes its pid, starts a child of its own (a data loader worker, say) that
 # writes its pid too, and waits; on Ctrl-C it leaves a mark, as train.py keeps its checkpoint
 RUN = textwrap.dedent("""
@@ -66,7 +68,7 @@ def _start(tmp_path: Path, n: int, jobs: int) -> subprocess.Popen:
     (tmp_path / "run.py").write_text(RUN)
     (tmp_path / "driver.py").write_text(DRIVER)
     return subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "run.py"), str(tmp_path),
-                             str(n), str(jobs)], preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                             str(n), str(jobs)], preexec_fn=sigint_as_at_a_terminal)
 
 
 def _pids(tmp_path: Path, runs: range) -> list[int]:

@@ -11,7 +11,7 @@ import pytest
 
 from gno_ext.data.cli import main as gno_data
 
-from ._recipes import RECIPES, load_recipe
+from ._recipes import RECIPES, load_recipe, sigint_as_at_a_terminal
 
 train = load_recipe("train")
 
@@ -79,20 +79,13 @@ def test_bad_paths_give_one_line(tmp_path, capsys):
                                                           "(no config.yaml)"
 
 
-def _sigint_as_at_a_terminal():
-    """Ctrl-C's default disposition in the child. A shell starts a background job (`cmd &`, as a
-    CI script may be run) with SIGINT ignored, its children inherit that, and Python then keeps
-    ignoring it: the run would go on training instead of stopping."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.mark.slow
 def test_ctrl_c_during_training_is_one_line_with_the_way_to_resume(tmp_path):
     env = {**os.environ, "GNO_EXT_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, str(RECIPES / "train.py"), "size=small", f"output_root={tmp_path}",
                              "trainer.progress=false", "trainer.tensorboard=false", "trainer.num_workers=0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=_sigint_as_at_a_terminal)
+                            preexec_fn=sigint_as_at_a_terminal)
     for line in proc.stdout:  # interrupted once training has started
         if line.startswith("run "):
             break
