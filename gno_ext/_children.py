@@ -28,8 +28,8 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 _lock = threading.RLock()  # re-entrant: the handler may run in the main thread while it holds the lock
 _live: dict[int, subprocess.Popen] = {}  # the running children, by pid
-_signalled: set[int] = set()  # the children the handler has passed a signal on to
-_stopped_by: list[int] = []  # the signal that stopped this process, once one has
+_stopped_by: list[int] = []  # the signal that stopped this process, once one has (it went to every live child:
+# none starts after it)
 
 
 def run(command: Sequence[str], **popen: Any) -> subprocess.CompletedProcess:
@@ -52,7 +52,7 @@ def run(command: Sequence[str], **popen: Any) -> subprocess.CompletedProcess:
         out, err = proc.communicate()
     except BaseException:
         if proc is not None:
-            if proc.pid not in _signalled:
+            if not _stopped_by:  # else the handler has passed its signal on
                 _signal_group(proc, signal.SIGTERM)
             proc.wait()
         raise
@@ -78,7 +78,6 @@ def _forward(signum: int, frame: Any) -> None:
         if not _stopped_by:
             _stopped_by.append(signum)
         children = list(_live.values())
-        _signalled.update(_live)
     for proc in children:
         _signal_group(proc, signum)
     if signum == signal.SIGINT:
