@@ -94,7 +94,7 @@ def test_the_budget_sets_each_columns_size_and_the_shared_overrides(tmp_path):
     assert runs["ns-param"].budget == ("trainer.epochs=10", "trainer.batch_size=64", "trainer.dro.temperature=absolute",
                                       "trainer.dro.tau=1.0")  # the objective its results were made with
     assert {r.size for r in btab.plan(tables, "param", [0], size="smoke")} == {"smoke"}
-    # a row that cannot be captured says so itself, after any speed override of the command
+    # a row that is to run uncaptured says so itself, after any speed override of the command
     (mesh,) = btab.plan(tables, "mesh", [0], ["heat-mesh"], ["gno_mesh"])
     assert mesh.overrides == ("trainer.capture=false",)
     assert btab.merge_overrides(("trainer.epochs=10", "trainer.batch_size=64"), ["trainer.epochs=1", "x=2"]) \

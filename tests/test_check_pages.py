@@ -112,6 +112,29 @@ def test_the_3d_notes_claims_about_the_token_sizes_hold():
     assert all(a < b for a, b in zip(steps["fno"], steps["persistence"]))
 
 
+def test_the_3d_notes_claims_about_the_fno_backbone_rows_hold():
+    """The 3d notes: `fno` and `gno_fno_soft` below persistence at every step of the rollout, the
+    FNO below `gno_fno_soft` at every step; the soft row's training time and memory as its log
+    and result file record them."""
+    bench = ROOT / "benchmarks" / "results" / "3d" / "advection-3d"
+    runs = {row: json.loads((bench / f"{row}-seed0.json").read_text())
+            for row in ("fno", "gno_fno_soft", "persistence")}
+    steps = {row: run["per_step_nmse"] for row, run in runs.items()}
+    assert all(f < s < p for f, s, p in zip(steps["fno"], steps["gno_fno_soft"], steps["persistence"]))
+    notes = " ".join((ROOT / "benchmarks" / "notes" / "3d.md").read_text().split())
+    log = (ROOT / "benchmarks" / "history" / "soft3d_h100_412eb6f.log").read_text()
+    soft = runs["gno_fno_soft"]
+    assert soft["commit"].startswith("412eb6f") and soft["gpu"].startswith("NVIDIA H100")
+    assert "trainer.capture=false" in soft["extra"] and "model.kwargs.checkpoint_blocks=true" in soft["overrides"]
+    assert f"{soft['nmse_mean']:.4e}" in log  # the log is this result's run
+    mib = max(int(m) for m in re.findall(r"^(\d+) MiB, \d+ %$", log, flags=re.M))
+    said = [f"showed at most {mib} MiB ({mib / 1024:.1f} GiB) in use",
+            f"its {soft['steps']} steps with a validation after each epoch took {soft['train_s']:.0f} s, "
+            f"{soft['train_s'] / soft['steps']:.2f} s a step"]
+    missing = [s for s in said if s not in notes]
+    assert not missing, missing
+
+
 def test_the_3d_notes_claims_about_the_training_budget_hold():
     """The 3d notes: in 2-D the GNO is still at persistence after 480 steps and below it after 1800;
     in 3-D at small, five times the epochs take the token models further above persistence; the

@@ -141,17 +141,19 @@ def test_the_irregular_domains_page_shows_the_square_at_bench():
     assert (f"`gno_fno_soft` is close behind the graph baseline ({mean['gno_fno_soft']}), then `gno_fno` "
             f"({mean['gno_fno']}) and the FNO ({mean['fno']})") in flat
     assert sorted(heat, key=lambda m: sum(heat[m])) == list(_module().MODELS)  # the order said
-    advection = {r["model"]: r for r in runs if r["pde"] == "advection"}
-    assert {r["seed"] for r in advection.values()} == {1} and set(advection) == set(_module().MODELS)
-    persistence = advection["gno_mesh"]["persistence_per_step_nmse"]
-    for model, r in advection.items():  # "every model beats persistence at every step"
-        assert all(a < b for a, b in zip(r["per_step_nmse"], persistence, strict=True)), model
-    n = {m: f"{r['nmse_mean']:.3f}" for m, r in advection.items()}
+    advection = {m: [r for r in runs if r["pde"] == "advection" and r["model"] == m] for m in _module().MODELS}
+    seeds = {m: sorted(r["seed"] for r in rs) for m, rs in advection.items()}  # "seed 1, and seed 0 so far for ..."
+    assert seeds == {m: [0, 1] if m in ("gno_fno_soft", "mesh_gnn") else [1] for m in _module().MODELS}, seeds
+    persistence = advection["gno_mesh"][0]["persistence_per_step_nmse"]
+    for model, rs in advection.items():  # "every model beats persistence at every step"
+        for r in rs:
+            assert r["persistence_per_step_nmse"] == pytest.approx(persistence, rel=1e-5)  # the same test data
+            assert all(a < b for a, b in zip(r["per_step_nmse"], persistence, strict=True)), model
+    n = {m: f"{sum(r['nmse_mean'] for r in rs) / len(rs):.3f}" for m, rs in advection.items()}
     assert (f"(`gno_fno_soft` {n['gno_fno_soft']}, `gno_fno` {n['gno_fno']}, the FNO {n['fno']}), then `mesh_gnn` "
             f"({n['mesh_gnn']}) and `gno_mesh` ({n['gno_mesh']}; persistence "
             f"{sum(persistence) / len(persistence):.2f})") in flat
-    assert sorted(advection, key=lambda m: advection[m]["nmse_mean"]) == ["gno_fno_soft", "gno_fno", "fno",
-                                                                          "mesh_gnn", "gno_mesh"]
+    assert sorted(advection, key=lambda m: float(n[m])) == ["gno_fno_soft", "gno_fno", "fno", "mesh_gnn", "gno_mesh"]
     assert {r["size"] for r in runs} == {"bench"}
     walls = [r["wall_s"] for r in runs]
     assert f"took {min(walls):.0f} to {max(walls):.0f} s each" in flat
@@ -338,16 +340,27 @@ def test_the_bench_mesh_figures_quote_the_files():
     result files and the mesh step's timing file."""
     page = " ".join((ROOT / "docs" / "irregular-domains.md").read_text().split())
     notes = " ".join((ROOT / "benchmarks" / "notes" / "mesh.md").read_text().split())
-    step = json.loads((ROOT / "benchmarks" / "history" / "mesh_step_h100.json").read_text())
-    ms = {(r["model"], r["options"].endswith("capture=true")): r["step_ms"] for r in step["rows"]}
-    assert (f"{ms['gno_mesh', True]:.0f} against {ms['gno_mesh', False]:.0f} ms per step for `gno_mesh` and "
-            f"{ms['mesh_gnn', True]:.0f} against {ms['mesh_gnn', False]:.0f} ms for `mesh_gnn`") in page
-    assert f"takes {ms['gno_fno_soft', True]:.1f} ms on `heat-param`" in page
-    ratio = f"{ms['gno_mesh', False] / ms['mesh_gnn', False]:.1f} times"
-    eager = f"({ms['gno_mesh', False]:.0f} against {ms['mesh_gnn', False]:.0f} ms"
-    assert f"at {ratio} `mesh_gnn`'s step time on an H100 {eager})" in page
-    assert f"about {ratio} a `mesh_gnn` one {eager}" in notes
     results = ROOT / "benchmarks" / "results" / "mesh" / "heat-mesh"
+
+    def step_ms(name: str) -> tuple[dict, dict]:
+        step = json.loads((ROOT / "benchmarks" / "history" / f"{name}.json").read_text())
+        assert step["device"].startswith("NVIDIA H100") and step["size"] == "bench" and step["batch"] == 64
+        return step, {(r["model"], r["options"].endswith("capture=true")): r["step_ms"] for r in step["rows"]}
+
+    now, ms = step_ms("mesh_step_h100")  # the page: the current code's steps
+    assert (f"a `gno_mesh` step takes {ms['gno_mesh', True]:.0f} ms captured against {ms['gno_mesh', False]:.0f} ms "
+            f"eager, and a `mesh_gnn` step {ms['mesh_gnn', True]:.0f} against {ms['mesh_gnn', False]:.0f} ms") in page
+    assert ms["gno_mesh", True] < ms["gno_mesh", False] and ms["mesh_gnn", True] < ms["mesh_gnn", False]  # "quicker"
+    assert f"takes {ms['gno_fno_soft', True]:.1f} ms on `heat-param`" in page
+    assert f"`benchmarks/history/mesh_step_h100.json`, commit {now['commit'][:7]})" in page
+    captured = f"({ms['gno_mesh', True]:.0f} against {ms['mesh_gnn', True]:.0f} ms, both captured)"
+    assert f"at {ms['gno_mesh', True] / ms['mesh_gnn', True]:.1f} times `mesh_gnn`'s step time on an H100 {captured}" in page
+    then, old = step_ms("mesh_step_h100_3be518a")  # the mesh table's notes: the step at its runs' commit
+    heat = [json.loads(f.read_text())["commit"] for f in results.glob("gno_mesh-seed*.json")]
+    assert len(heat) == 2 and all(c.startswith(then["commit"][:7]) for c in heat)  # "the commit of ... heat runs"
+    assert f"at {then['commit'][:7]}, the commit of `gno_mesh`'s heat runs" in notes
+    eager = f"({old['gno_mesh', False]:.0f} against {old['mesh_gnn', False]:.0f} ms"
+    assert f"about {old['gno_mesh', False] / old['mesh_gnn', False]:.1f} times a `mesh_gnn` one {eager}" in notes
     seeds = {m: [json.loads((results / f"{m}-seed{s}.json").read_text())["nmse_mean"] for s in (0, 1)]
              for m in ("gno_mesh", "mesh_gnn")}
     mean = {m: sum(v) / 2 for m, v in seeds.items()}
