@@ -354,7 +354,8 @@ def test_the_bench_mesh_figures_quote_the_files():
     assert f"takes {ms['gno_fno_soft', True]:.1f} ms on `heat-param`" in page
     assert f"`benchmarks/history/mesh_step_h100.json`, commit {now['commit'][:7]})" in page
     captured = f"({ms['gno_mesh', True]:.0f} against {ms['mesh_gnn', True]:.0f} ms, both captured)"
-    assert f"at {ms['gno_mesh', True] / ms['mesh_gnn', True]:.1f} times `mesh_gnn`'s step time on an H100 {captured}" in page
+    ratio = ms["gno_mesh", True] / ms["mesh_gnn", True]
+    assert f"at {ratio:.1f} times `mesh_gnn`'s step time on an H100 {captured}" in page
     then, old = step_ms("mesh_step_h100_3be518a")  # the mesh table's notes: the step at its runs' commit
     heat = [json.loads(f.read_text())["commit"] for f in results.glob("gno_mesh-seed*.json")]
     assert len(heat) == 2 and all(c.startswith(then["commit"][:7]) for c in heat)  # "the commit of ... heat runs"
