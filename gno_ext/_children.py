@@ -32,10 +32,11 @@ _stopped_by: list[int] = []  # the signal that stopped this process, once one ha
 # none starts after it)
 
 
-def run(command: Sequence[str], **popen: Any) -> subprocess.CompletedProcess:
+def run(command: Sequence[str], *, check: bool = False, **popen: Any) -> subprocess.CompletedProcess:
     """Run ``command`` to its end in a process group of its own and return what
     `subprocess.run` would (``stdout``/``stderr`` where ``popen`` pipes them, or has
-    ``capture_output=True``). Where the waiting
+    ``capture_output=True``; `subprocess.CalledProcessError` for a non-zero exit with
+    ``check=True``). Where the waiting
     is interrupted otherwise than by a forwarded signal (an error), the child's group is sent
     SIGTERM; either way the child is waited for before the exception goes on. Raises `SystemExit`
     instead of starting the child once a forwarded signal has arrived."""
@@ -60,7 +61,10 @@ def run(command: Sequence[str], **popen: Any) -> subprocess.CompletedProcess:
         if proc is not None:
             with _lock:
                 _live.pop(proc.pid, None)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    if check:
+        done.check_returncode()
+    return done
 
 
 def forward_signals() -> None:

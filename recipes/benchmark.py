@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 from pathlib import Path
 
 from gno_ext import _children as children
@@ -149,9 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     for r, old in aside.items():  # out of the runner's way, back in place if the new run fails
         r.path(args.results).rename(old)
     try:
-        finished = children.run(command)
-        if finished.returncode:
-            raise subprocess.CalledProcessError(finished.returncode, command)
+        children.run(command, check=True)
     finally:
         for r, old in aside.items():
             if r.path(args.results).exists():

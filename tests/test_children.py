@@ -133,6 +133,9 @@ def test_run_returns_the_exit_status_and_the_captured_output():
     done = children.run([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
                         capture_output=True, text=True)
     assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        children.run([sys.executable, "-c", "import sys; sys.exit(3)"], check=True)
+    assert failed.value.returncode == 3
 
 
 def test_signals_the_driver_was_started_ignoring_stay_ignored():
