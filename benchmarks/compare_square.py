@@ -83,21 +83,43 @@ def _device() -> str:
 def prepare(pde: str, size: str, data_root: Path, domains: tuple[str, ...] = ("square",)) -> tuple[Path, list[int], int]:
     """The mesh files of ``pde`` on ``domains`` at ``size`` under ``data_root/mesh`` and their
     grid form (the square's own grid, or the masked grid of other domains); returns the grid
-    file, the split counts and the grid's side."""
+    file, the split counts and the grid's side. A grid file written from the same mesh folders
+    after their files' last change is kept (`_current_grid`), so runs of another seed or model
+    do not write it again."""
     import h5py
 
     from gno_ext.data.mesh import grid_form, masked_grid_form, prepare_mesh
 
     prepare_mesh(data_root / "mesh", pde, list(domains), size)
-    if tuple(domains) == ("square",):
-        grid = data_root / f"{pde}-square-grid.h5"
-        counts = grid_form(data_root / "mesh" / f"{pde}-square", grid)
-    else:
-        grid = data_root / f"{pde}-{'-'.join(domains)}-masked-grid.h5"
-        counts = masked_grid_form([data_root / "mesh" / f"{pde}-{d}" for d in domains], grid)
+    folders = [data_root / "mesh" / f"{pde}-{d}" for d in domains]
+    square = tuple(domains) == ("square",)
+    grid = data_root / (f"{pde}-square-grid.h5" if square else f"{pde}-{'-'.join(domains)}-masked-grid.h5")
+    counts = _current_grid(grid, folders)
+    if counts is None:
+        counts = grid_form(folders[0], grid) if square else masked_grid_form(folders, grid)
     with h5py.File(grid, "r") as f:
         side = int(f["u"].shape[-1])
     return grid, counts, side
+
+
+def _current_grid(grid: Path, folders: list[Path]) -> list[int] | None:
+    """The split counts of the grid file ``grid`` where it was written from the mesh folders
+    ``folders`` (its ``source``) and after the last change of their split files; None where it
+    must be written (missing, from other folders, or older than one of them)."""
+    import h5py
+
+    if not grid.is_file():
+        return None
+    files = [folder / f"{split}.h5" for folder in folders for split in ("train", "valid", "test")]
+    if any(not p.is_file() or p.stat().st_mtime > grid.stat().st_mtime for p in files):
+        return None
+    with h5py.File(grid, "r") as f:
+        source, counts = f.attrs.get("source"), f.attrs.get("split_counts")
+    if source is None or counts is None:
+        return None
+    if [str(s) for s in ([source] if isinstance(source, str) else source)] != [str(f) for f in folders]:
+        return None
+    return [int(c) for c in counts]
 
 
 def evaluate_on_nodes(run_dir: Path, grid: Path, counts: list[int], mesh_tests: list[Path], steps: int,

@@ -67,6 +67,27 @@ def test_on_the_curved_domains_grid_models_are_scored_at_the_nodes(tmp_path):
     assert f"(the grid's own error) | — | {grid['carried_nmse_mean']:.3f} |" in table
 
 
+def test_prepare_keeps_a_current_grid_file_and_writes_a_stale_one_again(tmp_path):
+    """The grid form is written once per mesh data: kept while it is newer than its mesh files and
+    was written from them, written again after a mesh file changes."""
+    import shutil
+
+    compare = _module()
+    grid, counts, side = compare.prepare("heat", "smoke", tmp_path)
+    written = grid.stat().st_mtime_ns
+    assert compare.prepare("heat", "smoke", tmp_path) == (grid, counts, side)
+    assert grid.stat().st_mtime_ns == written  # kept
+    folder = tmp_path / "mesh" / "heat-square"
+    shutil.copytree(folder, tmp_path / "mesh" / "heat-copy")  # older files (their times kept), other folders
+    assert compare._current_grid(grid, [tmp_path / "mesh" / "heat-copy"]) is None
+    assert compare._current_grid(grid, [folder]) == counts
+    later = written / 1e9 + 10
+    os.utime(folder / "test.h5", (later, later))  # a mesh file changed after the grid was written
+    assert compare._current_grid(grid, [folder]) is None
+    assert compare.prepare("heat", "smoke", tmp_path) == (grid, counts, side)
+    assert grid.stat().st_mtime_ns != written
+
+
 def test_render_averages_the_seeds_of_several_folders(tmp_path):
     """``render`` over one folder per seed: a cell is the seeds' mean ± their standard deviation,
     the budget line names the seeds; files of other test trajectories are refused, by name."""
