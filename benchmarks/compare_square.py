@@ -103,10 +103,13 @@ def prepare(pde: str, size: str, data_root: Path, domains: tuple[str, ...] = ("s
 
 
 def _current_grid(grid: Path, folders: list[Path]) -> list[int] | None:
-    """The split counts of the grid file ``grid`` where it was written from the mesh folders
-    ``folders`` (its ``source``) and after the last change of their split files; None where it
-    must be written (missing, from other folders, or older than one of them)."""
+    """The split counts of the grid file ``grid`` where it was written in today's layout
+    (`GRID_FORM_VERSION`) from the mesh folders ``folders`` (its ``source``) after the last change
+    of their split files; None where it must be written (missing, of another layout, from other
+    folders, or older than one of them)."""
     import h5py
+
+    from gno_ext.data.mesh import GRID_FORM_VERSION
 
     if not grid.is_file():
         return None
@@ -114,8 +117,8 @@ def _current_grid(grid: Path, folders: list[Path]) -> list[int] | None:
     if any(not p.is_file() or p.stat().st_mtime > grid.stat().st_mtime for p in files):
         return None
     with h5py.File(grid, "r") as f:
-        source, counts = f.attrs.get("source"), f.attrs.get("split_counts")
-    if source is None or counts is None:
+        source, counts, version = (f.attrs.get(k) for k in ("source", "split_counts", "grid_form_version"))
+    if source is None or counts is None or version != GRID_FORM_VERSION:
         return None
     if [str(s) for s in ([source] if isinstance(source, str) else source)] != [str(f) for f in folders]:
         return None

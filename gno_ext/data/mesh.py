@@ -71,8 +71,8 @@ from gno_ext.solvers.fem import (
 )
 from gno_ext.solvers.fvm import advection_fvm
 
-__all__ = ["DOMAINS", "MASK_CHANNELS", "MESH_SIZES", "generate_advection_mesh", "generate_heat_mesh", "grid_form",
-           "masked_grid_form", "nodes_from_grid", "prepare_mesh"]
+__all__ = ["DOMAINS", "GRID_FORM_VERSION", "MASK_CHANNELS", "MESH_SIZES", "generate_advection_mesh",
+           "generate_heat_mesh", "grid_form", "masked_grid_form", "nodes_from_grid", "prepare_mesh"]
 
 DOMAINS = ("annulus", "star", "l-shape", "square")
 SPLITS = ("train", "valid", "test")
@@ -153,6 +153,10 @@ GENERATORS = {"heat": generate_heat_mesh, "advection": generate_advection_mesh}
 # advection 2: the first-order reconstruction at Neumann inflow nodes (version 1 grew without
 # bound on some trajectories, `gno_ext.solvers.fvm`).
 SOLVER_VERSIONS = {"heat": 1, "advection": 2}
+# The layout of the grid files `grid_form` and `masked_grid_form` write, in their attribute
+# ``grid_form_version``: raised when they write other arrays, so that a grid file kept from an
+# earlier layout (benchmarks/compare_square.py keeps a current one) is written again.
+GRID_FORM_VERSION = 1
 
 
 def prepare_mesh(folder: str | Path, pde: str, domains: list[str] | tuple[str, ...], size: str,
@@ -236,7 +240,8 @@ def grid_form(folder: str | Path, out: str | Path) -> list[int]:
     with _h5_written(out) as f:
         for name, arrays in parts.items():
             f.create_dataset(name, data=np.concatenate(arrays))
-        f.attrs.update({**attrs, "extent": [side / cells] * 2, "split_counts": counts, "source": str(folder)})
+        f.attrs.update({**attrs, "extent": [side / cells] * 2, "split_counts": counts, "source": str(folder),
+                        "grid_form_version": GRID_FORM_VERSION})
     return counts
 
 
@@ -379,7 +384,7 @@ def masked_grid_form(folders: list[str | Path] | tuple[str | Path, ...], out: st
         f.create_dataset("group", data=groups.reshape(-1).astype(np.int64))
         f.attrs.update({**attrs, "extent": [1.0, 1.0], "split_counts": counts, "side": side,
                         "theta_field_names": list(MASK_CHANNELS), "configurations": configurations.tolist(),
-                        "source": [str(f) for f in folders]})
+                        "source": [str(f) for f in folders], "grid_form_version": GRID_FORM_VERSION})
     return counts
 
 

@@ -69,8 +69,10 @@ def test_on_the_curved_domains_grid_models_are_scored_at_the_nodes(tmp_path):
 
 def test_prepare_keeps_a_current_grid_file_and_writes_a_stale_one_again(tmp_path):
     """The grid form is written once per mesh data: kept while it is newer than its mesh files and
-    was written from them, written again after a mesh file changes."""
+    was written from them in today's layout, written again after a mesh file changes."""
     import shutil
+
+    import h5py
 
     compare = _module()
     grid, counts, side = compare.prepare("heat", "smoke", tmp_path)
@@ -81,6 +83,12 @@ def test_prepare_keeps_a_current_grid_file_and_writes_a_stale_one_again(tmp_path
     shutil.copytree(folder, tmp_path / "mesh" / "heat-copy")  # older files (their times kept), other folders
     assert compare._current_grid(grid, [tmp_path / "mesh" / "heat-copy"]) is None
     assert compare._current_grid(grid, [folder]) == counts
+    with h5py.File(grid, "a") as f:  # a file of an earlier layout
+        f.attrs["grid_form_version"] = 0
+    assert compare._current_grid(grid, [folder]) is None
+    with h5py.File(grid, "a") as f:
+        f.attrs["grid_form_version"] = 1
+    written = grid.stat().st_mtime_ns
     later = written / 1e9 + 10
     os.utime(folder / "test.h5", (later, later))  # a mesh file changed after the grid was written
     assert compare._current_grid(grid, [folder]) is None
