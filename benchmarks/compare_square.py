@@ -109,12 +109,13 @@ def _current_grid(grid: Path, folders: list[Path]) -> list[int] | None:
     folders, or older than one of them)."""
     import h5py
 
-    from gno_ext.data.mesh import GRID_FORM_VERSION
+    from gno_ext.data.mesh import GRID_FORM_VERSION, SPLITS
 
     if not grid.is_file():
         return None
-    files = [folder / f"{split}.h5" for folder in folders for split in ("train", "valid", "test")]
-    if any(not p.is_file() or p.stat().st_mtime > grid.stat().st_mtime for p in files):
+    written = grid.stat().st_mtime
+    files = [folder / f"{split}.h5" for folder in folders for split in SPLITS]
+    if any(not p.is_file() or p.stat().st_mtime > written for p in files):
         return None
     with h5py.File(grid, "r") as f:
         source, counts, version = (f.attrs.get(k) for k in ("source", "split_counts", "grid_form_version"))

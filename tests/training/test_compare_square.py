@@ -84,10 +84,11 @@ def test_prepare_keeps_a_current_grid_file_and_writes_a_stale_one_again(tmp_path
     assert compare._current_grid(grid, [tmp_path / "mesh" / "heat-copy"]) is None
     assert compare._current_grid(grid, [folder]) == counts
     with h5py.File(grid, "a") as f:  # a file of an earlier layout
-        f.attrs["grid_form_version"] = 0
+        today, f.attrs["grid_form_version"] = f.attrs["grid_form_version"], 0
     assert compare._current_grid(grid, [folder]) is None
     with h5py.File(grid, "a") as f:
-        f.attrs["grid_form_version"] = 1
+        f.attrs["grid_form_version"] = today
+    assert compare._current_grid(grid, [folder]) == counts
     written = grid.stat().st_mtime_ns
     later = written / 1e9 + 10
     os.utime(folder / "test.h5", (later, later))  # a mesh file changed after the grid was written
