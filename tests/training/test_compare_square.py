@@ -204,26 +204,61 @@ def test_the_irregular_domains_page_shows_the_square_at_bench():
 
 
 def test_the_irregular_domains_page_shows_the_curved_domains_at_bench():
-    """The curved domains' bench comparison (heat, seed 0): the rendered table, its figures, and the
-    `mesh` table's gno_mesh run quoted beside it, on the same test trajectories."""
-    runs, flat = _shown_on_the_page(ROOT / "benchmarks" / "results" / "curved" / "bench" / "seed0")
-    found = {r["model"]: r for r in runs if r["pde"] == "heat"}
-    n = {m: f"{r['nmse_mean']:.3f}" for m, r in found.items()}
-    assert (f"`gno_fno_soft` scores {n['gno_fno_soft']}, the FNO {n['fno']} and `gno_fno` {n['gno_fno']}, against "
-            f"`mesh_gnn`'s {n['mesh_gnn']}") in flat
-    best_grid = min(found[m]["nmse_mean"] for m in _module().GRID_MODELS)
-    assert best_grid == found["gno_fno_soft"]["nmse_mean"] and found["mesh_gnn"]["nmse_mean"] < best_grid
-    table = ROOT / "benchmarks" / "results" / "mesh" / "heat-mesh"
-    gno, still = (json.loads((table / f"{name}-seed0.json").read_text()) for name in ("gno_mesh", "persistence"))
-    # the same test trajectories: the same count and persistence's error at every step
-    assert gno["test_trajectories"] == found["mesh_gnn"]["test_trajectories"]
-    assert still["per_step_nmse"] == pytest.approx(found["mesh_gnn"]["persistence_per_step_nmse"], rel=1e-5)
-    assert gno["size"] == "bench" and gno["seed"] == 0
-    assert (f"scores {gno['nmse_mean']:.3f} (seed 0): {best_grid / gno['nmse_mean']:.1f} times below the best grid "
-            f"model") in flat
-    assert (f"(heat, seed 0: {gno['nmse_mean']:.3f} against {best_grid:.3f} for `gno_fno_soft`)") in flat
+    """The curved domains' bench comparison (heat and advection, seeds 0 and 1): the rendered
+    table, its figures and orders, and the `mesh` table's gno_mesh runs quoted beside it, on the
+    same test trajectories and with the same budget."""
+    bench = ROOT / "benchmarks" / "results" / "curved" / "bench"
+    runs, flat = _shown_on_the_page([bench / "seed0", bench / "seed1"])
+    grid_models, pdes = _module().GRID_MODELS, ("heat", "advection")
+    found = {(pde, m): [r for r in runs if r["pde"] == pde and r["model"] == m]
+             for pde in pdes for m in ("mesh_gnn", *grid_models)}
+    assert all(sorted(r["seed"] for r in rs) == [0, 1] for rs in found.values()), "two seeds for every cell"
+    mean = {k: sum(r["nmse_mean"] for r in rs) / 2 for k, rs in found.items()}
+    n = {k: f"{v:.3f}" for k, v in mean.items()}
+    assert (f"`gno_fno_soft`, scores {n['heat', 'gno_fno_soft']} on heat and {n['advection', 'gno_fno_soft']} on "
+            f"advection (the FNO {n['heat', 'fno']} and {n['advection', 'fno']}, the hard-gated `gno_fno` "
+            f"{n['heat', 'gno_fno']} and {n['advection', 'gno_fno']})") in flat
+    best = {pde: min(grid_models, key=lambda m: mean[pde, m]) for pde in pdes}
+    assert best == {"heat": "gno_fno_soft", "advection": "gno_fno_soft"}  # "the best grid model on both PDEs"
+    # "the graph baseline ahead of them on heat, not on advection"
+    assert mean["heat", "mesh_gnn"] < mean["heat", "gno_fno_soft"]
+    assert mean["advection", "mesh_gnn"] > mean["advection", "gno_fno_soft"]
+    assert 0.45 < mean["heat", "mesh_gnn"] / mean["heat", "gno_fno_soft"] < 0.55  # "half the best grid model's error"
+    assert (f"`mesh_gnn` is second on heat ({n['heat', 'mesh_gnn']}, half the best grid model's error) but on "
+            f"advection narrowly behind `gno_fno_soft` ({n['advection', 'mesh_gnn']} against "
+            f"{n['advection', 'gno_fno_soft']}, each over both seeds)") in flat
+    # "every model is below persistence at every step, by a factor of X (the FNO, advection, step 1) or more"
+    ratio, model, pde, step = min((p / m, r["model"], r["pde"], i + 1) for r in runs for i, (p, m) in
+                                  enumerate(zip(r["persistence_per_step_nmse"], r["per_step_nmse"], strict=True)))
+    assert (model, pde, step) == ("fno", "advection", 1) and ratio > 1
+    assert f"by a factor of {ratio:.1f} (the FNO, advection, step 1) or more" in flat
+    carried = {pde: {round(r["carried_nmse_mean"], 3) for r in runs if r["pde"] == pde and "carried_nmse_mean" in r}
+               for pde in pdes}
+    assert all(len(c) == 1 for c in carried.values())
+    assert f"back score {carried['heat'].pop():.3f} and {carried['advection'].pop():.3f})" in flat
+    # the mesh table's gno_mesh: the same test trajectories (count and persistence's error at every
+    # step), the same budget, both seeds; the prose's figures are their means
+    table = {}
+    for pde in pdes:
+        folder = ROOT / "benchmarks" / "results" / "mesh" / f"{pde}-mesh"
+        gno = [json.loads((folder / f"gno_mesh-seed{s}.json").read_text()) for s in (0, 1)]
+        still = json.loads((folder / "persistence-seed0.json").read_text())
+        ours = found[pde, "mesh_gnn"][0]
+        assert still["per_step_nmse"] == pytest.approx(ours["persistence_per_step_nmse"], rel=1e-5)
+        for g in gno:
+            assert g["test_trajectories"] == ours["test_trajectories"]
+            assert (g["size"], g["epochs"], g["batch_size"], g["lr"]) == (ours["size"], ours["epochs"],
+                                                                         ours["batch_size"], ours["lr"])
+        table[pde] = sum(g["nmse_mean"] for g in gno) / 2
+        assert table[pde] < mean[pde, best[pde]]
+    assert (f"scores {table['heat']:.3f} on heat and {table['advection']:.3f} on advection (seeds 0 and 1): "
+            f"{mean['heat', 'gno_fno_soft'] / table['heat']:.1f} times below `gno_fno_soft` on heat and "
+            f"{mean['advection', 'gno_fno_soft'] / table['advection']:.1f} times below it on advection") in flat
+    assert (f"(two seeds: {table['heat']:.3f} against {n['heat', 'gno_fno_soft']} for `gno_fno_soft` on heat, "
+            f"{table['advection']:.3f} against {n['advection', 'gno_fno_soft']} on advection)") in flat
     mesh_page = " ".join((ROOT / "docs" / "results" / "mesh.md").read_text().split())
-    assert f"`gno_fno_soft`, scores {best_grid:.3f} against this table's {gno['nmse_mean']:.3g} for `gno_mesh`" in mesh_page
+    assert (f"`gno_fno_soft`, scores {n['heat', 'gno_fno_soft']} on heat and {n['advection', 'gno_fno_soft']} on "
+            f"advection against this table's {table['heat']:.3g} and {table['advection']:.3g} for `gno_mesh`") in mesh_page
 
 
 def _shown_on_the_page(results: Path | list[Path]) -> tuple[list[dict], str]:
