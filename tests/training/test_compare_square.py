@@ -1,5 +1,6 @@
 """benchmarks/compare_square.py: mesh and grid models on the same square trajectories."""
 
+import functools
 import json
 import os
 import subprocess
@@ -138,9 +139,7 @@ def test_the_irregular_domains_page_shows_the_committed_curved_comparison():
     prose's figures (the means over the seeds) and orders are theirs."""
     curved = ROOT / "benchmarks" / "results" / "curved"
     runs, flat = _shown_on_the_page([curved, curved / "seed1"])
-    seeds = {(r["pde"], r["model"]): [] for r in runs}
-    for r in runs:
-        seeds[r["pde"], r["model"]].append(r)
+    seeds = _cells(runs)
     assert len(seeds) == 10 and all(sorted(r["seed"] for r in rs) == [0, 1] for rs in seeds.values())
     mean = {k: sum(r["nmse_mean"] for r in rs) / len(rs) for k, rs in seeds.items()}
     fig = lambda pde, model: f"{mean[pde, model]:.3f}"  # noqa: E731
@@ -216,8 +215,8 @@ def test_the_irregular_domains_page_shows_the_curved_domains_at_bench():
     bench = ROOT / "benchmarks" / "results" / "curved" / "bench"
     runs, flat = _shown_on_the_page([bench / "seed0", bench / "seed1"])
     grid_models, pdes = _module().GRID_MODELS, ("heat", "advection")
-    found = {(pde, m): [r for r in runs if r["pde"] == pde and r["model"] == m]
-             for pde in pdes for m in ("mesh_gnn", *grid_models)}
+    found = _cells(runs)
+    assert {(pde, m) for pde in pdes for m in ("mesh_gnn", *grid_models)} <= set(found)
     assert all(sorted(r["seed"] for r in rs) == [0, 1] for rs in found.values()), "two seeds for every cell"
     mean = {k: sum(r["nmse_mean"] for r in rs) / 2 for k, rs in found.items()}
     n = {k: f"{v:.3f}" for k, v in mean.items()}
@@ -289,7 +288,17 @@ def _shown_on_the_page(results: Path | list[Path]) -> tuple[list[dict], str]:
     return [json.loads(p.read_text()) for f in folders for p in f.glob("*.json")], " ".join(page.split())
 
 
+def _cells(runs: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    """The result files grouped by their cell, (PDE, model): one file per seed."""
+    cells: dict[tuple[str, str], list[dict]] = {}
+    for r in runs:
+        cells.setdefault((r["pde"], r["model"]), []).append(r)
+    return cells
+
+
+@functools.cache
 def _module():
+    """The script as a module, loaded once."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("compare_square", SCRIPT)
