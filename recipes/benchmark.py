@@ -155,10 +155,15 @@ def main(argv: list[str] | None = None) -> None:
                 old.unlink()  # superseded by the new run's file (the old one is in the repository's history)
             else:
                 old.rename(r.path(args.results))
-    missing = [r for r in runs
-               if not r.path(args.results).exists() or r in aside and not _has_readings(r.path(args.results))]
+    if args.refresh_only:  # the cells without a file were not to run
+        missing = [r for r in aside if not _has_readings(r.path(args.results))]
+        what, total = "cells to refresh have no new result", len(aside)
+    else:
+        missing = [r for r in runs
+                   if not r.path(args.results).exists() or r in aside and not _has_readings(r.path(args.results))]
+        what, total = "runs have no result", len(runs)
     if missing:
-        raise SystemExit(f"table {args.table}: {len(missing)} of {len(runs)} runs have no result (failed): "
+        raise SystemExit(f"table {args.table}: {len(missing)} of {total} {what} (failed): "
                          + ", ".join(f"{r.recipe}/{r.row}-seed{r.seed}" for r in missing))
 
 

@@ -122,6 +122,24 @@ def test_the_sweep_config_composes():
     assert (cfg.table, cfg.recipe, cfg.row, cfg.seed, cfg.size) == ("bc", "heat-bc", "gno", 1, None)
 
 
+def test_the_multirun_runs_exactly_the_cells_to_do():
+    """A grid of runs sweeps recipe × row × seed; runs that are no grid (some cells done, stale
+    cells refreshed) are swept as cells, so none of their grid's other cells runs."""
+    runs = btab.plan(btab.load_tables(), "bc", [0, 1], None, ["gno", "fno"], None)
+    grid = brun.sweep_command(runs, None, [], None, None)
+    assert grid[3:] == ["table=bc", "recipe=advection-bc,heat-bc", "row=fno,gno", "seed=0,1"]
+    some = [r for r in runs if (r.recipe, r.row, r.seed) != ("heat-bc", "gno", 1)]
+    cells = brun.sweep_command(some, "smoke", [], None, None)
+    assert cells[3:] == ["table=bc", "cell=" + ",".join(sorted(
+        f"{r.recipe}/{r.row}-seed{r.seed}" for r in some)), "size=smoke"]
+    assert len(cells[4].split(",")) == 7
+    assert [brun.parse_cell(c) for c in cells[4][5:].split(",")] == sorted((r.recipe, r.row, r.seed) for r in some)
+    assert brun.parse_cell("heat-param/vit-10-seed12") == ("heat-param", "vit-10", 12)
+    for bad in ("heat-param/gno", "gno-seed0", "a/b/c-seed1", "heat-param/gno-seedx"):
+        with pytest.raises(ValueError, match=re.escape(f"cell={bad!r}: expected <recipe>/<row>-seed<N>")):
+            brun.parse_cell(bad)
+
+
 @pytest.mark.slow
 def test_a_run_writes_its_results_skips_them_next_time_and_renders(tmp_path):
     results, runs = tmp_path / "results", tmp_path / "runs"
@@ -415,13 +433,25 @@ def test_refresh_readings_reruns_the_cells_without_them_and_keeps_a_failed_cells
                              cwd=tmp_path)
     assert planned.stdout.count("to run again") == 2 and planned.stdout.count("not run (--refresh-only)") == 2
     assert "2 of 4 runs to do" in planned.stdout, planned.stdout
+    # stale broken-seed0, broken-seed1 and fno-seed0 are no grid: --refresh-only runs those three cells, not
+    # fno-seed1 (no file) beside them
+    (folder / "broken-seed1.json").write_text(json.dumps({**broken, "seed": 1}))
+    only = subprocess.run([*command[:3], "--seeds", "0", "1", "--refresh-only", *command[3:]], capture_output=True,
+                          text=True, env=env, cwd=tmp_path)
+    assert "cell=heat-param/broken-seed0,heat-param/broken-seed1,heat-param/fno-seed0 " in only.stdout, only.stdout
+    assert only.returncode != 0 and ("2 of 3 cells to refresh have no new result (failed): heat-param/broken-seed0, "
+                                     "heat-param/broken-seed1") in only.stderr, only.stderr[-3000:]
+    assert not (folder / "fno-seed1.json").exists()
+    fno = json.loads((folder / "fno-seed0.json").read_text())
+    assert "nmse_readings" in fno and fno["nmse_mean"] != 123.0  # run again
     again = subprocess.run([*command[:13], "--refresh-readings", *command[13:]], capture_output=True, text=True,
                            env=env, cwd=tmp_path)
     assert again.returncode != 0 and "heat-param/broken-seed0" in again.stderr
-    fno = json.loads((folder / "fno-seed0.json").read_text())
-    assert "nmse_readings" in fno and fno["nmse_mean"] != 123.0  # run again
+    assert "heat-param/fno-seed0: the same run" not in again.stdout and "fno-seed0: nMSE" not in again.stdout
+    assert json.loads((folder / "fno-seed0.json").read_text()) == fno  # it has the readings now: not run again
     assert json.loads((folder / "broken-seed0.json").read_text()) == broken  # its run failed: the old file kept
-    assert sorted(p.name for p in folder.iterdir()) == ["broken-seed0.json", "fno-seed0.json"]  # nothing left aside
+    assert json.loads((folder / "broken-seed1.json").read_text()) == {**broken, "seed": 1}
+    assert sorted(p.name for p in folder.iterdir()) == ["broken-seed0.json", "broken-seed1.json", "fno-seed0.json"]
 
 
 def test_an_untrained_reference_has_no_budget_and_a_mixed_budget_is_flagged(tmp_path):

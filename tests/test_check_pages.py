@@ -97,6 +97,36 @@ def test_the_models_page_quotes_the_periodic_layer_ablation():
             f"{round(100 * change['heat-param'])} % worse on heat-param") in page("models", "index.md")
 
 
+def test_the_conditioning_notes_claims_hold():
+    """The conditioning notes: the eight conditioned ViTs' ranges (mean, step 1, 10 and 50), five
+    above persistence, every one far above the FNO; the two FiLM forms change places between the
+    seeds, and each FiLM form's seeds lie further apart than the Token and Pos forms do."""
+    folder = ROOT / "benchmarks" / "results" / "conditioning" / "ns-param"
+    forms = [f"{m}-{w}" for m in ("film", "pos", "proj", "token") for w in ("encoder", "layers")]
+    runs = {form: [json.loads(f.read_text()) for f in sorted(folder.glob(f"{form}-seed*.json"))] for form in forms}
+    mean = {form: sum(r["nmse_mean"] for r in rs) / len(rs) for form, rs in runs.items()}
+    per_run = lambda step, skip=(): [r["per_step_nmse"][step] for f, rs in runs.items() if f not in skip for r in rs]
+    notes = " ".join((ROOT / "benchmarks" / "notes" / "conditioning.md").read_text().split())
+    assert f"between {min(mean.values()):.2f} and {max(mean.values()):.2g}" in notes
+    short = lambda x: f"{x:.1e}".replace("e-0", "e-")  # 6.4e-3
+    assert f"{short(min(per_run(0, ['proj-layers'])))} to {short(max(per_run(0, ['proj-layers'])))} for seven" in notes
+    assert f"step 10 the error is {min(per_run(9, ['proj-layers'])):.2f} to {max(per_run(9, ['proj-layers'])):.2f}" \
+        in notes
+    assert f"step 50 it is {min(per_run(49)):.0f} to {max(per_run(49)):.0f}" in notes
+    persistence = json.loads((folder / "persistence-seed0.json").read_text())["nmse_mean"]
+    fno = json.loads((folder / "fno-seed0.json").read_text())["nmse_mean"]
+    assert sum(m > persistence for m in mean.values()) == 5 and "five of them above `persistence`" in notes
+    assert min(mean.values()) > 100 * fno
+    assert [len(runs[f]) for f in forms] == [2, 2, 1, 1, 1, 1, 1, 1]  # "two for the FiLM forms"
+    (enc0, enc1), (lay0, lay1) = ([r["nmse_mean"] for r in runs[f"film-{w}"]] for w in ("encoder", "layers"))
+    assert lay0 < enc0 and lay1 > enc1 and "with seed 0 conditioning every layer is ahead, with seed 1 behind" in notes
+    spread = min(abs(enc0 - enc1), abs(lay0 - lay1))
+    assert spread > abs(mean["token-layers"] - mean["token-encoder"]) and mean["token-layers"] < mean["token-encoder"]
+    assert spread > abs(mean["pos-layers"] - mean["pos-encoder"])
+    assert min(per_run(49)) == runs["proj-layers"][0]["per_step_nmse"][49]  # "the smallest of the eight"
+    assert max(mean.values()) == mean["proj-encoder"]
+
+
 def test_the_3d_notes_claims_about_the_token_sizes_hold():
     """The 3d notes: at the small size no token model beats persistence at any token size and the
     FNO does; at bench the GNO and Unisolver stay within 1 % of persistence at every step."""

@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -257,14 +258,29 @@ def prepare(runs: list[Run], extra: list[str], compose: Callable[[str, list[str]
         prepare_data(cfg["data"])
 
 
+def parse_cell(cell: str) -> tuple[str, str, int]:
+    """``<recipe>/<row>-seed<N>`` (a sweep's ``cell``, named as the cell's result file) as
+    ``(recipe, row, seed)``."""
+    match = re.fullmatch(r"([^/]+)/([^/]+)-seed(\d+)", cell)
+    if not match:
+        raise ValueError(f"cell={cell!r}: expected <recipe>/<row>-seed<N>, e.g. heat-param/gno-seed0")
+    return match[1], match[2], int(match[3])
+
+
 def sweep_command(runs: list[Run], size: str | None, extra: list[str], launcher: str | None,
                   jobs: int | None, processes: int = 1) -> list[str]:
-    """The Hydra multirun over the runs' grid (``recipes/sweep.py -m ...``)."""
+    """The Hydra multirun of exactly these runs (``recipes/sweep.py -m ...``): over their grid
+    (``recipe=... row=... seed=...``) where they fill it, else over the cells themselves
+    (``cell=<recipe>/<row>-seed<N>,...``), so that no other cell of the grid is run."""
     table = {r.table for r in runs}.pop()
     join = lambda values: ",".join(sorted({str(v) for v in values}))
-    command = [sys.executable, str(REPO / "recipes" / "sweep.py"), "-m", f"table={table}",
-               f"recipe={join(r.recipe for r in runs)}", f"row={join(r.row for r in runs)}",
-               f"seed={join(r.seed for r in runs)}", *([f"size={size}"] if size else [])]
+    recipes, rows, seeds = ({getattr(r, key) for r in runs} for key in ("recipe", "row", "seed"))
+    if len({(r.recipe, r.row, r.seed) for r in runs}) == len(recipes) * len(rows) * len(seeds):
+        cells = [f"recipe={join(recipes)}", f"row={join(rows)}", f"seed={join(seeds)}"]
+    else:
+        cells = ["cell=" + ",".join(sorted({f"{r.recipe}/{r.row}-seed{r.seed}" for r in runs}))]
+    command = [sys.executable, str(REPO / "recipes" / "sweep.py"), "-m", f"table={table}", *cells,
+               *([f"size={size}"] if size else [])]
     if extra:
         command.append("extra=[" + ",".join(json.dumps(o) for o in extra) + "]")
     if processes > 1:
