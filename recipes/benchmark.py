@@ -15,7 +15,9 @@ Each run trains with ``recipes/train.py`` and leaves one JSON file,
 so the same command resumes a table across days and machines (commit the files).
 ``--refresh-readings`` runs again the cells whose file was written before the other readings of
 the nMSE were recorded (``nmse_readings``, ``per_trajectory``), keeping the old file where the
-new run fails; ``--refresh-only`` runs those cells alone, none that has no file yet.
+new run fails; ``--refresh-only`` runs those cells alone, none that has no file yet. A cell
+whose file was taken from another table's run (``same_run_as``) waits for that run's refresh and
+then takes its file.
 
 ``run`` prepares the datasets once, then starts ``recipes/sweep.py -m`` — Hydra's multirun —
 over the table's grid. With Hydra's default launcher the runs go one after another; with
@@ -102,6 +104,11 @@ def main(argv: list[str] | None = None) -> None:
     # (a refreshed cell takes only a result of the same computation that has the readings)
     same = {r: s if s is not None and (r not in stale or _has_readings(s)) else None
             for r in todo for s in [same_run(r, args.extra, args.results)]}
+    # a stale file taken from another table's run is refreshed with that run: while the run still
+    # lacks the readings the cell waits (training it here would make two runs of one computation)
+    waits = {r: source for r in todo if r in stale and not same[r]
+             for source in [_source_lacking_readings(r, args.extra, args.results)] if source}
+    todo = [r for r in todo if r not in waits]
     # a result file of another computation in a run's place (a smoke run's, say) is not this run's
     other = {r: budget_difference(r, args.extra, json.loads(r.path(args.results).read_text()))
              for r in runs if r.path(args.results).exists()}
@@ -109,13 +116,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "plan":
         for r in runs:
             state = (f"blocked: its file holds another computation ({blocked[r]})" if r in blocked else
+                     f"waits for {waits[r].relative_to(args.results)}, the run its file was taken from, to be "
+                     "run again" if r in waits else
+                     f"the same run as {same[r].relative_to(args.results)}" + (", which has the readings" if r in stale
+                                                                              else "") if r in todo and same[r] else
                      "to run again: its file lacks the other readings" if r in stale else
                      "done" if r.path(args.results).exists() else
-                     "not run (--refresh-only)" if r not in todo else
-                     f"the same run as {same[r].relative_to(args.results)}" if same[r] else "to run")
+                     "not run (--refresh-only)" if r not in todo else "to run")
             print(f"{r.table}/{r.recipe}/{r.row}-seed{r.seed} (size={r.size} {' '.join(r.budget)}): {state}")
         print(f"{sum(same[r] is None for r in todo)} of {len(runs)} runs to do"
-              + (f"; {len(blocked)} blocked by result files of another computation" if blocked else ""))
+              + (f"; {len(blocked)} blocked by result files of another computation" if blocked else "")
+              + (f"; {len(waits)} wait for the runs their files were taken from" if waits else ""))
         return
     if blocked:
         raise SystemExit("these cells hold result files of another computation; move them aside to run the cells: "
@@ -125,8 +136,14 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{adopt(r, same[r], args.results).relative_to(args.results)}: the same run as "
                   f"{same[r].relative_to(args.results)}, its result taken", flush=True)
     todo = [r for r in todo if not same[r]]
+    if waits:
+        print(f"table {args.table}: {len(waits)} cells wait for the runs their files were taken from, which lack the "
+              "other readings too: refresh those tables, then this one again to take them ("
+              + ", ".join(f"{r.recipe}/{r.row}-seed{r.seed} from {waits[r].relative_to(args.results)}" for r in waits)
+              + ")", flush=True)
     if not todo:
-        print(f"table {args.table}: all {len(runs)} runs have results")
+        if not waits:
+            print(f"table {args.table}: all {len(runs)} runs have results")
         return
     if args.processes < 1:
         raise SystemExit(f"--processes {args.processes}: must be at least 1")
@@ -169,6 +186,17 @@ def main(argv: list[str] | None = None) -> None:
 
 def _has_readings(path: Path) -> bool:
     return has_readings(json.loads(path.read_text()))
+
+
+def _source_lacking_readings(run, extra: list[str], results: Path) -> Path | None:
+    """The result file that ``run``'s file was taken from (``same_run_as``) where it is still the
+    same computation and lacks the other readings too, else None."""
+    taken = json.loads(run.path(results).read_text()).get("same_run_as")
+    source = results / taken if taken else None
+    if source is None or not source.is_file():
+        return None
+    other = json.loads(source.read_text())
+    return source if not has_readings(other) and budget_difference(run, extra, other) is None else None
 
 
 if __name__ == "__main__":

@@ -522,6 +522,41 @@ def test_a_cell_that_is_another_tables_run_takes_its_result(tmp_path):
            "trainer.dro.temperature=absolute trainer.dro.tau=1.0): the same run as " \
            "joint/advection-joint/gno-seed0.json" in planned.stdout and "9 of 10 runs to do" in planned.stdout
 
+    # refreshing the readings: the copy waits for the run it was taken from rather than training a second run
+    # of the same computation; once that run has the readings, the copy takes them without training
+    refresh = [sys.executable, str(RECIPES / "benchmark.py"), "--table", "ablation", "--recipes", "advection-joint",
+               "--rows", "gno", "--results", str(tmp_path), "--refresh-only"]
+    planned = subprocess.run([*refresh[:2], "plan", *refresh[2:]], capture_output=True, text=True)
+    assert "ablation/advection-joint/gno-seed0 (size=bench trainer.epochs=10 trainer.batch_size=64 " \
+           "trainer.dro.temperature=absolute trainer.dro.tau=1.0): waits for joint/advection-joint/gno-seed0.json, " \
+           "the run its file was taken from, to be run again" in planned.stdout, planned.stdout
+    assert "0 of 1 runs to do; 1 wait for the runs their files were taken from" in planned.stdout
+    waited = subprocess.run([*refresh[:2], "run", *refresh[2:]], capture_output=True, text=True)
+    assert waited.returncode == 0, waited.stderr[-3000:]
+    assert "1 cells wait for the runs their files were taken from" in waited.stdout and "recipes/sweep.py" \
+           not in waited.stdout and "all 1 runs have results" not in waited.stdout, waited.stdout
+    assert json.loads(target.read_text()) == adopted  # untouched
+    readings = {"nmse_readings": {"pooled": 0.3}, "per_trajectory": [{"nmse": 0.36}]}
+    (folder / "gno-seed0.json").write_text(json.dumps({**joint, "nmse_mean": 0.35, **readings}))
+    planned = subprocess.run([*refresh[:2], "plan", *refresh[2:]], capture_output=True, text=True)
+    assert "gno-seed0 (size=bench trainer.epochs=10 trainer.batch_size=64 trainer.dro.temperature=absolute " \
+           "trainer.dro.tau=1.0): the same run as joint/advection-joint/gno-seed0.json, which has the readings" \
+           in planned.stdout and "0 of 1 runs to do" in planned.stdout and "wait" not in planned.stdout, planned.stdout
+    taken = subprocess.run([*refresh[:2], "run", *refresh[2:]], capture_output=True, text=True)
+    assert taken.returncode == 0 and "its result taken" in taken.stdout, taken.stdout + taken.stderr[-3000:]
+    assert "recipes/sweep.py" not in taken.stdout
+    refreshed = json.loads(target.read_text())
+    assert refreshed["nmse_mean"] == 0.35 and btab.has_readings(refreshed)
+    assert refreshed["same_run_as"] == "joint/advection-joint/gno-seed0.json"
+    # a copy whose source is gone, or holds another computation now, does not wait: it is trained itself
+    target.write_text(json.dumps(adopted))
+    (folder / "gno-seed0.json").write_text(json.dumps({**joint, "epochs": 5, "extra": ["trainer.epochs=5"]}))
+    planned = subprocess.run([*refresh[:2], "plan", *refresh[2:]], capture_output=True, text=True)
+    assert "to run again: its file lacks the other readings" in planned.stdout and "wait" not in planned.stdout
+    (folder / "gno-seed0.json").unlink()
+    planned = subprocess.run([*refresh[:2], "plan", *refresh[2:]], capture_output=True, text=True)
+    assert "to run again: its file lacks the other readings" in planned.stdout and "1 of 1 runs to do" in planned.stdout
+
 
 def test_figures_show_the_gno_the_two_best_rows_and_persistence(tmp_path):
     def result(model, nmse, groups=True):
