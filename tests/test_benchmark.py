@@ -204,6 +204,33 @@ def test_the_reproduce_line_gives_each_speed_setting_once():
     assert "-- trainer.compile=false trainer.num_workers=1`" in line and "num_workers=3" not in line
 
 
+def test_the_commit_is_dirty_for_changed_code_not_for_changed_results(tmp_path, monkeypatch):
+    monkeypatch.delenv("GNO_EXT_COMMIT", raising=False)
+    git = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=tmp_path,
+                                    check=True, capture_output=True, text=True).stdout.strip()
+    results = tmp_path / "benchmarks" / "results" / "t" / "heat-param"
+    results.mkdir(parents=True)
+    (results / "fno-seed0.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "a")
+    head = git("rev-parse", "HEAD")
+    commit = lambda: brun.git_commit(tmp_path, tmp_path / "benchmarks" / "results")
+    assert commit() == head
+    (results / "fno-seed0.json").rename(results / "fno-seed0.json.stale")  # a refresh moves it aside
+    (results / "gno-seed0.json").write_text("{}")  # a new result
+    assert commit() == head
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert commit() == head + "-dirty"
+    assert brun.git_commit(tmp_path, tmp_path.parent / "elsewhere") == head + "-dirty"
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (results / "fno-seed0.json.stale").rename(results / "fno-seed0.json")
+    assert brun.git_commit(tmp_path, tmp_path.parent / "elsewhere") == head
+    monkeypatch.setenv("GNO_EXT_COMMIT", "c" * 40)  # a copy of the tree without its history
+    assert commit() == "c" * 40
+
+
 def test_no_gpu_no_slot():
     import torch
 

@@ -22,16 +22,20 @@ from gno_ext._files import Busy, held, read_yaml_mapping
 from .tables import REPO, RESULTS, Run, budget_difference, merge_overrides, write_result
 
 
-def git_commit() -> str:
+def git_commit(repo: Path = REPO, results: Path = RESULTS) -> str:
     """The commit of the code that runs: ``$GNO_EXT_COMMIT`` where the checkout is a copy without
     its history (a machine that was sent the working tree), else ``git rev-parse HEAD``, with
-    ``-dirty`` for uncommitted changes to tracked files."""
+    ``-dirty`` for uncommitted changes to tracked files. The result files under ``results`` are
+    the runs' output, not their code: a refresh that moves a stale file aside, or a table whose
+    first runs have written theirs, leaves the code clean."""
     if os.environ.get("GNO_EXT_COMMIT"):
         return os.environ["GNO_EXT_COMMIT"]
+    outputs = [f":(exclude){results.resolve().relative_to(repo.resolve())}"] \
+        if results.resolve().is_relative_to(repo.resolve()) else []
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *outputs],
+                               cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head.stdout.strip() + ("-dirty" if dirty else "")
