@@ -611,6 +611,14 @@ def test_figures_show_the_gno_the_two_best_rows_and_persistence(tmp_path):
     assert "groups.png" not in page_of(tmp_path, "bc")
     assert "bc-heat-bc-groups.png" not in [p.name for p in bfig.write_figures(btab.load_tables(), tmp_path,
                                                                                tmp_path / "none")]
+    # persistence alone with its groups (a reference refreshed before the trained rows): no figure of it alone
+    (folder / "persistence-seed0.json").write_text(json.dumps(result("persistence", 1.6)))
+    page = page_of(tmp_path, "bc")
+    assert "groups.png" not in page and "and their error per group" not in page
+    assert "bc-heat-bc-groups.png" not in [p.name for p in bfig.write_figures(btab.load_tables(), tmp_path,
+                                                                               tmp_path / "alone")]
+    (folder / "fno-seed0.json").write_text(json.dumps(result("fno", 0.1)))
+    assert "](bc-heat-bc-groups.png)" in page_of(tmp_path, "bc")
 
     # a table that names them otherwise (ns-start: gno_from50): its one row of each model config
     rows = [("gno_from50", "gno", 0.14), ("fno_from50", "fno", 4e-4), ("gno_fno_soft_from50", "gno_fno_soft", 3.8e-4),

@@ -9,7 +9,7 @@ from typing import Any
 
 from .runtime import load as load_runtime
 from .runtime import plot as plot_runtime
-from .tables import _mean, _shown, _tested, load_results
+from .tables import _mean, _shown, _tested, grouped_rows, load_results
 
 MODEL_COLOURS = {"gno": "#d62728", "gno_fno": "#ff7f0e", "gno_fno_soft": "#2ca02c", "gno_conv": "#9467bd",
                  "fno": "#1f77b4", "gated_fno": "#17becf", "unisolver": "#8c564b", "moe_pot": "#e377c2",
@@ -109,7 +109,7 @@ def write_figures(tables: dict[str, Any], results: Path, folder: Path) -> list[P
             ax.set_ylabel("nMSE of the step")
             ax.grid(True, which="both", alpha=0.3)
             save(fig, ax, f"{name}: {recipe}", f"{name}-{recipe}-per_step")
-            grouped = [(row, rs) for row, rs in shown if all(r.get("groups") for r in rs)]
+            grouped = grouped_rows(shown)
             if grouped:
                 save(*_plot_groups(grouped, plt), f"{name}: {recipe}, error per group", f"{name}-{recipe}-groups")
             plotted = _plot_epochs(table, found, recipe, plt)

@@ -30,6 +30,7 @@ from .tables import (
     _tested,
     _values,
     budget_of,
+    grouped_rows,
     has_readings,
     load_results,
     objective_text,
@@ -260,7 +261,7 @@ def _figures_section(name: str, table: dict[str, Any], found: list[dict[str, Any
         if shown:
             rows = ", ".join(f"`{row}`" for row, _ in shown)
             figures.append(f"![{name} {recipe}: per-step error of {rows}]({name}-{recipe}-per_step.png)")
-            if any(all(r.get("groups") for r in rs) for _, rs in shown):  # the rows that record them
+            if grouped_rows(shown):  # the rows that record them
                 figures.append(f"![{name} {recipe}: error per group]({name}-{recipe}-groups.png)")
     if not figures:
         return []

@@ -437,6 +437,13 @@ def _shown(found: list[dict[str, Any]], recipe: str, metric: str = "nmse") -> li
     return [x for x in ranked if x[0] == gno] + others + [x for x in ranked if x[0] == persistence]
 
 
+def grouped_rows(shown: list[tuple[str, list[dict[str, Any]]]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Of a column's shown rows (`_shown`), those whose every seed records its error per group:
+    none where only persistence does (the reference alone compares nothing)."""
+    grouped = [(row, rs) for row, rs in shown if all(r.get("groups") for r in rs)]
+    return grouped if any(rs[0].get("model_config", row) != "persistence" for row, rs in grouped) else []
+
+
 def _tested(found: list[dict[str, Any]], recipe: str, row: str, epoch: int) -> list[dict[str, Any]]:
     """The test rollouts after ``epoch`` of every seed of one cell (``eval.at_epochs``)."""
     return [e for r in found if r["recipe"] == recipe and r["model"] == row for e in r.get("at_epochs") or []
