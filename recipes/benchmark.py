@@ -102,12 +102,12 @@ def main(argv: list[str] | None = None) -> None:
     stale = [r for r in runs if refresh and r.path(args.results).exists() and not _has_readings(r.path(args.results))]
     todo = stale if args.refresh_only else [r for r in runs if not r.path(args.results).exists() or r in stale]
     # (a refreshed cell takes only a result of the same computation that has the readings)
-    same = {r: s if s is not None and (r not in stale or _has_readings(s)) else None
-            for r in todo for s in [same_run(r, args.extra, args.results)]}
+    found = {r: same_run(r, args.extra, args.results) for r in todo}
+    same = {r: s if s is not None and (r not in stale or _has_readings(s)) else None for r, s in found.items()}
     # a stale file taken from another table's run is refreshed with that run: while the run still
     # lacks the readings the cell waits (training it here would make two runs of one computation)
-    waits = {r: source for r in todo if r in stale and not same[r]
-             for source in [_source_lacking_readings(r, args.extra, args.results)] if source}
+    waits = {r: s for r, s in found.items()
+             if r in stale and s is not None and not same[r] and _taken(r.path(args.results))}
     todo = [r for r in todo if r not in waits]
     # a result file of another computation in a run's place (a smoke run's, say) is not this run's
     other = {r: budget_difference(r, args.extra, json.loads(r.path(args.results).read_text()))
@@ -188,15 +188,9 @@ def _has_readings(path: Path) -> bool:
     return has_readings(json.loads(path.read_text()))
 
 
-def _source_lacking_readings(run, extra: list[str], results: Path) -> Path | None:
-    """The result file that ``run``'s file was taken from (``same_run_as``) where it is still the
-    same computation and lacks the other readings too, else None."""
-    taken = json.loads(run.path(results).read_text()).get("same_run_as")
-    source = results / taken if taken else None
-    if source is None or not source.is_file():
-        return None
-    other = json.loads(source.read_text())
-    return source if not has_readings(other) and budget_difference(run, extra, other) is None else None
+def _taken(path: Path) -> bool:
+    """Whether a result file was taken from another table's run (`same_run_as`)."""
+    return bool(json.loads(path.read_text()).get("same_run_as"))
 
 
 if __name__ == "__main__":

@@ -583,6 +583,12 @@ def test_a_cell_that_is_another_tables_run_takes_its_result(tmp_path):
     (folder / "gno-seed0.json").unlink()
     planned = subprocess.run([*refresh[:2], "plan", *refresh[2:]], capture_output=True, text=True)
     assert "to run again: its file lacks the other readings" in planned.stdout and "1 of 1 runs to do" in planned.stdout
+    # two runs of one computation, neither taken from the other (trained before cells took each other's
+    # files): neither waits for the other
+    target.write_text(json.dumps({k: v for k, v in adopted.items() if k != "same_run_as"}))
+    (folder / "gno-seed0.json").write_text(json.dumps(joint))
+    planned = subprocess.run([*refresh[:2], "plan", *refresh[2:]], capture_output=True, text=True)
+    assert "to run again: its file lacks the other readings" in planned.stdout and "wait" not in planned.stdout
 
 
 def test_figures_show_the_gno_the_two_best_rows_and_persistence(tmp_path):

@@ -30,8 +30,8 @@ def git_commit(repo: Path = REPO, results: Path = RESULTS) -> str:
     first runs have written theirs, leaves the code clean."""
     if os.environ.get("GNO_EXT_COMMIT"):
         return os.environ["GNO_EXT_COMMIT"]
-    outputs = [f":(exclude){results.resolve().relative_to(repo.resolve())}"] \
-        if results.resolve().is_relative_to(repo.resolve()) else []
+    repo, results = repo.resolve(), results.resolve()
+    outputs = [f":(exclude){results.relative_to(repo)}"] if results.is_relative_to(repo) else []
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *outputs],
