@@ -185,7 +185,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _has_readings(path: Path) -> bool:
-    return has_readings(json.loads(path.read_text()))
+    """Whether ``path`` holds every reading of the nMSE: not while another table's refresh has its
+    file moved aside (`read_result`)."""
+    try:
+        return has_readings(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return False
 
 
 def _taken(path: Path) -> bool:

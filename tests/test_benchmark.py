@@ -508,13 +508,19 @@ def test_an_untrained_reference_has_no_budget_and_a_mixed_budget_is_flagged(tmp_
     assert "MIXED" not in page and "precision bf16 (advection-bc)" in page and "precision bf16 (heat-bc)" in page
 
 
+def _joint_gno_result() -> dict:
+    """A result of the joint table's GNO on advection-joint, seed 0, at the table's budget (written
+    before the other readings of the nMSE were recorded)."""
+    budget = ["trainer.epochs=10", "trainer.batch_size=64", "trainer.dro.temperature=absolute", "trainer.dro.tau=1.0"]
+    return {"table": "joint", "recipe": "advection-joint", "model": "gno", "model_config": "gno", "overrides": [],
+            "seed": 0, "size": "bench", "epochs": 10, "batch_size": 64, "lr": 3e-4, "precision": "bf16",
+            "extra": [*budget, "trainer.capture=true"], "steps": 3150, "gpu": "NVIDIA H200", "commit": "0" * 40,
+            "nmse_mean": 0.36, "paper_nmse": 7.97e-2, "dro": {"tau": 1.0, "temperature": "absolute"}}
+
+
 def test_a_cell_that_is_another_tables_run_takes_its_result(tmp_path):
     tables = btab.load_tables()
-    budget = ["trainer.epochs=10", "trainer.batch_size=64", "trainer.dro.temperature=absolute", "trainer.dro.tau=1.0"]
-    joint = {"table": "joint", "recipe": "advection-joint", "model": "gno", "model_config": "gno", "overrides": [],
-             "seed": 0, "size": "bench", "epochs": 10, "batch_size": 64, "lr": 3e-4, "precision": "bf16",
-             "extra": [*budget, "trainer.capture=true"], "steps": 3150, "gpu": "NVIDIA H200", "commit": "0" * 40,
-             "nmse_mean": 0.36, "paper_nmse": 7.97e-2, "dro": {"tau": 1.0, "temperature": "absolute"}}
+    joint = _joint_gno_result()
     folder = tmp_path / "joint" / "advection-joint"
     folder.mkdir(parents=True)
     (folder / "gno-seed0.json").write_text(json.dumps(joint))
@@ -589,6 +595,36 @@ def test_a_cell_that_is_another_tables_run_takes_its_result(tmp_path):
     (folder / "gno-seed0.json").write_text(json.dumps(joint))
     planned = subprocess.run([*refresh[:2], "plan", *refresh[2:]], capture_output=True, text=True)
     assert "to run again: its file lacks the other readings" in planned.stdout and "wait" not in planned.stdout
+
+
+def test_a_refresh_of_another_table_in_the_same_folder_hides_no_run(tmp_path):
+    """Tables refreshed at once over one results folder (several queues on one GPU): while one has
+    a stale file moved aside for its rerun (``.json.stale``), another's search still finds that
+    run, its copy waits for it, and a new cell takes it, instead of failing on the vanished file
+    or training the computation a second time."""
+    tables = btab.load_tables()
+    joint = _joint_gno_result()
+    folder = tmp_path / "joint" / "advection-joint"
+    folder.mkdir(parents=True)
+    source = folder / "gno-seed0.json"
+    source.write_text(json.dumps(joint))
+    ablation = btab.plan(tables, "ablation", [0], ["advection-joint"], ["gno"])[0]
+    copy = btab.adopt(ablation, source, tmp_path)
+    source.rename(source.with_suffix(".json.stale"))  # what the joint table's refresh does while it reruns the cell
+    assert btab.read_result(source) == joint
+    assert btab.same_run(ablation, [], tmp_path) == source
+    planned = subprocess.run([sys.executable, str(RECIPES / "benchmark.py"), "plan", "--table", "ablation",
+                              "--recipes", "advection-joint", "--rows", "gno", "--results", str(tmp_path),
+                              "--refresh-only"], capture_output=True, text=True)
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert "waits for joint/advection-joint/gno-seed0.json, the run its file was taken from" in planned.stdout
+    pino = btab.plan(tables, "pino", [0], ["advection-joint"], ["gno"])[0]
+    taken = json.loads(btab.adopt(pino, btab.same_run(pino, [], tmp_path), tmp_path).read_text())
+    assert taken["nmse_mean"] == 0.36 and taken["same_run_as"] == "joint/advection-joint/gno-seed0.json"
+    source.with_suffix(".json.stale").unlink()  # gone altogether: no run to find, and no error
+    assert btab.read_result(source) is None
+    copy.unlink()
+    assert btab.same_run(ablation, [], tmp_path) is None
 
 
 def test_figures_show_the_gno_the_two_best_rows_and_persistence(tmp_path):

@@ -345,11 +345,14 @@ def same_run(run: Run, extra: list[str], results: Path = RESULTS) -> Path | None
     the joint table's GNO; a row that sets the paper's temperature is a result that predates the
     setting), itself trained rather than taken from a third table (`budget_difference` finds
     nothing between them). None if there is none."""
-    for path in sorted(results.glob(f"*/{run.recipe}/*-seed{run.seed}.json")):
+    pattern = f"*/{run.recipe}/*-seed{run.seed}.json"
+    # (a file another table's refresh has moved aside for its rerun is that run still: `read_result`)
+    paths = {*results.glob(pattern), *(p.with_suffix("") for p in results.glob(pattern + ".stale"))}
+    for path in sorted(paths):
         if path.parent.parent.name == run.table:
             continue
-        other = json.loads(path.read_text())
-        if other.get("same_run_as"):  # itself taken from another table: name the original
+        other = read_result(path)
+        if other is None or other.get("same_run_as"):  # itself taken from another table: name the original
             continue
         if other.get("seed") == run.seed and budget_difference(run, extra, other) is None:
             return path
@@ -368,10 +371,26 @@ def objective_text(table: dict[str, Any]) -> str:
     return f"the curriculum's group DRO at tau = {tau:g} relative to the mean group loss"
 
 
+def read_result(path: Path) -> dict[str, Any] | None:
+    """The result file ``path``, read where another table's refresh may be running in the same
+    results folder: ``benchmark.py run --refresh-*`` moves a stale file aside (``.json.stale``,
+    the same computation without the newer readings) while its cell runs again, and back if the
+    run fails. That aside file is read in its place; None where neither exists."""
+    for candidate in (path, path.with_suffix(".json.stale"), path):  # (the last: moved back between the two)
+        try:
+            return json.loads(candidate.read_text())
+        except FileNotFoundError:
+            continue
+    return None
+
+
 def adopt(run: Run, source: Path, results: Path = RESULTS) -> Path:
     """Write ``source`` (`same_run`) as ``run``'s result: the same figures, this table's name, row
     and paper value, and ``same_run_as`` naming the file it came from."""
-    result = json.loads(source.read_text())
+    result = read_result(source)
+    if result is None:
+        raise FileNotFoundError(f"{source}: the result to take for {run.table}/{run.recipe}/{run.row}-seed{run.seed} "
+                                "is gone")
     result.update(table=run.table, model=run.row, paper_nmse=run.paper_nmse,
                   same_run_as=str(source.relative_to(results)))
     return write_result(run.path(results), result)
