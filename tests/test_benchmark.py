@@ -405,6 +405,35 @@ def test_a_check_placeholder_reads_the_checks_beside_the_results(tmp_path):
         brender.fill("{{check:modes/advection-param/gno:nmse_mean}}", results, "note.md")
 
 
+def test_a_comparison_placeholder_follows_its_figures(tmp_path):
+    """``{{ratio:A;B}}`` and ``{{change:A;B}}`` compute "1.65 times" and "5% worse" from the
+    results, so that a note's comparison changes with its figures when a cell runs again."""
+    results = tmp_path / "results"
+    folder = results / "ablation" / "advection-joint"
+    folder.mkdir(parents=True)
+    for name, value in (("gno-seed0", 0.36), ("gno-seed1", 0.40), ("gno_no_dro-seed0", 0.3648),
+                        ("gno_fno-seed0", 0.2), ("zero-seed0", 0.0)):
+        (folder / f"{name}.json").write_text(json.dumps({"nmse_mean": value}))
+    a, b = "ablation/advection-joint/gno_no_dro:nmse_mean", "ablation/advection-joint/gno:nmse_mean"
+    assert brender.fill(f"{{{{ratio:{b};ablation/advection-joint/gno_fno:nmse_mean}}}}", results) == "1.9"
+    assert brender.fill(f"{{{{ratio:{b};ablation/advection-joint/gno_fno:nmse_mean:.2f}}}} times", results) == \
+        "1.90 times"
+    assert brender.fill(f"{{{{change:{a};{b}}}}}", results) == "4% lower"  # 0.3648 against the seeds' 0.38
+    assert brender.fill(f"{{{{change:{a};{b}:worse}}}}, {{{{change:{b};{a}:above}}}}", results) == \
+        "4% better, 4% above"
+    assert brender.fill(f"{{{{change:{a};ablation/advection-joint/gno@0:nmse_mean}}}}", results) == "1% higher"
+    (folder / "gno_no_dro-seed0.json").write_text(json.dumps({"nmse_mean": 0.3612}))
+    assert brender.fill(f"{{{{change:{a};ablation/advection-joint/gno@0:nmse_mean:worse}}}}", results) == "0.3% worse"
+    (folder / "gno_no_dro-seed0.json").write_text(json.dumps({"nmse_mean": 0.36001}))
+    assert brender.fill(f"{{{{change:{a};ablation/advection-joint/gno@0:nmse_mean}}}}", results) == "level"
+    for text, error in ((f"{{{{change:{a};{b}:faster}}}}", "the mode of a change is one of higher, worse, above, "
+                                                            "not 'faster'"),
+                        (f"{{{{ratio:{a};ablation/advection-joint/zero:nmse_mean}}}}", "compares with a value of 0"),
+                        (f"{{{{ratio:{a};ablation/advection-joint/gno@2:nmse_mean}}}}", "has no value in")):
+        with pytest.raises(ValueError, match=re.escape(error)):
+            brender.fill(text, results, "note.md")
+
+
 def _a_table_with_a_broken_row(tmp_path: Path) -> tuple[list[str], dict[str, str], Path]:
     """A table ``t`` of two rows on heat-param at the smoke size, ``fno`` and ``broken`` (a model
     argument that does not exist): the ``run`` command (options, then ``--`` and the overrides),

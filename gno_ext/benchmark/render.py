@@ -100,8 +100,12 @@ def _budget_text(budget: tuple) -> str:
          if any(not o.startswith(('trainer.epochs=', 'trainer.batch_size=')) for o in extra) else "")
 
 
-_PLACEHOLDER = re.compile(
-    r"\{\{\s*(check:)?([\w.-]+)/([\w.-]+)/([\w.-]+?)(?:@(\d+))?:([\w.]+)(?::([^}\s]+))?\s*\}\}")
+_CELL = r"(check:)?([\w.-]+)/([\w.-]+)/([\w.-]+?)(?:@(\d+))?:([\w.]+)"  # [check:]TABLE/RECIPE/ROW[@SEED]:FIELD
+_PLACEHOLDER = re.compile(r"\{\{\s*" + _CELL + r"(?::([^}\s]+))?\s*\}\}")
+_ANY_CELL = r"(?:check:)?[\w.-]+/[\w.-]+/[\w.-]+?(?:@\d+)?:[\w.]+"  # the same, as one group below
+_COMPARISON = re.compile(r"\{\{\s*(ratio|change):(" + _ANY_CELL + r");(" + _ANY_CELL + r")(?::([^}\s]+))?\s*\}\}")
+# the words of a `change` placeholder's MODE: where the first value is above the second, and below
+_CHANGE_WORDS = {"higher": ("higher", "lower"), "worse": ("worse", "better"), "above": ("above", "below")}
 
 
 def fill(text: str, results: Path, where: str = "notes") -> str:
@@ -111,9 +115,14 @@ def fill(text: str, results: Path, where: str = "notes") -> str:
     or the one seed named, formatted with FORMAT (default ``.3g``; exponents unpadded: ``5.6e-4``).
     ``{{check:TABLE/...}}`` reads the CPU checks of ``benchmarks/checks.yaml`` instead, from the
     folder ``checks`` beside ``results``. A placeholder without a value raises a `ValueError`
-    naming it and ``where``: a note cannot quote a figure that its results do not hold."""
-    def value(match: re.Match) -> str:
-        check, table, recipe, row, seed, field, fmt = match.groups()
+    naming it and ``where``: a note cannot quote a figure that its results do not hold.
+
+    Two placeholders compare two such values A and B, so that a note's "1.65 times" or "5% worse"
+    follows its figures when a cell is run again: ``{{ratio:A;B[:FORMAT]}}`` is A / B (default
+    ``.3g``), ``{{change:A;B[:MODE]}}`` A's change from B in words, ``5% higher`` or
+    ``0.7% lower`` (``level`` where it rounds to 0), with MODE ``higher`` (the default),
+    ``worse`` (for an error: ``worse``/``better``) or ``above`` (``above``/``below``)."""
+    def mean(match: re.Match, check, table, recipe, row, seed, field) -> float:
         folder = (results.parent / "checks" if check else results) / table / recipe
         values = []
         for path in sorted(folder.glob(f"{row}-seed{seed if seed else '*'}.json")):
@@ -132,10 +141,34 @@ def fill(text: str, results: Path, where: str = "notes") -> str:
                 values.append(float(item))
         if not values:
             raise ValueError(f"{where}: {match.group(0)} has no value in {folder}")
-        # exponents without padding: 5.6e-4, as the notes write them (format gives 5.6e-04)
-        return re.sub(r"e([+-])0*(\d)", r"e\1\2", format(sum(values) / len(values), fmt or ".3g")).replace("e+", "e")
+        return sum(values) / len(values)
 
-    return _PLACEHOLDER.sub(value, text)
+    def formatted(number: float, fmt: str) -> str:
+        # exponents without padding: 5.6e-4, as the notes write them (format gives 5.6e-04)
+        return re.sub(r"e([+-])0*(\d)", r"e\1\2", format(number, fmt)).replace("e+", "e")
+
+    def value(match: re.Match) -> str:
+        *cell, fmt = match.groups()
+        return formatted(mean(match, *cell), fmt or ".3g")
+
+    def comparison(match: re.Match) -> str:
+        kind, first, second, option = match.groups()
+        a, b = (mean(match, *re.fullmatch(_CELL, cell).groups()) for cell in (first, second))
+        if b == 0:
+            raise ValueError(f"{where}: {match.group(0)} compares with a value of 0")
+        if kind == "ratio":
+            return formatted(a / b, option or ".3g")
+        if (option or "higher") not in _CHANGE_WORDS:
+            raise ValueError(f"{where}: {match.group(0)}: the mode of a change is one of {', '.join(_CHANGE_WORDS)}, "
+                             f"not {option!r}")
+        percent = 100 * (a / b - 1)
+        shown = f"{abs(percent):.0f}" if abs(percent) >= 1 else f"{abs(percent):.1f}"
+        if float(shown) == 0:
+            return "level"
+        up, down = _CHANGE_WORDS[option or "higher"]
+        return f"{shown}% {up if percent > 0 else down}"
+
+    return _PLACEHOLDER.sub(value, _COMPARISON.sub(comparison, text))
 
 
 def _notes(results: Path, name: str) -> str | None:
