@@ -99,19 +99,20 @@ def main(argv: list[str] | None = None) -> None:
         return
     runs = plan(tables, args.table, args.seeds, args.recipes, args.rows, args.size)
     refresh = args.refresh_readings or args.refresh_only
-    stale = [r for r in runs if refresh and r.path(args.results).exists() and not _has_readings(r.path(args.results))]
-    todo = stale if args.refresh_only else [r for r in runs if not r.path(args.results).exists() or r in stale]
+    # the result file each cell has, read once
+    held = {r: json.loads(r.path(args.results).read_text()) for r in runs if r.path(args.results).exists()}
+    stale = [r for r in runs if refresh and r in held and not has_readings(held[r])]
+    todo = stale if args.refresh_only else [r for r in runs if r not in held or r in stale]
     # (a refreshed cell takes only a result of the same computation that has the readings)
     found = {r: same_run(r, args.extra, args.results) for r in todo}
     same = {r: s if s is not None and (r not in stale or _has_readings(s)) else None for r, s in found.items()}
     # a stale file taken from another table's run is refreshed with that run: while the run still
     # lacks the readings the cell waits (training it here would make two runs of one computation)
     waits = {r: s for r, s in found.items()
-             if r in stale and s is not None and not same[r] and _taken(r.path(args.results))}
+             if r in stale and s is not None and not same[r] and held[r].get("same_run_as")}
     todo = [r for r in todo if r not in waits]
     # a result file of another computation in a run's place (a smoke run's, say) is not this run's
-    other = {r: budget_difference(r, args.extra, json.loads(r.path(args.results).read_text()))
-             for r in runs if r.path(args.results).exists()}
+    other = {r: budget_difference(r, args.extra, result) for r, result in held.items()}
     blocked = {r: why for r, why in other.items() if why}
     if args.command == "plan":
         for r in runs:
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
                      f"the same run as {same[r].relative_to(args.results)}" + (", which has the readings" if r in stale
                                                                               else "") if r in todo and same[r] else
                      "to run again: its file lacks the other readings" if r in stale else
-                     "done" if r.path(args.results).exists() else
+                     "done" if r in held else
                      "not run (--refresh-only)" if r not in todo else "to run")
             print(f"{r.table}/{r.recipe}/{r.row}-seed{r.seed} (size={r.size} {' '.join(r.budget)}): {state}")
         print(f"{sum(same[r] is None for r in todo)} of {len(runs)} runs to do"
@@ -191,11 +192,6 @@ def _has_readings(path: Path) -> bool:
         return has_readings(json.loads(path.read_text()))
     except FileNotFoundError:
         return False
-
-
-def _taken(path: Path) -> bool:
-    """Whether a result file was taken from another table's run (`same_run_as`)."""
-    return bool(json.loads(path.read_text()).get("same_run_as"))
 
 
 if __name__ == "__main__":

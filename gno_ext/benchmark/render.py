@@ -102,7 +102,7 @@ def _budget_text(budget: tuple) -> str:
 
 _CELL = r"(check:)?([\w.-]+)/([\w.-]+)/([\w.-]+?)(?:@(\d+))?:([\w.]+)"  # [check:]TABLE/RECIPE/ROW[@SEED]:FIELD
 _PLACEHOLDER = re.compile(r"\{\{\s*" + _CELL + r"(?::([^}\s]+))?\s*\}\}")
-_ANY_CELL = r"(?:check:)?[\w.-]+/[\w.-]+/[\w.-]+?(?:@\d+)?:[\w.]+"  # the same, as one group below
+_ANY_CELL = re.sub(r"\((?!\?)", "(?:", _CELL)  # the same without its groups, to be one group below
 _COMPARISON = re.compile(r"\{\{\s*(ratio|change):(" + _ANY_CELL + r");(" + _ANY_CELL + r")(?::([^}\s]+))?\s*\}\}")
 # the words of a `change` placeholder's MODE: where the first value is above the second, and below
 _CHANGE_WORDS = {"higher": ("higher", "lower"), "worse": ("worse", "better"), "above": ("above", "below")}
@@ -158,14 +158,15 @@ def fill(text: str, results: Path, where: str = "notes") -> str:
             raise ValueError(f"{where}: {match.group(0)} compares with a value of 0")
         if kind == "ratio":
             return formatted(a / b, option or ".3g")
-        if (option or "higher") not in _CHANGE_WORDS:
+        mode = option or "higher"
+        if mode not in _CHANGE_WORDS:
             raise ValueError(f"{where}: {match.group(0)}: the mode of a change is one of {', '.join(_CHANGE_WORDS)}, "
-                             f"not {option!r}")
+                             f"not {mode!r}")
         percent = 100 * (a / b - 1)
         shown = f"{abs(percent):.0f}" if abs(percent) >= 1 else f"{abs(percent):.1f}"
         if float(shown) == 0:
             return "level"
-        up, down = _CHANGE_WORDS[option or "higher"]
+        up, down = _CHANGE_WORDS[mode]
         return f"{shown}% {up if percent > 0 else down}"
 
     return _PLACEHOLDER.sub(value, _COMPARISON.sub(comparison, text))
