@@ -17,7 +17,8 @@ so the same command resumes a table across days and machines (commit the files).
 the nMSE were recorded (``nmse_readings``, ``per_trajectory``), keeping the old file where the
 new run fails; ``--refresh-only`` runs those cells alone, none that has no file yet. A cell
 whose file was taken from another table's run (``same_run_as``) waits for that run's refresh and
-then takes its file.
+then takes its file. A refresh killed outright leaves its cells' old files aside
+(``.json.stale``): the next ``run`` of those cells puts them back first, so it resumes as well.
 
 ``run`` prepares the datasets once, then starts ``recipes/sweep.py -m`` — Hydra's multirun —
 over the table's grid. With Hydra's default launcher the runs go one after another; with
@@ -48,6 +49,7 @@ from gno_ext.benchmark.tables import (
     load_tables,
     merge_overrides,
     plan,
+    read_result,
     same_run,
 )
 
@@ -99,8 +101,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     runs = plan(tables, args.table, args.seeds, args.recipes, args.rows, args.size)
     refresh = args.refresh_readings or args.refresh_only
+    # a refresh cut off before it could put its old files back (killed outright, its machine taken back)
+    # left them aside: each is its cell's result still, put back by `run` (and read there by `plan`)
+    left = {r: aside for r in runs if (aside := r.path(args.results).with_suffix(".json.stale")).exists()}
+    if args.command == "run":
+        _put_back(left, args.results)
     # the result file each cell has, read once
-    held = {r: json.loads(r.path(args.results).read_text()) for r in runs if r.path(args.results).exists()}
+    held = {r: result for r in runs if (result := read_result(r.path(args.results))) is not None}
     stale = [r for r in runs if refresh and r in held and not has_readings(held[r])]
     todo = stale if args.refresh_only else [r for r in runs if r not in held or r in stale]
     # (a refreshed cell takes only a result of the same computation that has the readings)
@@ -124,6 +131,10 @@ def main(argv: list[str] | None = None) -> None:
                      "to run again: its file lacks the other readings" if r in stale else
                      "done" if r in held else
                      "not run (--refresh-only)" if r not in todo else "to run")
+            if r in left:
+                state += (" (its old file, left aside by a refresh that was cut off, goes: the new one is in place)"
+                          if r.path(args.results).exists() else
+                          " (its file is aside: a refresh of it is running, or was cut off; run puts it back)")
             print(f"{r.table}/{r.recipe}/{r.row}-seed{r.seed} (size={r.size} {' '.join(r.budget)}): {state}")
         print(f"{sum(same[r] is None for r in todo)} of {len(runs)} runs to do"
               + (f"; {len(blocked)} blocked by result files of another computation" if blocked else "")
@@ -183,6 +194,22 @@ def main(argv: list[str] | None = None) -> None:
     if missing:
         raise SystemExit(f"table {args.table}: {len(missing)} of {total} {what} (failed): "
                          + ", ".join(f"{r.recipe}/{r.row}-seed{r.seed}" for r in missing))
+
+
+def _put_back(left: dict, results: Path) -> None:
+    """Tidy what a refresh cut off between moving its cells' old files aside and putting them
+    back left: an aside file whose cell has no file is moved back into place (the cell's result,
+    to be refreshed again); one whose cell has a file was superseded by the new run's and goes, as
+    the refresh would have removed it."""
+    for r, aside in left.items():
+        if r.path(results).exists():
+            aside.unlink()
+            print(f"{aside.relative_to(results)}: removed, superseded by the new run's file (a refresh cut off)",
+                  flush=True)
+        else:
+            aside.rename(r.path(results))
+            print(f"{r.path(results).relative_to(results)}: put back in place, where a refresh cut off had left "
+                  "it aside", flush=True)
 
 
 def _has_readings(path: Path) -> bool:

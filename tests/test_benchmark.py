@@ -656,6 +656,38 @@ def test_a_refresh_of_another_table_in_the_same_folder_hides_no_run(tmp_path):
     assert btab.same_run(ablation, [], tmp_path) is None
 
 
+def test_a_refresh_cut_off_before_it_put_its_files_back_leaves_nothing_out(tmp_path, capsys):
+    """A refresh killed outright (SIGKILL, its machine taken back) between moving its cells' old
+    files aside and putting them back: the same command resumes all of them. `plan` reads each
+    aside file as its cell's result (stale, so refreshed again: not 'not run' for want of a file),
+    and `run` puts it back in place; an aside file that the new run's file superseded goes."""
+    joint = _joint_gno_result()  # without the other readings
+    folder = tmp_path / "joint" / "advection-joint"
+    folder.mkdir(parents=True)
+    (folder / "gno-seed0.json.stale").write_text(json.dumps(joint))  # aside, not put back
+    fresh = {**joint, "model": "fno", "model_config": "fno", "nmse_mean": 0.31, "nmse_readings": {"pooled": 0.3},
+             "per_trajectory": [0.3, 0.32]}
+    (folder / "fno-seed0.json").write_text(json.dumps(fresh))  # the new run's file
+    (folder / "fno-seed0.json.stale").write_text(json.dumps({**joint, "model": "fno", "model_config": "fno"}))
+    cells = ["--table", "joint", "--recipes", "advection-joint", "--rows", "gno", "fno", "--results", str(tmp_path)]
+    bench.main(["plan", *cells, "--refresh-only"])
+    out = capsys.readouterr().out
+    assert ("joint/advection-joint/gno-seed0 (size=bench trainer.epochs=10 trainer.batch_size=64 "
+            "trainer.dro.temperature=absolute trainer.dro.tau=1.0): to run again: its file lacks the other readings "
+            "(its file is aside: a refresh of it is running, or was cut off; run puts it back)") in out, out
+    assert "fno-seed0 (size=bench" in out and "): done (its old file, left aside by a refresh that was cut off, goes" \
+        in out and "1 of 2 runs to do" in out, out
+    assert sorted(p.name for p in folder.iterdir()) == ["fno-seed0.json", "fno-seed0.json.stale", "gno-seed0.json.stale"]
+    bench.main(["run", *cells])  # a plain run: both cells have results once they are in place, so nothing trains
+    out = capsys.readouterr().out
+    assert "joint/advection-joint/gno-seed0.json: put back in place, where a refresh cut off had left it aside" \
+        in out and "joint/advection-joint/fno-seed0.json.stale: removed, superseded by the new run's file" in out
+    assert "table joint: all 2 runs have results" in out, out
+    assert sorted(p.name for p in folder.iterdir()) == ["fno-seed0.json", "gno-seed0.json"]
+    assert json.loads((folder / "gno-seed0.json").read_text()) == joint
+    assert json.loads((folder / "fno-seed0.json").read_text()) == fresh
+
+
 def test_figures_show_the_gno_the_two_best_rows_and_persistence(tmp_path):
     def result(model, nmse, groups=True):
         return {"table": "bc", "recipe": "heat-bc", "model": model, "seed": 0, "size": "bench", "epochs": 10,
