@@ -97,6 +97,22 @@ def test_the_models_page_quotes_the_periodic_layer_ablation():
             f"{round(100 * change['heat-param'])} % worse on heat-param") in page("models", "index.md")
 
 
+def test_the_ablation_notes_claims_about_the_seed_spread_hold():
+    """The ablation notes' words about the paper's GNO's two seeds on advection-joint: removing the
+    boundary transfer or DRO moves its mean no more than the two seeds differ, and the FNO
+    backbone's single-kernel gap is about twice that difference."""
+    results = ROOT / "benchmarks" / "results" / "ablation" / "advection-joint"
+    seeds = [json.loads((results / f"gno-seed{s}.json").read_text())["nmse_mean"] for s in (0, 1)]
+    spread, gno = abs(seeds[1] - seeds[0]), sum(seeds) / 2
+    text = page("results", "ablation.md")
+    assert "no more than the GNO's two seeds differ); without DRO" in text and "likewise); with one kernel" in text
+    for row in ("gno_no_boundary", "gno_no_dro"):
+        assert abs(mean(results.parents[1], "ablation", "advection-joint", row) - gno) <= spread, row
+    gap = (mean(results.parents[1], "ablation", "advection-joint", "gno_fno")
+           - mean(results.parents[1], "ablation", "advection-joint", "gno_fno_single_kernel"))
+    assert "The gap is about twice the spread of the GNO's two seeds here" in text and 1.5 <= gap / spread <= 2.5
+
+
 def test_the_conditioning_notes_claims_hold():
     """The conditioning notes: the eight conditioned ViTs' ranges (mean, step 1, 10 and 50), five
     above persistence, every one far above the FNO; the two FiLM forms change places between the
