@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> None:
               + ")", flush=True)
     if not todo:
         if not waits:
-            print(f"table {args.table}: " + ("its run has its result" if len(runs) == 1 else f"all {len(runs)} runs have results"))
+            print(f"table {args.table}: " + ("its run has its result" if len(runs) == 1 else
+                                             f"all {len(runs)} runs have results"))
         return
     if args.processes < 1:
         raise SystemExit(f"--processes {args.processes}: must be at least 1")
