@@ -9,7 +9,11 @@ SIGTERM, SIGINT and SIGHUP on to every child's group (the child's own children w
 training runs, their data loader workers, `torchrun`'s processes) before it stops itself: Ctrl-C
 interrupts the runs as it interrupts one (each keeps its last checkpoint), SIGTERM ends them.
 A signal the driver was started ignoring (SIGINT in a background job, SIGHUP under `nohup`)
-stays ignored, as the shell meant. After the first signal no new child is started.
+stays ignored, as the shell meant. After the first signal no new child is started, and a
+repeated one (`timeout` signals the command and then its whole process group, SLURM every
+process of a job step, a script's trap passes it on again) goes on to the children but does not
+cut short the driver's own stop under way: its waiting for the runs and its clean-up (putting
+back the result files a refresh had set aside, say).
 """
 
 from __future__ import annotations
@@ -70,8 +74,9 @@ def run(command: Sequence[str], *, check: bool = False, **popen: Any) -> subproc
 def forward_signals() -> None:
     """Install, in the main thread, the handlers that pass SIGTERM, SIGINT and SIGHUP on to the
     process groups of the children that `run` started, then stop this process: `KeyboardInterrupt`
-    for SIGINT, `SystemExit` with status 128 + the signal's number for the others. Signals this
-    process ignores are left ignored."""
+    for SIGINT, `SystemExit` with status 128 + the signal's number for the others. A signal after
+    the first is passed on alone, raising nothing: the stop that the first began finishes. Signals
+    this process ignores are left ignored."""
     for sig in FORWARDED:
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, _forward)
@@ -79,11 +84,14 @@ def forward_signals() -> None:
 
 def _forward(signum: int, frame: Any) -> None:
     with _lock:
-        if not _stopped_by:
+        repeated = bool(_stopped_by)
+        if not repeated:
             _stopped_by.append(signum)
         children = list(_live.values())
     for proc in children:
         _signal_group(proc, signum)
+    if repeated:  # already stopping: an exception here would break off its waiting or its clean-up
+        return
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise SystemExit(128 + signum)

@@ -129,6 +129,57 @@ def test_ctrl_c_reaches_the_runs_as_ctrl_c(tmp_path):
         _clean_up(driver, tmp_path)
 
 
+# a run that takes a moment to stop (as a training run saving its checkpoint), and a driver that
+# tidies up after it (as benchmark.py puts back the result files it set aside)
+SLOW_STOP = textwrap.dedent("""
+    import os, signal, sys, time
+    out = sys.argv[1]
+    def stop(signum, frame):
+        time.sleep(1.0)
+        open(out + ".stopped", "w").write("yes")
+        sys.exit(128 + signum)
+    signal.signal(signal.SIGTERM, stop)
+    open(out, "w").write(str(os.getpid()))
+    time.sleep(120)
+""")
+TIDY_DRIVER = textwrap.dedent("""
+    import os, sys
+    from gno_ext import _children as children
+    run, out = sys.argv[1], sys.argv[2]
+    children.forward_signals()
+    try:
+        children.run([sys.executable, run, out])
+    finally:
+        open(out + ".tidied", "w").write(str(os.path.exists(out + ".stopped")))
+""")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups")
+def test_a_repeated_signal_lets_the_driver_finish_stopping(tmp_path):
+    """SIGTERM twice in a row (`timeout` signals the command and then its process group; a trap
+    passes it on again): the driver still waits for its run to stop and then tidies up, and
+    exits with the first signal's status and no traceback."""
+    (tmp_path / "run.py").write_text(SLOW_STOP)
+    (tmp_path / "driver.py").write_text(TIDY_DRIVER)
+    out = tmp_path / "run0"
+    driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "run.py"), str(out)],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for([out])
+        driver.send_signal(signal.SIGTERM)
+        time.sleep(0.2)  # while the run is stopping
+        driver.send_signal(signal.SIGTERM)
+        _, err = driver.communicate(timeout=30)
+        assert driver.returncode == 128 + signal.SIGTERM
+        assert (tmp_path / "run0.stopped").exists()
+        assert (tmp_path / "run0.tidied").read_text() == "True", "tidied up before its run had stopped"
+        assert "Traceback" not in err, err
+    finally:
+        driver.kill()
+        if out.exists() and out.read_text() and _alive(int(out.read_text())):
+            os.kill(int(out.read_text()), signal.SIGKILL)
+
+
 def test_run_returns_the_exit_status_and_the_captured_output():
     done = children.run([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
                         capture_output=True, text=True)
