@@ -43,7 +43,9 @@ from gno_ext.benchmark.run import per_process_batch, prepare, sweep_command
 from gno_ext.benchmark.tables import (
     RESULTS,
     TABLES,
+    Run,
     adopt,
+    aside,
     budget_difference,
     has_readings,
     load_tables,
@@ -103,9 +105,12 @@ def main(argv: list[str] | None = None) -> None:
     refresh = args.refresh_readings or args.refresh_only
     # a refresh cut off before it could put its old files back (killed outright, its machine taken back)
     # left them aside: each is its cell's result still, put back by `run` (and read there by `plan`)
-    left = {r: aside for r in runs if (aside := r.path(args.results).with_suffix(".json.stale")).exists()}
+    left = {r: old for r in runs if (old := aside(r.path(args.results))).exists()}
     if args.command == "run":
-        _put_back(left, args.results)
+        for r, back in _put_back(left, args.results).items():
+            print(f"{r.path(args.results).relative_to(args.results)}: put back in place, where a refresh cut off had "
+                  "left it aside" if back else f"{left[r].relative_to(args.results)}: removed, superseded by the new "
+                  "run's file (a refresh cut off)", flush=True)
     # the result file each cell has, read once
     held = {r: result for r in runs if (result := read_result(r.path(args.results))) is not None}
     stale = [r for r in runs if refresh and r in held and not has_readings(held[r])]
@@ -174,43 +179,36 @@ def main(argv: list[str] | None = None) -> None:
     if args.output_root:
         command.append(f"output_root={args.output_root.resolve()}")
     print(" ".join(command), flush=True)
-    aside = {r: r.path(args.results).with_suffix(".json.stale") for r in todo if r in stale}
-    for r, old in aside.items():  # out of the runner's way, back in place if the new run fails
+    set_aside = {r: aside(r.path(args.results)) for r in todo if r in stale}
+    for r, old in set_aside.items():  # out of the runner's way, back in place if the new run fails
         r.path(args.results).rename(old)
     try:
         children.run(command, check=True)
     finally:
-        for r, old in aside.items():
-            if r.path(args.results).exists():
-                old.unlink()  # superseded by the new run's file (the old one is in the repository's history)
-            else:
-                old.rename(r.path(args.results))
+        _put_back(set_aside, args.results)
     if args.refresh_only:  # the cells without a file were not to run
-        missing = [r for r in aside if not _has_readings(r.path(args.results))]
-        what, total = "cells to refresh have no new result", len(aside)
+        missing = [r for r in set_aside if not _has_readings(r.path(args.results))]
+        what, total = "cells to refresh have no new result", len(set_aside)
     else:
         missing = [r for r in runs
-                   if not r.path(args.results).exists() or r in aside and not _has_readings(r.path(args.results))]
+                   if not r.path(args.results).exists() or r in set_aside and not _has_readings(r.path(args.results))]
         what, total = "runs have no result", len(runs)
     if missing:
         raise SystemExit(f"table {args.table}: {len(missing)} of {total} {what} (failed): "
                          + ", ".join(f"{r.recipe}/{r.row}-seed{r.seed}" for r in missing))
 
 
-def _put_back(left: dict, results: Path) -> None:
-    """Tidy what a refresh cut off between moving its cells' old files aside and putting them
-    back left: an aside file whose cell has no file is moved back into place (the cell's result,
-    to be refreshed again); one whose cell has a file was superseded by the new run's and goes, as
-    the refresh would have removed it."""
-    for r, aside in left.items():
-        if r.path(results).exists():
-            aside.unlink()
-            print(f"{aside.relative_to(results)}: removed, superseded by the new run's file (a refresh cut off)",
-                  flush=True)
+def _put_back(set_aside: dict[Run, Path], results: Path) -> dict[Run, bool]:
+    """After a refresh, the old files it set aside: one whose cell has no new file is put back in
+    place (its run failed, or was cut off), the others go, superseded by the new run's file (the
+    old one is in the repository's history). Whether each was put back."""
+    back = {r: not r.path(results).exists() for r in set_aside}
+    for r, old in set_aside.items():
+        if back[r]:
+            old.rename(r.path(results))
         else:
-            aside.rename(r.path(results))
-            print(f"{r.path(results).relative_to(results)}: put back in place, where a refresh cut off had left "
-                  "it aside", flush=True)
+            old.unlink()
+    return back
 
 
 def _has_readings(path: Path) -> bool:

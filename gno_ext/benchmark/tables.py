@@ -347,7 +347,7 @@ def same_run(run: Run, extra: list[str], results: Path = RESULTS) -> Path | None
     nothing between them). None if there is none."""
     pattern = f"*/{run.recipe}/*-seed{run.seed}.json"
     # (a file another table's refresh has moved aside for its rerun is that run still: `read_result`)
-    paths = {*results.glob(pattern), *(p.with_suffix("") for p in results.glob(pattern + ".stale"))}
+    paths = {*results.glob(pattern), *(p.with_suffix("") for p in results.glob(pattern + ASIDE))}
     for path in sorted(paths):
         if path.parent.parent.name == run.table:
             continue
@@ -371,12 +371,21 @@ def objective_text(table: dict[str, Any]) -> str:
     return f"the curriculum's group DRO at tau = {tau:g} relative to the mean group loss"
 
 
+ASIDE = ".stale"  # the ending of a result file set aside while its cell runs again
+
+
+def aside(path: Path) -> Path:
+    """Where ``benchmark.py run --refresh-*`` keeps the result file ``path`` while its cell runs
+    again: ``<cell>.json.stale``."""
+    return path.with_name(path.name + ASIDE)
+
+
 def read_result(path: Path) -> dict[str, Any] | None:
     """The result file ``path``, read where another table's refresh may be running in the same
     results folder: ``benchmark.py run --refresh-*`` moves a stale file aside (``.json.stale``,
     the same computation without the newer readings) while its cell runs again, and back if the
     run fails. That aside file is read in its place; None where neither exists."""
-    for candidate in (path, path.with_suffix(".json.stale"), path):  # (the last: moved back between the two)
+    for candidate in (path, aside(path), path):  # (the last: moved back between the two)
         try:
             return json.loads(candidate.read_text())
         except FileNotFoundError:
