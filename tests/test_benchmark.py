@@ -275,6 +275,39 @@ def test_gpu_slots_name_the_gpus_of_cuda_visible_devices(tmp_path, monkeypatch):
     assert brun._gpu_name("3") == "second" and brun._gpu_name(None) == "cpu"
 
 
+def test_each_run_on_a_gpu_gets_its_share_of_the_cores(tmp_path, monkeypatch):
+    """The runs that a host's GPU slots hold at once share its cores for torch's threads
+    (OMP_NUM_THREADS), unless the user set it; a host without GPUs leaves the environment alone
+    (the CPU run chooses its threads itself). The child of `execute` gets that environment."""
+    import contextlib
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    base = {"PATH": "/bin", "GNO_EXT_RUNS_PER_GPU": "4"}
+    env = brun.run_environment("3", base, cores=16)
+    assert (env["CUDA_VISIBLE_DEVICES"], env["OMP_NUM_THREADS"], env["PATH"]) == ("3", "2", "/bin")
+    assert brun.run_environment("2,3", {}, cores=16)["OMP_NUM_THREADS"] == "8"  # one run per GPU
+    assert brun.run_environment("2", base, cores=6)["OMP_NUM_THREADS"] == "1"  # never 0
+    assert brun.run_environment("2", {**base, "OMP_NUM_THREADS": "5"}, cores=16)["OMP_NUM_THREADS"] == "5"
+    assert brun.run_environment(None, base, cores=16) == base and "OMP_NUM_THREADS" not in base
+    seen = {}
+
+    def child(command, env):
+        seen.update(env)
+        return subprocess.CompletedProcess(command, 1)
+
+    monkeypatch.setenv("GNO_EXT_RUNS_PER_GPU", "2")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(brun, "gpu_slot", lambda count: contextlib.nullcontext("3"))
+    monkeypatch.setattr(brun.subprocess, "run", child)
+    (run,) = btab.plan(btab.load_tables(), "bc", [0], ["heat-bc"], ["gno"])
+    assert brun.execute(run, [], tmp_path / "results", tmp_path / "runs") is None  # the child failed
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert (seen["CUDA_VISIBLE_DEVICES"], seen["OMP_NUM_THREADS"]) == ("3", str(max(1, cores // 4)))
+
+
 def test_a_run_of_several_processes_holds_all_its_gpus_or_none(tmp_path, monkeypatch):
     import contextlib
 

@@ -113,6 +113,27 @@ def test_the_ablation_notes_claims_about_the_seed_spread_hold():
     assert "The gap is about twice the spread of the GNO's two seeds here" in text and 1.5 <= gap / spread <= 2.5
 
 
+def test_the_notes_claims_about_the_soft_mixture_on_advection_joint_hold():
+    """Words of the joint and ablation notes that the seeds' values decide: `gno_fno_soft` and
+    `gno_conv` level within their seeds behind Unisolver (the soft one first of the two, as the
+    summary orders them); one kernel and the soft mixture overlapping in their seeds; the soft
+    mixture with the load-balance term below both seeds without it."""
+    results = ROOT / "benchmarks" / "results"
+    seeds = lambda table, row: [json.loads(p.read_text())["nmse_mean"]
+                                for p in sorted((results / table / "advection-joint").glob(f"{row}-seed*.json"))]
+    overlap = lambda a, b: max(min(a), min(b)) <= min(max(a), max(b))
+    soft, conv = seeds("joint", "gno_fno_soft"), seeds("joint", "gno_conv")
+    assert "then `gno_fno_soft` (" in page("results", "joint.md") and "is first ahead of `gno_fno_soft`" in page(
+        "results", "index.md") and sum(soft) / len(soft) <= sum(conv) / len(conv)
+    assert "level within their seeds" in page("results", "joint.md") and overlap(soft, conv)
+    assert max(seeds("joint", "unisolver")) < min(soft + conv)
+    text = page("results", "ablation.md")
+    assert "where the two seeds of each overlap" in text
+    assert overlap(seeds("ablation", "gno_fno_soft"), seeds("ablation", "gno_fno_single_kernel"))
+    assert "the mean of its two seeds without it and below both" in text
+    assert max(seeds("ablation", "gno_fno_soft_balanced")) < min(seeds("ablation", "gno_fno_soft"))
+
+
 def test_the_conditioning_notes_claims_hold():
     """The conditioning notes: the eight conditioned ViTs' ranges (mean, step 1, 10 and 50), five
     above persistence, every one far above the FNO; the two FiLM forms change places between the

@@ -113,6 +113,27 @@ def gpu_slot(lock_dir: Path | None = None, per_gpu: int | None = None, count: in
         time.sleep(5)
 
 
+def run_environment(slot: str | None, environ: dict[str, str] | None = None, cores: int | None = None
+                    ) -> dict[str, str]:
+    """The environment of a run's child process on the GPU or GPUs of ``slot`` (`gpu_slot`; None:
+    a host without GPUs, the environment unchanged): ``CUDA_VISIBLE_DEVICES`` names them, and each
+    process of the run gets its share of the cores for torch's threads (``OMP_NUM_THREADS``): the
+    cores over the runs that the host's slots hold at once (its GPUs times
+    ``$GNO_EXT_RUNS_PER_GPU``), at least 1, as ``torchrun`` does for its processes. Torch otherwise
+    starts a thread per core in every run: the runs of a host then queue for its cores while the
+    GPU waits for them. ``OMP_NUM_THREADS`` set by you wins. A run of several processes holds a
+    slot for each, so each of its processes gets the same share."""
+    environ = dict(os.environ if environ is None else environ)
+    if slot is None:
+        return environ
+    environ["CUDA_VISIBLE_DEVICES"] = slot
+    if not environ.get("OMP_NUM_THREADS"):
+        cores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        runs = len(_visible_gpus()) * int(environ.get("GNO_EXT_RUNS_PER_GPU", "1"))
+        environ["OMP_NUM_THREADS"] = str(max(1, cores // max(1, runs)))
+    return environ
+
+
 def _gpu_name(slot: str | None) -> str:
     """The model name of the GPU or GPUs of ``slot`` (`gpu_slot`), or ``cpu``."""
     if slot is None:
@@ -212,7 +233,7 @@ def execute(run: Run, extra: list[str], results: Path = RESULTS, output_root: Pa
     # resume=auto continues a run that an earlier job left unfinished: its wall time is then this job's part only
     resumed = any((run_dir / "checkpoints").glob("step_*")) if run_dir.is_dir() else False
     with gpu_slot(count=processes) as slot:
-        env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": slot} if slot is not None else {}))
+        env = run_environment(slot)
         print(f"{run.table}/{run.recipe}/{run.row}-seed{run.seed}: training on {'GPU ' + slot if slot else 'CPU'}",
               flush=True)
         start = time.perf_counter()
