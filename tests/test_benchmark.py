@@ -304,8 +304,9 @@ def test_each_run_on_a_gpu_gets_its_share_of_the_cores(tmp_path, monkeypatch):
     monkeypatch.setattr(brun.subprocess, "run", child)
     (run,) = btab.plan(btab.load_tables(), "bc", [0], ["heat-bc"], ["gno"])
     assert brun.execute(run, [], tmp_path / "results", tmp_path / "runs") is None  # the child failed
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    assert (seen["CUDA_VISIBLE_DEVICES"], seen["OMP_NUM_THREADS"]) == ("3", str(max(1, cores // 4)))
+    from gno_ext.training.setup import usable_cores
+
+    assert (seen["CUDA_VISIBLE_DEVICES"], seen["OMP_NUM_THREADS"]) == ("3", str(max(1, usable_cores() // 4)))
 
 
 def test_a_run_of_several_processes_holds_all_its_gpus_or_none(tmp_path, monkeypatch):

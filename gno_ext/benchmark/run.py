@@ -128,7 +128,9 @@ def run_environment(slot: str | None, environ: dict[str, str] | None = None, cor
         return environ
     environ["CUDA_VISIBLE_DEVICES"] = slot
     if not environ.get("OMP_NUM_THREADS"):
-        cores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        from gno_ext.training.setup import usable_cores
+
+        cores = cores or usable_cores()
         runs = len(_visible_gpus()) * int(environ.get("GNO_EXT_RUNS_PER_GPU", "1"))
         environ["OMP_NUM_THREADS"] = str(max(1, cores // max(1, runs)))
     return environ

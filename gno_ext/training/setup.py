@@ -167,6 +167,11 @@ class Training:
     average: bool
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity, where the platform tells it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def choose_cpu_threads(setting: int | None, world: int = 1, cores: int | None = None,
                        load: float | None = None) -> int:
     """Torch's intra-op threads for a CPU run: ``setting`` (``trainer.cpu_threads``) where given,
@@ -179,8 +184,7 @@ def choose_cpu_threads(setting: int | None, world: int = 1, cores: int | None = 
         return int(setting)
     if os.environ.get("OMP_NUM_THREADS"):
         return torch.get_num_threads()
-    cores = cores if cores is not None else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else (os.cpu_count() or 1)
+    cores = cores if cores is not None else usable_cores()
     load = load if load is not None else os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     return max(1, min(cores, math.floor(cores - load + 0.5)) // world)
 
