@@ -21,10 +21,16 @@ def result(table: str, recipe: str, row: str, seed: int = 0) -> dict:
     return json.loads((CHECKS / table / recipe / f"{row}-seed{seed}.json").read_text())
 
 
-def mean(root: Path, table: str, recipe: str, row: str, field: str = "nmse_mean") -> float:
-    """``field`` of a cell under ``root`` (the checks or the tables' results), averaged over its seeds."""
+def seed_values(root: Path, table: str, recipe: str, row: str, field: str = "nmse_mean") -> list[float]:
+    """``field`` of each seed of a cell under ``root`` (the checks or the tables' results)."""
     values = [json.loads(p.read_text())[field] for p in sorted((root / table / recipe).glob(f"{row}-seed*.json"))]
     assert values, f"no results of {table}/{recipe}/{row} under {root}"
+    return values
+
+
+def mean(root: Path, table: str, recipe: str, row: str, field: str = "nmse_mean") -> float:
+    """``field`` of a cell under ``root``, averaged over its seeds."""
+    values = seed_values(root, table, recipe, row, field)
     return sum(values) / len(values)
 
 
@@ -119,8 +125,7 @@ def test_the_notes_claims_about_the_soft_mixture_on_advection_joint_hold():
     summary orders them); one kernel and the soft mixture overlapping in their seeds; the soft
     mixture with the load-balance term below both seeds without it."""
     results = ROOT / "benchmarks" / "results"
-    seeds = lambda table, row: [json.loads(p.read_text())["nmse_mean"]
-                                for p in sorted((results / table / "advection-joint").glob(f"{row}-seed*.json"))]
+    seeds = lambda table, row: seed_values(results, table, "advection-joint", row)
     overlap = lambda a, b: max(min(a), min(b)) <= min(max(a), max(b))
     soft, conv = seeds("joint", "gno_fno_soft"), seeds("joint", "gno_conv")
     assert "then `gno_fno_soft` (" in page("results", "joint.md") and "is first ahead of `gno_fno_soft`" in page(
