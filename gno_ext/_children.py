@@ -14,6 +14,14 @@ repeated one (`timeout` signals the command and then its whole process group, SL
 process of a job step, a script's trap passes it on again) goes on to the children but does not
 cut short the driver's own stop under way: its waiting for the runs and its clean-up (putting
 back the result files a refresh had set aside, say).
+
+The kernel may hand a process-directed signal to any of the driver's threads (torch's, a worker
+thread's), while Python runs its handlers in the main thread only, and only between bytecodes: a
+main thread blocked in waiting for a run would pass the signal on only once that run had ended by
+itself. So the signals are passed on by a thread of their own, woken through
+`signal.set_wakeup_fd` whichever thread took them; the main thread's handler only stops the
+driver. (Where something else, an event loop, already owns the wakeup fd, the handler passes
+them on itself, as far as it can.)
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ _lock = threading.RLock()  # re-entrant: the handler may run in the main thread 
 _live: dict[int, subprocess.Popen] = {}  # the running children, by pid
 _stopped_by: list[int] = []  # the signal that stopped this process, once one has (it went to every live child:
 # none starts after it)
-
+_handled: list[int] = []  # the signals the main thread's handler has seen (it raises for the first only)
+_watcher: dict[str, Any] = {}  # the thread that passes signals on, and its pipe's ends, once started
 
 def run(command: Sequence[str], *, check: bool = False, **popen: Any) -> subprocess.CompletedProcess:
     """Run ``command`` to its end in a process group of its own and return what
@@ -79,22 +88,89 @@ def forward_signals() -> None:
     this process ignores are left ignored."""
     for sig in FORWARDED:
         if signal.getsignal(sig) is not signal.SIG_IGN:
-            signal.signal(sig, _forward)
+            signal.signal(sig, _stop)
+    _start_watcher()
 
 
-def _forward(signum: int, frame: Any) -> None:
+def _start_watcher() -> None:
+    """The thread that passes each forwarded signal on as soon as it arrives: the signal module's
+    C handler writes the signal's number into a pipe, whichever thread the kernel chose."""
+    if _watcher:
+        return
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)  # as set_wakeup_fd requires: a full pipe drops a byte, never blocks
+    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    if previous != -1:  # another owner's (an event loop's): leave it theirs and pass signals on in the handler
+        signal.set_wakeup_fd(previous)
+        os.close(read_end)
+        os.close(write_end)
+        return
+    thread = threading.Thread(target=_watch, args=(read_end,), name="gno_ext-forward-signals", daemon=True)
+    _watcher.update(thread=thread, fds=(read_end, write_end))
+    thread.start()
+
+
+def _watch(read_end: int) -> None:
+    while True:
+        try:
+            numbers = os.read(read_end, 64)
+        except OSError:  # closed (in a forked child)
+            return
+        if not numbers:
+            return
+        for signum in numbers:
+            if signum in FORWARDED:
+                _pass_on(signum)
+
+
+def _pass_on(signum: int) -> None:
+    """``signum`` to every running child's group; the first such signal stops new children."""
     with _lock:
-        repeated = bool(_stopped_by)
-        if not repeated:
+        if not _stopped_by:
             _stopped_by.append(signum)
         children = list(_live.values())
     for proc in children:
         _signal_group(proc, signum)
+
+
+def _stop(signum: int, frame: Any) -> None:
+    """The main thread's handler: stops this process at the first signal (the watcher has passed
+    it on, or passes it on now), lets a later one go by."""
+    with _lock:
+        repeated = bool(_handled)
+        _handled.append(signum)
+        if not _stopped_by:
+            _stopped_by.append(signum)
+    if not _watcher:
+        _pass_on(signum)
     if repeated:  # already stopping: an exception here would break off its waiting or its clean-up
         return
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise SystemExit(128 + signum)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a data loader's worker) has none of its parent's children, nor its watcher
+    thread; the wakeup pipe it inherited would carry its signals to the parent's watcher."""
+    global _lock
+    _lock = threading.RLock()  # another thread may have held it at the fork
+    _live.clear()
+    if _watcher:
+        read_end, write_end = _watcher.pop("fds")
+        _watcher.clear()
+        os.close(read_end)
+        try:
+            signal.set_wakeup_fd(-1)
+            os.close(write_end)
+        except ValueError:  # not reset from this thread: its writes go nowhere instead (the fd is not freed for reuse)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, write_end, inheritable=False)
+            os.close(null)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _signal_group(proc: subprocess.Popen, signum: int) -> None:

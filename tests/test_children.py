@@ -115,6 +115,97 @@ def test_runs_in_threads_end_and_no_further_run_starts(tmp_path):
         _clean_up(driver, tmp_path)
 
 
+# a driver whose SIGTERM lands on one of its other threads (a process-directed signal may go to
+# any thread that does not block it: torch's, a data loader's, a logger's)
+THREAD_SIGNALLED_DRIVER = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    from concurrent.futures import ThreadPoolExecutor
+    from gno_ext import _children as children
+    run, out = sys.argv[1], sys.argv[2]
+    children.forward_signals()
+    def signal_this_thread():
+        while not (os.path.exists(out + ".grandchild") and os.path.exists(out) and open(out).read()):
+            time.sleep(0.05)
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+    threading.Thread(target=signal_this_thread, daemon=True).start()
+    if sys.argv[3] == "main":
+        children.run([sys.executable, run, out])
+    else:  # in a worker thread, the main thread waiting for the pool (as compare_square.py runs them)
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(children.run, [sys.executable, run, out]).result()
+""")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups")
+@pytest.mark.parametrize("run_in", ["main", "worker"])
+def test_a_signal_taken_by_another_thread_still_ends_the_runs(tmp_path, run_in):
+    """Python runs signal handlers in the main thread only: where the kernel gave SIGTERM to
+    another thread, a main thread blocked in waiting for its run would pass it on only once the
+    run had ended by itself. The run must be ended by the signal instead."""
+    (tmp_path / "run.py").write_text(RUN)
+    (tmp_path / "driver.py").write_text(THREAD_SIGNALLED_DRIVER)
+    driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "run.py"),
+                               str(tmp_path / "run0"), run_in])
+    try:
+        _wait_for([tmp_path / "run0", tmp_path / "run0.grandchild"])
+        assert driver.wait(timeout=30) == 128 + signal.SIGTERM
+        assert _all_end(_pids(tmp_path, range(1))) == []
+    finally:
+        _clean_up(driver, tmp_path)
+
+
+# a driver that forks (a data loader's worker, say) while its run goes on; the forked process
+# gets SIGTERM and ends
+FORKING_DRIVER = textwrap.dedent("""
+    import os, signal, sys, threading, time, warnings
+    from gno_ext import _children as children
+    run, out = sys.argv[1], sys.argv[2]
+    warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads running
+    children.forward_signals()
+    def fork_and_signal_the_fork():
+        while not (os.path.exists(out) and open(out).read()):
+            time.sleep(0.05)
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+            except SystemExit as stop:  # the handler it inherited
+                code = stop.code
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        time.sleep(1.0)  # time enough for a TERM passed on by mistake to reach the run
+        stat = f"/proc/{open(out).read()}/stat"
+        alive = os.path.exists(stat) and open(stat).read().split(")")[-1].split()[0] != "Z"  # Z: ended, not reaped
+        open(out + ".fork", "w").write(f"{os.waitstatus_to_exitcode(status)} {alive}")
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=fork_and_signal_the_fork, daemon=True).start()
+    children.run([sys.executable, run, out])
+    time.sleep(30)  # the run ended otherwise than by the driver's TERM: stay to report it
+""")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="os.fork and /proc")
+def test_a_signal_to_a_forked_process_stays_there(tmp_path):
+    """A process forked from the driver inherits its handlers and its wakeup pipe: its SIGTERM
+    ends it and must not reach the driver's runs."""
+    (tmp_path / "run.py").write_text(RUN)
+    (tmp_path / "driver.py").write_text(FORKING_DRIVER)
+    out = tmp_path / "run0"
+    driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "run.py"), str(out)])
+    try:
+        _wait_for([out, tmp_path / "run0.grandchild"])
+        _wait_for([tmp_path / "run0.fork"], timeout=30)
+        fork_status, run_alive = (tmp_path / "run0.fork").read_text().split()
+        assert fork_status == str(128 + signal.SIGTERM)
+        assert run_alive == "True", "the forked process's SIGTERM reached the driver's run"
+        assert driver.wait(timeout=30) == 128 + signal.SIGTERM  # the driver's own TERM still ends it and its run
+        assert _all_end(_pids(tmp_path, range(1))) == []
+    finally:
+        _clean_up(driver, tmp_path)
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups")
 def test_ctrl_c_reaches_the_runs_as_ctrl_c(tmp_path):
     """In its own process group a run does not get the terminal's Ctrl-C: the driver passes it
@@ -194,6 +285,6 @@ def test_signals_the_driver_was_started_ignoring_stay_ignored():
     leave those alone."""
     code = ("import signal; signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
             "from gno_ext import _children as c; c.forward_signals()\n"
-            "print(signal.getsignal(signal.SIGHUP) is signal.SIG_IGN, signal.getsignal(signal.SIGTERM) is c._forward)")
+            "print(signal.getsignal(signal.SIGHUP) is signal.SIG_IGN, signal.getsignal(signal.SIGTERM) is c._stop)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "True"]
