@@ -45,6 +45,7 @@ _stopped_by: list[int] = []  # the signal that stopped this process, once one ha
 _handled: list[int] = []  # the signals the main thread's handler has seen (it raises for the first only)
 _watcher: dict[str, Any] = {}  # the thread that passes signals on, and its pipe's ends, once started
 
+
 def run(command: Sequence[str], *, check: bool = False, **popen: Any) -> subprocess.CompletedProcess:
     """Run ``command`` to its end in a process group of its own and return what
     `subprocess.run` would (``stdout``/``stderr`` where ``popen`` pipes them, or has
