@@ -43,7 +43,7 @@ _live: dict[int, subprocess.Popen] = {}  # the running children, by pid
 _stopped_by: list[int] = []  # the signal that stopped this process, once one has (it went to every live child:
 # none starts after it)
 _handled: list[int] = []  # the signals the main thread's handler has seen (it raises for the first only)
-_watcher: dict[str, Any] = {}  # the thread that passes signals on, and its pipe's ends, once started
+_watcher: dict[str, Any] = {}  # the wakeup pipe's ends ("fds"), once the thread that passes signals on has started
 
 
 def run(command: Sequence[str], *, check: bool = False, **popen: Any) -> subprocess.CompletedProcess:
@@ -106,19 +106,12 @@ def _start_watcher() -> None:
         os.close(read_end)
         os.close(write_end)
         return
-    thread = threading.Thread(target=_watch, args=(read_end,), name="gno_ext-forward-signals", daemon=True)
-    _watcher.update(thread=thread, fds=(read_end, write_end))
-    thread.start()
+    _watcher["fds"] = (read_end, write_end)
+    threading.Thread(target=_watch, args=(read_end,), name="gno_ext-forward-signals", daemon=True).start()
 
 
 def _watch(read_end: int) -> None:
-    while True:
-        try:
-            numbers = os.read(read_end, 64)
-        except OSError:  # closed (in a forked child)
-            return
-        if not numbers:
-            return
+    while numbers := os.read(read_end, 64):
         for signum in numbers:
             if signum in FORWARDED:
                 _pass_on(signum)
@@ -158,16 +151,9 @@ def _after_fork_in_child() -> None:
     _lock = threading.RLock()  # another thread may have held it at the fork
     _live.clear()
     if _watcher:
-        read_end, write_end = _watcher.pop("fds")
-        _watcher.clear()
-        os.close(read_end)
-        try:
-            signal.set_wakeup_fd(-1)
-            os.close(write_end)
-        except ValueError:  # not reset from this thread: its writes go nowhere instead (the fd is not freed for reuse)
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, write_end, inheritable=False)
-            os.close(null)
+        signal.set_wakeup_fd(-1)  # allowed: the thread that forked is the child's main thread
+        for fd in _watcher.pop("fds"):
+            os.close(fd)
 
 
 if hasattr(os, "register_at_fork"):
