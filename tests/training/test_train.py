@@ -313,7 +313,11 @@ def test_resume_never_replaces_newer_work_and_says_when_it_starts_afresh(train_m
     train_module.main([*common, f"run_dir={abandoned}", "resume=auto", "trainer.max_steps=1"])
     assert f"resume=auto: {abandoned} holds no complete checkpoint; starting afresh" in capsys.readouterr().out
     moved = list(abandoned.glob("metrics.abandoned-*.jsonl"))
-    assert len(moved) == 1 and "9.0" in moved[0].read_text() and "9.0" not in (abandoned / "metrics.jsonl").read_text()
+    rows = lambda path: [json.loads(line) for line in path.read_text().splitlines()]
+    # the abandoned row moved aside whole, and none of the new run's rows is it (a substring test
+    # would match "9.0" inside a timing figure such as 129.08)
+    assert len(moved) == 1 and rows(moved[0]) == [{"step": 1, "train/loss": 9.0}]
+    assert all(row.get("train/loss") != 9.0 for row in rows(abandoned / "metrics.jsonl"))
 
 
 def test_interrupted_save_is_not_a_checkpoint(tmp_path):
