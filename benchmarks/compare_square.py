@@ -13,7 +13,9 @@ DRO groups, and each is evaluated on the same test trajectories (10-step rollout
     python benchmarks/compare_square.py render [--results benchmarks/results/square]
 
 ``run`` writes one JSON file per PDE and model, ``benchmarks/results/square/<pde>-<model>.json``
-(skipped where it exists); ``render`` prints the Markdown table the irregular-domains page shows.
+(skipped where it exists), with every reading of the nMSE (``nmse_readings``, as the tables' result
+files) and each test trajectory's value with its parameters (``per_trajectory``); ``render``
+prints the Markdown table the irregular-domains page shows.
 
 ``--domains curved`` compares them where the domain is not a square: the mesh models train on the
 annulus, star-shaped ring and L-shape trajectories of ``heat-mesh`` / ``advection-mesh`` (the
@@ -134,6 +136,7 @@ def evaluate_on_nodes(run_dir: Path, grid: Path, counts: list[int], mesh_tests: 
     true frames to the grid and back). ``max_trajectories`` picks the test trajectories as the
     recipes' evaluation does (``eval.max_trajectories``, `spread`)."""
     import h5py
+    import numpy as np
     import torch
 
     from gno_ext.adapters import open_dataset
@@ -142,6 +145,7 @@ def evaluate_on_nodes(run_dir: Path, grid: Path, counts: list[int], mesh_tests: 
     from gno_ext.models.registry import from_checkpoint
     from gno_ext.models.rollout import rollout
     from gno_ext.schema import collate
+    from gno_ext.training.evaluate import reading_sums, readings
     from gno_ext.training.recipe_data import rollout_indices, spread
 
     model = from_checkpoint(run_dir / "model", device="cpu").eval()
@@ -164,7 +168,8 @@ def evaluate_on_nodes(run_dir: Path, grid: Path, counts: list[int], mesh_tests: 
         raise ValueError(f"{grid}: {counts[2]} test trajectories, the mesh files {len(truth)}")
     truth = [truth[i] for i in chosen]
     at_nodes, carried = nodes_from_grid(pred, cells, weights), nodes_from_grid(on_grid, cells, weights)
-    out: dict = {"nmse": [], "per_step": [], "persistence": [], "carried": []}
+    out: dict = {"nmse": [], "per_step": [], "persistence": [], "carried": [], "error_sum": [], "variance_sum": [],
+                 "nmse_per_channel": []}
     for k, u in enumerate(truth):
         target, n = u[model.t_in:][None], int(n_nodes[k])
         still = u[model.t_in - 1:model.t_in][None].expand_as(target)
@@ -173,10 +178,14 @@ def evaluate_on_nodes(run_dir: Path, grid: Path, counts: list[int], mesh_tests: 
         out["per_step"].append([float(nmse(mine[:, s], target[:, s])) for s in range(steps)])
         out["persistence"].append([float(nmse(still[:, s], target[:, s])) for s in range(steps)])
         out["carried"].append(float(nmse(carried[k:k + 1, :, :n].to(target.dtype), target)))
+        for key, value in reading_sums(mine[:, :, None], target[:, :, None]).items():  # (1, steps, 1 channel, n)
+            out[key].append(float(value[0]))
     mean = lambda rows: [sum(col) / len(col) for col in zip(*rows)]  # noqa: E731
+    read = readings({key: np.asarray(out[key]) for key in ("nmse", "error_sum", "variance_sum", "nmse_per_channel",
+                                                           "per_step")})
     return {"nmse_mean": sum(out["nmse"]) / len(out["nmse"]), "per_step_nmse": mean(out["per_step"]),
             "per_trajectory_nmse": out["nmse"], "persistence_per_step_nmse": mean(out["persistence"]),
-            "carried_nmse_mean": sum(out["carried"]) / len(out["carried"])}
+            "carried_nmse_mean": sum(out["carried"]) / len(out["carried"]), "nmse_readings": read}
 
 
 def command(pde: str, model: str, size: str, data_root: Path, grid: Path, counts: list[int], side: int,
@@ -218,12 +227,16 @@ def run_one(pde: str, model: str, size: str, data_root: Path, grid: Path, counts
               "nmse_mean": report["nmse"]["mean"], "nmse_std": report["nmse"]["std"],
               "rel_l2_mean": report["rel_l2"]["mean"], "per_step_nmse": report["per_step_nmse"],
               "per_trajectory_nmse": report["per_trajectory"]["nmse"],
-              "persistence_per_step_nmse": report.get("per_step_nmse_persistence"), "domains": list(domains)}
+              "persistence_per_step_nmse": report.get("per_step_nmse_persistence"), "domains": list(domains),
+              # the other readings of the nMSE, and each test trajectory's value with its parameters
+              "nmse_readings": report["readings"], "per_trajectory": report["per_trajectory"]}
     if model not in MESH_MODELS and tuple(domains) != ("square",):  # scored at the nodes, as the mesh models
-        result["grid_nmse_mean"] = result["nmse_mean"]  # the recipe's own, over every cell of the grid
+        # the recipe's own figures, over every cell of the grid
+        result["grid_nmse_mean"], result["grid_nmse_readings"] = result["nmse_mean"], result["nmse_readings"]
         result.update(evaluate_on_nodes(run_dir, grid, counts, [data_root / "mesh" / f"{pde}-{d}" / "test.h5"
                                                                 for d in domains], result["rollout_steps"],
                                         cfg.get("eval", {}).get("max_trajectories")))
+        result["per_trajectory"] = {**result["per_trajectory"], "nmse": result["per_trajectory_nmse"]}
     write_result(target, result)
     print(f"{target}: nMSE {result['nmse_mean']:.3e}", flush=True)
     return target

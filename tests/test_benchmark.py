@@ -632,7 +632,7 @@ def test_a_cell_that_is_another_tables_run_takes_its_result(tmp_path):
     assert "1 cells wait for the runs their files were taken from" in waited.stdout and "recipes/sweep.py" \
            not in waited.stdout and "all 1 runs have results" not in waited.stdout, waited.stdout
     assert json.loads(target.read_text()) == adopted  # untouched
-    readings = {"nmse_readings": {"pooled": 0.3}, "per_trajectory": [{"nmse": 0.36}]}
+    readings = {"nmse_readings": dict.fromkeys(btab.READING_NAMES, 0.3), "per_trajectory": [{"nmse": 0.36}]}
     (folder / "gno-seed0.json").write_text(json.dumps({**joint, "nmse_mean": 0.35, **readings}))
     planned = subprocess.run([*refresh[:2], "plan", *refresh[2:]], capture_output=True, text=True)
     assert "gno-seed0 (size=bench trainer.epochs=10 trainer.batch_size=64 trainer.dro.temperature=absolute " \
@@ -699,7 +699,8 @@ def test_a_refresh_cut_off_before_it_put_its_files_back_leaves_nothing_out(tmp_p
     folder = tmp_path / "joint" / "advection-joint"
     folder.mkdir(parents=True)
     (folder / "gno-seed0.json.stale").write_text(json.dumps(joint))  # aside, not put back
-    fresh = {**joint, "model": "fno", "model_config": "fno", "nmse_mean": 0.31, "nmse_readings": {"pooled": 0.3},
+    fresh = {**joint, "model": "fno", "model_config": "fno", "nmse_mean": 0.31,
+             "nmse_readings": dict.fromkeys(btab.READING_NAMES, 0.3),
              "per_trajectory": [0.3, 0.32]}
     (folder / "fno-seed0.json").write_text(json.dumps(fresh))  # the new run's file
     (folder / "fno-seed0.json.stale").write_text(json.dumps({**joint, "model": "fno", "model_config": "fno"}))
@@ -1034,10 +1035,14 @@ def test_the_pages_quote_the_headline_and_the_main_jobs_check_from_their_files()
 
 
 def test_the_overview_says_which_result_files_keep_the_other_readings():
-    full = {"nmse_mean": 0.1, "nmse_readings": {"pooled": 0.1}, "per_trajectory": []}
+    full = {"nmse_mean": 0.1, "nmse_readings": dict.fromkeys(btab.READING_NAMES, 0.1), "per_trajectory": []}
     assert brender._readings_said({"t": ([full, full], [])}).startswith("Each result file also keeps the pooled nMSE")
     said = brender._readings_said({"t": ([full], []), "u": ([{"nmse_mean": 0.2}], [])})
     assert "(1 of 2) also keep the pooled nMSE" in said and "needs the run again" in said and "--refresh-only" in said
+    # a file with some of the readings (the mesh runs' before their pooled and per-channel ones) lacks them
+    some = {**full, "nmse_readings": {"per_trajectory": 0.1, "per_step": 0.2}}
+    assert not btab.has_readings(some) and btab.has_readings(full)
+    assert "(1 of 2) also keep" in brender._readings_said({"t": ([full, some], [])})
 
 
 def test_which_model_names_a_first_mesh_model_only_where_every_row_has_run():

@@ -435,10 +435,17 @@ def _ranked(found: list[dict[str, Any]], recipe: str, metric: str = "nmse") -> l
     return trained + [(m, rs) for m, rs in rows.items() if m == "persistence"]
 
 
+READING_NAMES = ("per_trajectory", "pooled", "per_step", "per_channel")
+"""The readings of the nMSE a result keeps in ``nmse_readings``
+(`gno_ext.training.evaluate.readings`)."""
+
+
 def has_readings(result: dict[str, Any]) -> bool:
-    """Whether a result keeps the other readings of the nMSE (``nmse_readings``) and each
-    trajectory's value (``per_trajectory``): the runs made before they were recorded do not."""
-    return "nmse_readings" in result and "per_trajectory" in result
+    """Whether a result keeps every reading of the nMSE (``nmse_readings``, `READING_NAMES`) and
+    each trajectory's value (``per_trajectory``): the runs made before they were recorded do
+    not, nor the mesh runs made before their pooled and per-channel readings were."""
+    kept = result.get("nmse_readings")
+    return isinstance(kept, dict) and all(name in kept for name in READING_NAMES) and "per_trajectory" in result
 
 
 def ranked_values(found: list[dict[str, Any]], recipe: str, metric: str = "nmse") -> list[tuple[str, list[float]]]:

@@ -48,7 +48,7 @@ from gno_ext.training.recipe_data import (
     trajectory_lengths,
 )
 
-__all__ = ["evaluate_rollouts", "evaluate_run", "evaluate_saved", "write_report"]
+__all__ = ["evaluate_rollouts", "evaluate_run", "evaluate_saved", "reading_sums", "readings", "write_report"]
 
 
 @torch.no_grad()
@@ -98,7 +98,7 @@ def evaluate_rollouts(model: nn.Module, dataset: Dataset, indices: list[int], st
                             "theta": [], "group": [], "error_sum": [], "variance_sum": [], "nmse_per_channel": []}
     for batch, pred, truth in roll(indices):
         still = batch.u_in[:, -1:].float().expand_as(truth)  # persistence: the input frame copied forward
-        sums = _readings(pred, truth)
+        sums = reading_sums(pred, truth)
         for key, value in sums.items():
             out[key].append(value.cpu())
         # the nMSE from the same sums (`gno_ext.losses.nmse`'s formula and floor): not computed twice
@@ -128,11 +128,12 @@ def evaluate_rollouts(model: nn.Module, dataset: Dataset, indices: list[int], st
     return result
 
 
-def _readings(pred: Tensor, truth: Tensor) -> dict[str, Tensor]:
-    """What other readings of the nMSE need, per trajectory of a rollout ``(B, T, C, *S)``: the
-    squared error and the squared deviation from the trajectory's mean, summed over the rollout
-    (their sums over the split give the pooled nMSE), and the nMSE of each channel on its own
-    variance, averaged over the channels."""
+def reading_sums(pred: Tensor, truth: Tensor) -> dict[str, Tensor]:
+    """What the other readings of the nMSE (`readings`) need, per trajectory of a rollout
+    ``(B, T, C, *S)``: ``error_sum`` and ``variance_sum``, the squared error and the squared
+    deviation from the trajectory's mean summed over the rollout (their sums over the split give
+    the pooled nMSE), and ``nmse_per_channel``, the nMSE of each channel on its own variance
+    averaged over the channels."""
     centred = truth - truth.flatten(1).mean(1).view(-1, *[1] * (truth.ndim - 1))
     error = (pred - truth).pow(2)
     channels = error.transpose(1, 2).flatten(2).sum(2)  # (B, C)

@@ -1,9 +1,10 @@
 """Rollouts on meshes: `evaluate_rollouts`'s metrics for mesh datasets (``data.kind: mesh``).
 
 Errors are per graph (one trajectory), as on grids per sample: nMSE over the rollout's nodes,
-steps and channels, relative L2, the per-step nMSE beside persistence's, and the groups of the
-training run (the segments' boundary types x parameter bins). The examples keep each
-trajectory's node positions and triangles, so the report draws them on the mesh.
+steps and channels with the sums its other readings need (pooled, per channel), relative L2,
+the per-step nMSE beside persistence's, and the groups of the training run (the segments'
+boundary types x parameter bins). The examples keep each trajectory's node positions and
+triangles, so the report draws them on the mesh.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from gno_ext.schema import BCType
 from gno_ext.training.problem import MeshProblem
 
-__all__ = ["evaluate_mesh_rollouts", "mesh_rollout"]
+__all__ = ["evaluate_mesh_rollouts", "mesh_reading_sums", "mesh_rollout"]
 
 
 @torch.no_grad()
@@ -33,6 +34,16 @@ def mesh_rollout(model: nn.Module, batch: Any, steps: int) -> Tensor:
         frames.append(model(data).to(u.dtype))
         u = torch.cat([u[:, 1:], frames[-1]], 1)
     return torch.cat(frames, 1)
+
+
+def mesh_reading_sums(problem: MeshProblem, pred: Tensor, truth: Tensor, batch: Any) -> dict[str, Tensor]:
+    """`gno_ext.training.evaluate.reading_sums` per graph of a mesh rollout ``(N, T, C)``: the
+    summed squared error and the summed squared deviation from the graph's mean (for the pooled
+    nMSE), and the nMSE of each channel on its own variance, averaged over the channels."""
+    error, variance = problem.nmse_sums(pred, truth, batch)
+    channels = [problem.nmse_sums(pred[..., c:c + 1], truth[..., c:c + 1], batch) for c in range(truth.shape[-1])]
+    per_channel = torch.stack([e / v.clamp_min(1e-12) for e, v in channels]).mean(0)
+    return {"error_sum": error, "variance_sum": variance, "nmse_per_channel": per_channel}
 
 
 @torch.no_grad()
@@ -54,10 +65,13 @@ def evaluate_mesh_rollouts(model: nn.Module, dataset: Dataset, indices: list[int
             yield batch, pred, batch.u_out[:, :steps].float()
 
     out: dict[str, list] = {k: [] for k in ("nmse", "rel_l2", "mse", "per_step", "per_step_persistence", "theta",
-                                            "group")}
+                                            "group", "error_sum", "variance_sum", "nmse_per_channel")}
     for batch, pred, truth in roll(indices):
         still = batch.u_in[:, -1:].float().expand_as(truth)
-        out["nmse"].append(problem.nmse(pred, truth, batch).cpu())
+        for key, value in mesh_reading_sums(problem, pred, truth, batch).items():
+            out[key].append(value.cpu())
+        # the nMSE from the same sums (`MeshProblem.nmse`'s formula and floor)
+        out["nmse"].append(out["error_sum"][-1] / out["variance_sum"][-1].clamp_min(1e-12))
         err = problem.per_graph((pred - truth).pow(2).flatten(1).sum(1), batch)
         size = problem.per_graph(truth.pow(2).flatten(1).sum(1), batch)
         out["rel_l2"].append((err / size.clamp_min(1e-12)).sqrt().cpu())

@@ -155,6 +155,14 @@ class MeshProblem:
     def nmse(cls, pred: Tensor, target: Tensor, batch: Any, eps: float = 1e-12) -> Tensor:
         """Per graph: the squared error over its nodes, steps and channels divided by the
         squared deviation of the target from its graph's mean."""
+        err, var = cls.nmse_sums(pred, target, batch)
+        return err / var.clamp_min(eps)
+
+    @classmethod
+    def nmse_sums(cls, pred: Tensor, target: Tensor, batch: Any) -> tuple[Tensor, Tensor]:
+        """`nmse`'s numerator and denominator per graph, ``(G,)`` each: the summed squared error
+        and the summed squared deviation of the target from its graph's mean (summed over a
+        split, the pooled nMSE)."""
         if pred.shape != target.shape:
             raise ValueError(f"pred and target shapes differ: {tuple(pred.shape)} vs {tuple(target.shape)}")
         err = cls.per_graph((pred - target).pow(2).flatten(1).sum(1), batch)
@@ -162,7 +170,7 @@ class MeshProblem:
         count = cls.per_graph(torch.full_like(values[:, 0], values.shape[1]), batch)
         mean = cls.per_graph(values.sum(1), batch) / count
         var = cls.per_graph((values - _gather(mean, batch.batch)[:, None]).pow(2).sum(1), batch)
-        return err / var.clamp_min(eps)
+        return err, var
 
     @staticmethod
     def fields(batch: Any) -> Tensor:

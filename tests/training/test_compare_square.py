@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from gno_ext.benchmark.tables import has_readings
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "compare_square.py"
 
@@ -29,6 +31,10 @@ def test_mesh_and_grid_runs_see_the_same_test_trajectories_and_render(tmp_path):
     # the same test trajectories under the same metric: persistence scores the same on both forms
     assert mesh["persistence_per_step_nmse"] == pytest.approx(grid["persistence_per_step_nmse"], rel=1e-5)
     assert mesh["nmse_mean"] > 0 and grid["nmse_mean"] > 0 and mesh["nmse_mean"] != grid["nmse_mean"]
+    for result in (mesh, grid):  # every reading of the nMSE, and each trajectory's value with its parameters
+        assert has_readings(result) and result["nmse_readings"]["per_trajectory"] == pytest.approx(result["nmse_mean"])
+        assert len(result["per_trajectory"]["theta"]) == len(result["per_trajectory"]["nmse"]) == 2
+    assert mesh["per_trajectory"]["theta"] == grid["per_trajectory"]["theta"]  # the same test trajectories
     table = subprocess.run([sys.executable, str(SCRIPT), "render", "--results", str(results)], capture_output=True,
                            text=True, check=True).stdout
     assert f"| `gno_mesh` | mesh | {mesh['nmse_mean']:.3f} |" in table and "| `gno_fno` | grid |" in table
@@ -61,6 +67,13 @@ def test_on_the_curved_domains_grid_models_are_scored_at_the_nodes(tmp_path):
     assert len(grid["per_trajectory_nmse"]) == 4 and grid["nmse_mean"] == pytest.approx(
         sum(grid["per_trajectory_nmse"]) / 4)
     assert grid["grid_nmse_mean"] != grid["nmse_mean"]  # the recipe's own figure, over every cell, kept apart
+    # the readings too are the nodes' (one channel: the per-channel reading is the per-trajectory one)
+    read = grid["nmse_readings"]
+    assert has_readings(grid) and read["per_trajectory"] == pytest.approx(grid["nmse_mean"])
+    assert read["per_channel"] == pytest.approx(read["per_trajectory"]) and read["pooled"] != read["per_trajectory"]
+    assert read["per_step"] == pytest.approx(sum(grid["per_step_nmse"]) / len(grid["per_step_nmse"]))
+    assert grid["grid_nmse_readings"]["per_trajectory"] == pytest.approx(grid["grid_nmse_mean"])
+    assert grid["per_trajectory"]["nmse"] == grid["per_trajectory_nmse"] and len(grid["per_trajectory"]["theta"]) == 4
     assert 0 < grid["carried_nmse_mean"] < 0.2
     table = subprocess.run([sys.executable, str(SCRIPT), "render", "--results", str(results)], capture_output=True,
                            text=True, check=True).stdout

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gno_ext.adapters import ArrayDataset
+from gno_ext.benchmark.tables import READING_NAMES
 from gno_ext.schema import BCType, BoundarySpec
 from gno_ext.training.recipe_data import GroupBinner, parameter_names
 from gno_ext.training.evaluate import dro_start, evaluate_rollouts, no_better_than_the_mean, read_metrics, write_report
@@ -210,6 +211,7 @@ def test_the_nmse_is_kept_in_every_reading_with_each_trajectorys_value(tmp_path)
     assert read["per_step"] == pytest.approx(per_step, rel=1e-5)
     assert read["per_channel"] == pytest.approx(per_channel, rel=1e-5)
     assert len({round(v, 4) for v in read.values()}) == 4  # four different numbers here
+    assert set(read) == set(READING_NAMES)  # what a result file must keep to count as having them
     rows = summary["per_trajectory"]
     assert rows["nmse"] == pytest.approx(per_trajectory, rel=1e-4) and rows["theta"] == [[0.0], [0.5], [0.2]]
     assert len(rows["boundary"]) == 3

@@ -13,10 +13,12 @@ import torch
 
 pytest.importorskip("torch_geometric")
 
+from gno_ext.benchmark.tables import READING_NAMES  # noqa: E402
 from gno_ext.data.mesh import MESH_SIZES  # noqa: E402
 from gno_ext.losses import nmse  # noqa: E402
 from gno_ext.models import from_checkpoint  # noqa: E402
-from gno_ext.training.evaluate import evaluate_saved  # noqa: E402
+from gno_ext.training.evaluate import evaluate_saved, reading_sums  # noqa: E402
+from gno_ext.training.evaluate_mesh import mesh_reading_sums  # noqa: E402
 from gno_ext.training.problem import MeshProblem, problem_for  # noqa: E402
 from gno_ext.training.recipe_data import open_split, training_groups  # noqa: E402
 
@@ -63,6 +65,10 @@ def test_mesh_persistence_is_evaluated_not_trained_and_scores_the_reports_persis
     assert result["step"] == 0 and not (Path(result["run_dir"]) / "metrics.jsonl").exists()
     report = result["report"]
     assert report["per_step_nmse"] == pytest.approx(report["per_step_nmse_persistence"], rel=1e-6)
+    # every reading of the nMSE, as on grids (one channel: the per-channel one is the per-trajectory one)
+    assert set(report["readings"]) == set(READING_NAMES)
+    assert report["readings"]["per_channel"] == pytest.approx(report["readings"]["per_trajectory"], rel=1e-6)
+    assert report["readings"]["pooled"] != report["readings"]["per_trajectory"]
     assert report["nmse"]["mean"] > 0 and len(report["per_step_nmse"]) == MESH_SIZES["smoke"]["frames"] - 1
     from gno_ext.mesh import collate_meshes
     from gno_ext.models import get_model
@@ -139,6 +145,9 @@ def test_per_graph_errors_are_each_graphs_own(cache):
     torch.manual_seed(0)
     pred = batch.u_out + 0.1 * torch.randn_like(batch.u_out)
     mse, err = problem.mse(pred, batch.u_out, batch), problem.nmse(pred, batch.u_out, batch)
+    two = torch.cat([pred, 3 * pred + 1], 2), torch.cat([batch.u_out, 10 * batch.u_out - 2], 2)  # (N, T, 2)
+    sums = mesh_reading_sums(problem, *two, batch)
+    assert not torch.allclose(sums["nmse_per_channel"], sums["error_sum"] / sums["variance_sum"])  # readings differ
     start = 0
     for g, s in enumerate(samples):
         nodes = slice(start, start + s.n_nodes)
@@ -146,6 +155,10 @@ def test_per_graph_errors_are_each_graphs_own(cache):
         p, t = pred[nodes].transpose(0, 1)[None], s.u_out.transpose(0, 1)[None]  # as one grid sample (1, T, C, N)
         assert mse[g] == pytest.approx(float((p - t).pow(2).mean()), rel=1e-5)
         assert err[g] == pytest.approx(float(nmse(p, t)[0]), rel=1e-5)
+        # the sums of the other readings too, on two channels of different scale and mean
+        grid = reading_sums(*(x[nodes].permute(1, 2, 0)[None] for x in two))  # as one grid sample (1, T, C, N)
+        for key, value in sums.items():
+            assert value[g] == pytest.approx(float(grid[key][0]), rel=1e-5), key
     assert problem.size(batch) == 3
     kinds = MeshProblem.segment_kinds(batch)
     assert kinds.shape == (3, 2) and (kinds >= 0).all()
