@@ -68,13 +68,13 @@ def evaluate_mesh_rollouts(model: nn.Module, dataset: Dataset, indices: list[int
                                             "group", "error_sum", "variance_sum", "nmse_per_channel")}
     for batch, pred, truth in roll(indices):
         still = batch.u_in[:, -1:].float().expand_as(truth)
-        for key, value in mesh_reading_sums(problem, pred, truth, batch).items():
+        sums = mesh_reading_sums(problem, pred, truth, batch)
+        for key, value in sums.items():
             out[key].append(value.cpu())
-        # the nMSE from the same sums (`MeshProblem.nmse`'s formula and floor)
-        out["nmse"].append(out["error_sum"][-1] / out["variance_sum"][-1].clamp_min(1e-12))
-        err = problem.per_graph((pred - truth).pow(2).flatten(1).sum(1), batch)
+        # the nMSE and the relative L2 from the same sums (`MeshProblem.nmse`'s formula and floor)
+        out["nmse"].append((sums["error_sum"] / sums["variance_sum"].clamp_min(1e-12)).cpu())
         size = problem.per_graph(truth.pow(2).flatten(1).sum(1), batch)
-        out["rel_l2"].append((err / size.clamp_min(1e-12)).sqrt().cpu())
+        out["rel_l2"].append((sums["error_sum"] / size.clamp_min(1e-12)).sqrt().cpu())
         out["mse"].append(problem.mse(pred, truth, batch).cpu())
         out["per_step"].append(torch.stack([problem.nmse(pred[:, k:k + 1], truth[:, k:k + 1], batch)
                                             for k in range(steps)], 1).cpu())
