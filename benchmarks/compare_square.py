@@ -15,7 +15,8 @@ DRO groups, and each is evaluated on the same test trajectories (10-step rollout
 ``run`` writes one JSON file per PDE and model, ``benchmarks/results/square/<pde>-<model>.json``
 (skipped where it exists), with every reading of the nMSE (``nmse_readings``, as the tables' result
 files) and each test trajectory's value with its parameters (``per_trajectory``); ``render``
-prints the Markdown table the irregular-domains page shows.
+prints the Markdown table the irregular-domains page shows. ``run --refresh-readings`` with a
+file's own settings makes again the files written before those readings were recorded.
 
 ``--domains curved`` compares them where the domain is not a square: the mesh models train on the
 annulus, star-shaped ring and L-shape trajectories of ``heat-mesh`` / ``advection-mesh`` (the
@@ -56,7 +57,7 @@ import yaml
 
 from gno_ext import _children as children
 from gno_ext.benchmark.run import git_commit
-from gno_ext.benchmark.tables import computing_overrides, write_result
+from gno_ext.benchmark.tables import computing_overrides, has_readings, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -202,11 +203,44 @@ def command(pde: str, model: str, size: str, data_root: Path, grid: Path, counts
 
 
 def run_one(pde: str, model: str, size: str, data_root: Path, grid: Path, counts: list[int], side: int,
-            runs: Path, results: Path, extra: list[str], domains: tuple[str, ...] = ("square",)) -> Path | None:
+            runs: Path, results: Path, extra: list[str], domains: tuple[str, ...] = ("square",),
+            refresh: bool = False) -> Path | None:
+    """Train and evaluate one model on one PDE's data and write its result file; None where it
+    was skipped (its file exists) or failed. ``refresh``: a file without every reading of the
+    nMSE (`has_readings`: written before they were recorded) is made again by the same run; it
+    waits beside the new one as ``<file>.stale`` and comes back if the run fails."""
     target = results / f"{pde}-{model}.json"
+    old = target.with_name(target.name + ".stale")
+    if old.exists() and not target.exists():  # left aside by a refresh killed before it could tidy up
+        old.rename(target)
     if target.exists():
-        print(f"{target}: exists, skipped", flush=True)
+        if not refresh or has_readings(json.loads(target.read_text())):
+            print(f"{target}: exists, skipped", flush=True)
+            return None
+        target.rename(old)  # out of the new run's way
+    try:
+        return _train_and_write(pde, model, size, data_root, grid, counts, side, runs, target, extra, domains)
+    finally:
+        if old.exists():  # superseded by the new file, or back in place where the run made none
+            old.unlink() if target.exists() else old.rename(target)
+
+
+def refresh_differs(target: Path, size: str, extra: list[str], domains: tuple[str, ...]) -> str | None:
+    """Why ``run --refresh-readings`` with these settings may not make ``target`` again (it was
+    run with another size, other domains or other overrides that change what is computed), or
+    None where it may (or the file does not need it: absent, or with every reading)."""
+    kept = json.loads(target.read_text()) if target.exists() else None
+    if kept is None or has_readings(kept):
         return None
+    computed = lambda overrides: sorted(computing_overrides(overrides))  # noqa: E731
+    wanted = {"size": (kept.get("size"), size), "domains": (kept.get("domains", ["square"]), list(domains)),
+              "overrides": (computed(kept.get("extra", [])), computed(extra))}
+    differ = [f"{key} {was!r} (this command: {now!r})" for key, (was, now) in wanted.items() if was != now]
+    return f"{target}: it was run with {'; '.join(differ)}" if differ else None
+
+
+def _train_and_write(pde: str, model: str, size: str, data_root: Path, grid: Path, counts: list[int], side: int,
+                     runs: Path, target: Path, extra: list[str], domains: tuple[str, ...]) -> Path | None:
     run_dir = runs / f"{pde}-{model}"
     cmd = command(pde, model, size, data_root, grid, counts, side, run_dir, extra, domains)
     start = time.perf_counter()
@@ -367,6 +401,10 @@ def main(argv: list[str] | None = None) -> None:
                      help="the unit square (both forms represent it) or the curved domains (a masked grid)")
     run.add_argument("--runs", type=Path, default=None, help="default: runs/square or runs/curved")
     run.add_argument("--results", type=Path, default=None, help="default: benchmarks/results/square or .../curved")
+    run.add_argument("--refresh-readings", action="store_true",
+                     help="run again the models whose result file lacks the other readings of the nMSE (written "
+                          "before they were recorded), with the file's own settings; the old file stays until the "
+                          "new one is written")
     run.add_argument("extra", nargs="*", help="Hydra overrides for every run (after --), e.g. trainer.epochs=30")
     out = sub.add_parser("render")
     out.add_argument("--results", type=Path, nargs="+", default=None,
@@ -387,8 +425,14 @@ def main(argv: list[str] | None = None) -> None:
     jobs = []
     for pde in args.pde:
         grid, counts, side = prepare(pde, args.size, data_root, domains)
-        jobs += [(pde, model, args.size, data_root, grid, counts, side, args.runs, args.results, args.extra, domains)
-                 for model in args.models]
+        jobs += [(pde, model, args.size, data_root, grid, counts, side, args.runs, args.results, args.extra, domains,
+                  args.refresh_readings) for model in args.models]
+    if args.refresh_readings:  # every file checked before any run starts
+        refused = [why for why in (refresh_differs(j[8] / f"{j[0]}-{j[1]}.json", args.size, args.extra, domains)
+                                   for j in jobs) if why]
+        if refused:
+            raise SystemExit("--refresh-readings makes a file again with its own settings; give the same --size, "
+                             "--domains and overrides:\n" + "\n".join(refused))
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         done = list(pool.map(lambda job: run_one(*job), jobs))
     failed = [f"{j[0]}/{j[1]}" for j, d in zip(jobs, done) if d is None and not (args.results / f"{j[0]}-{j[1]}.json").exists()]

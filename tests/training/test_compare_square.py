@@ -41,6 +41,19 @@ def test_mesh_and_grid_runs_see_the_same_test_trajectories_and_render(tmp_path):
     assert "size=smoke (4 training, 2 test trajectories, a 7 x 7 grid), 1 epochs, batch 4" in table
     again = subprocess.run(command, capture_output=True, text=True)
     assert again.returncode == 0 and again.stdout.count("exists, skipped") == 2
+    # a file written before the readings were recorded is made again by --refresh-readings, with its own settings
+    older = {k: v for k, v in grid.items() if k not in ("nmse_readings", "per_trajectory")}
+    (results / "heat-gno_fno.json").write_text(json.dumps(older))
+    refresh = [*command[:-3], "--refresh-readings", *command[-3:]]
+    other = subprocess.run([*refresh[:-1], "trainer.batch_size=2"], capture_output=True, text=True)
+    assert other.returncode != 0 and "heat-gno_fno.json: it was run with overrides ['trainer.batch_size=4', " \
+        "'trainer.epochs=1'] (this command: ['trainer.batch_size=2', 'trainer.epochs=1'])" in other.stderr
+    assert json.loads((results / "heat-gno_fno.json").read_text()) == older  # refused before any run
+    done = subprocess.run(refresh, capture_output=True, text=True, env={**os.environ, "GNO_EXT_COMMIT": "d" * 40})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("exists, skipped") == 1  # the mesh model's file has them
+    grid = json.loads((results / "heat-gno_fno.json").read_text())
+    assert has_readings(grid) and grid["commit"] == "d" * 40 and not list(results.glob("*.stale"))
     # a file evaluated on other trajectories is refused, by name
     grid["persistence_per_step_nmse"] = [2 * x for x in grid["persistence_per_step_nmse"]]
     (results / "heat-gno_fno.json").write_text(json.dumps(grid))
@@ -79,6 +92,35 @@ def test_on_the_curved_domains_grid_models_are_scored_at_the_nodes(tmp_path):
                            text=True, check=True).stdout
     assert f"| `fno` | masked grid | {grid['nmse_mean']:.3f} |" in table and "| `mesh_gnn` | mesh |" in table
     assert f"(the grid's own error) | — | {grid['carried_nmse_mean']:.3f} |" in table
+
+
+def test_a_refresh_keeps_the_old_file_aside_and_puts_it_back_where_the_run_fails(tmp_path, monkeypatch):
+    """``run --refresh-readings``: the old file waits as ``.stale`` while its run runs, comes back
+    where the run fails, and a refresh killed before it could tidy up is put back by the next run."""
+    import types
+
+    compare = _module()
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    results.mkdir()
+    runs.mkdir()
+    target, stale = results / "heat-fno.json", results / "heat-fno.json.stale"
+    old = {"pde": "heat", "model": "fno", "size": "smoke", "extra": [], "nmse_mean": 0.5}
+    target.write_text(json.dumps(old))
+    during = []
+
+    def fails(cmd, **kwargs):
+        during.append((target.exists(), stale.exists()))
+        return types.SimpleNamespace(returncode=3)
+
+    monkeypatch.setattr(compare.children, "run", fails)
+    job = ("heat", "fno", "smoke", tmp_path, tmp_path / "grid.h5", [4, 2, 2], 7, runs, results, [], ("square",))
+    assert compare.run_one(*job, refresh=True) is None
+    assert during == [(False, True)]  # aside while the run ran
+    assert json.loads(target.read_text()) == old and not stale.exists()  # back in place
+    assert compare.run_one(*job) is None and during == [(False, True)]  # no refresh: skipped, not run
+    target.rename(stale)  # as a refresh killed outright leaves it
+    assert compare.run_one(*job) is None and json.loads(target.read_text()) == old and not stale.exists()
+    assert len(during) == 1
 
 
 def test_prepare_keeps_a_current_grid_file_and_writes_a_stale_one_again(tmp_path):
