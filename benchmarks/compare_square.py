@@ -229,7 +229,8 @@ def refresh_differs(target: Path, size: str, extra: list[str], domains: tuple[st
     """Why ``run --refresh-readings`` with these settings may not make ``target`` again (it was
     run with another size, other domains or other overrides that change what is computed), or
     None where it may (or the file does not need it: absent, or with every reading)."""
-    kept = json.loads(target.read_text()) if target.exists() else None
+    found = next((f for f in (target, target.with_name(target.name + ".stale")) if f.exists()), None)
+    kept = json.loads(found.read_text()) if found else None  # (or as a killed refresh left it aside)
     if kept is None or has_readings(kept):
         return None
     computed = lambda overrides: sorted(computing_overrides(overrides))  # noqa: E731
@@ -237,6 +238,11 @@ def refresh_differs(target: Path, size: str, extra: list[str], domains: tuple[st
               "overrides": (computed(kept.get("extra", [])), computed(extra))}
     differ = [f"{key} {was!r} (this command: {now!r})" for key, (was, now) in wanted.items() if was != now]
     return f"{target}: it was run with {'; '.join(differ)}" if differ else None
+
+
+def _complete(target: Path, refresh: bool) -> bool:
+    """Whether ``target`` is there (with every reading of the nMSE, where ``refresh``)."""
+    return target.exists() and (not refresh or has_readings(json.loads(target.read_text())))
 
 
 def _train_and_write(pde: str, model: str, size: str, data_root: Path, grid: Path, counts: list[int], side: int,
@@ -422,20 +428,22 @@ def main(argv: list[str] | None = None) -> None:
     domains, args.results = DOMAINS[args.domains][0], args.results or DOMAINS[args.domains][1]
     args.runs = args.runs or ROOT / "runs" / args.domains
     args.runs.mkdir(parents=True, exist_ok=True)
+    if args.refresh_readings:  # every file checked before any data is made or run started
+        files = [args.results / f"{pde}-{model}.json" for pde in args.pde for model in args.models]
+        refused = [why for why in (refresh_differs(f, args.size, args.extra, domains) for f in files) if why]
+        if refused:
+            raise SystemExit("--refresh-readings makes a file again with its own settings; give the same --size, "
+                             "--domains and overrides:\n" + "\n".join(refused))
     jobs = []
     for pde in args.pde:
         grid, counts, side = prepare(pde, args.size, data_root, domains)
         jobs += [(pde, model, args.size, data_root, grid, counts, side, args.runs, args.results, args.extra, domains,
                   args.refresh_readings) for model in args.models]
-    if args.refresh_readings:  # every file checked before any run starts
-        refused = [why for why in (refresh_differs(j[8] / f"{j[0]}-{j[1]}.json", args.size, args.extra, domains)
-                                   for j in jobs) if why]
-        if refused:
-            raise SystemExit("--refresh-readings makes a file again with its own settings; give the same --size, "
-                             "--domains and overrides:\n" + "\n".join(refused))
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         done = list(pool.map(lambda job: run_one(*job), jobs))
-    failed = [f"{j[0]}/{j[1]}" for j, d in zip(jobs, done) if d is None and not (args.results / f"{j[0]}-{j[1]}.json").exists()]
+    # failed: no file, or (refreshing) the old file back without the readings
+    failed = [f"{j[0]}/{j[1]}" for j, d in zip(jobs, done) if d is None and not _complete(
+        args.results / f"{j[0]}-{j[1]}.json", args.refresh_readings)]
     if failed:
         raise SystemExit(f"{len(failed)} of {len(jobs)} runs failed: {', '.join(failed)}")
     print(render(args.results))

@@ -121,6 +121,12 @@ def test_a_refresh_keeps_the_old_file_aside_and_puts_it_back_where_the_run_fails
     target.rename(stale)  # as a refresh killed outright leaves it
     assert compare.run_one(*job) is None and json.loads(target.read_text()) == old and not stale.exists()
     assert len(during) == 1
+    # the command says the refresh failed (the old file back in place is not a result with the readings)
+    monkeypatch.setattr(compare, "prepare", lambda *args: (tmp_path / "grid.h5", [4, 2, 2], 7))
+    with pytest.raises(SystemExit, match="1 of 1 runs failed: heat/fno"):
+        compare.main(["run", "--pde", "heat", "--models", "fno", "--size", "smoke", "--refresh-readings",
+                      "--data-root", str(tmp_path), "--runs", str(runs), "--results", str(results)])
+    assert len(during) == 2 and json.loads(target.read_text()) == old
 
 
 def test_prepare_keeps_a_current_grid_file_and_writes_a_stale_one_again(tmp_path):
