@@ -57,7 +57,7 @@ import yaml
 
 from gno_ext import _children as children
 from gno_ext.benchmark.run import git_commit
-from gno_ext.benchmark.tables import computing_overrides, has_readings, write_result
+from gno_ext.benchmark.tables import aside, computing_overrides, has_readings, read_result, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -210,7 +210,7 @@ def run_one(pde: str, model: str, size: str, data_root: Path, grid: Path, counts
     nMSE (`has_readings`: written before they were recorded) is made again by the same run; it
     waits beside the new one as ``<file>.stale`` and comes back if the run fails."""
     target = results / f"{pde}-{model}.json"
-    old = target.with_name(target.name + ".stale")
+    old = aside(target)
     if old.exists() and not target.exists():  # left aside by a refresh killed before it could tidy up
         old.rename(target)
     if target.exists():
@@ -229,8 +229,7 @@ def refresh_differs(target: Path, size: str, extra: list[str], domains: tuple[st
     """Why ``run --refresh-readings`` with these settings may not make ``target`` again (it was
     run with another size, other domains or other overrides that change what is computed), or
     None where it may (or the file does not need it: absent, or with every reading)."""
-    found = next((f for f in (target, target.with_name(target.name + ".stale")) if f.exists()), None)
-    kept = json.loads(found.read_text()) if found else None  # (or as a killed refresh left it aside)
+    kept = read_result(target)  # (or as a killed refresh left it aside)
     if kept is None or has_readings(kept):
         return None
     computed = lambda overrides: sorted(computing_overrides(overrides))  # noqa: E731

@@ -41,8 +41,8 @@ def mesh_reading_sums(problem: MeshProblem, pred: Tensor, truth: Tensor, batch: 
     summed squared error and the summed squared deviation from the graph's mean (for the pooled
     nMSE), and the nMSE of each channel on its own variance, averaged over the channels."""
     error, variance = problem.nmse_sums(pred, truth, batch)
-    channels = [problem.nmse_sums(pred[..., c:c + 1], truth[..., c:c + 1], batch) for c in range(truth.shape[-1])]
-    per_channel = torch.stack([e / v.clamp_min(1e-12) for e, v in channels]).mean(0)
+    per_channel = torch.stack([problem.nmse(pred[..., c:c + 1], truth[..., c:c + 1], batch)
+                               for c in range(truth.shape[-1])]).mean(0)
     return {"error_sum": error, "variance_sum": variance, "nmse_per_channel": per_channel}
 
 

@@ -132,9 +132,10 @@ def run_weights(run: Path) -> dict[str, torch.Tensor]:
     return safetensors.torch.load_file(str(run / "model" / "model.safetensors"))
 
 
-def run_metrics(run: Path) -> list[dict]:
-    """The rows of a training run folder's ``metrics.jsonl``."""
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+def run_metrics(run: Path, name: str = "metrics.jsonl") -> list[dict]:
+    """The rows of a training run folder's ``metrics.jsonl`` (or of its file ``name`` of the same
+    form, such as the rows a resume moved aside)."""
+    return [json.loads(line) for line in (run / name).read_text().splitlines()]
 
 
 def logged(run: Path, key: str) -> list:

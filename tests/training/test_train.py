@@ -27,7 +27,7 @@ def test_heat_param_smoke_end_to_end(train_module, tmp_path):
     run = Path(result["run_dir"])
     assert run == tmp_path / "heat-param" / "gno_fno_soft-smoke-seed0"  # the recommended GNO is the default
     # training: both phases of the curriculum ran, the loss is finite and logged
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = run_metrics(run)
     train_rows = [r for r in rows if "train/loss" in r]
     assert {r["train/dro"] for r in train_rows} == {0.0, 1.0}
     assert all(r["train/loss"] == r["train/loss"] and r["train/loss"] < 1e3 for r in train_rows)
@@ -102,7 +102,7 @@ def test_test_rollouts_during_training_are_logged_with_the_training_time(train_m
     common = ["--recipe", "heat-param", "size=smoke", "trainer.progress=false", "trainer.epochs=3"]
     result = train_module.main([*common, f"output_root={tmp_path}", "eval.at_epochs=[1,3]"])
     run = Path(result["run_dir"])
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = run_metrics(run)
     tested = [r for r in rows if "test/nmse_mean" in r]
     assert [r["epoch"] for r in tested] == [1, 3]
     assert 0 < tested[0]["train_s"] < tested[1]["train_s"]
@@ -313,11 +313,10 @@ def test_resume_never_replaces_newer_work_and_says_when_it_starts_afresh(train_m
     train_module.main([*common, f"run_dir={abandoned}", "resume=auto", "trainer.max_steps=1"])
     assert f"resume=auto: {abandoned} holds no complete checkpoint; starting afresh" in capsys.readouterr().out
     moved = list(abandoned.glob("metrics.abandoned-*.jsonl"))
-    rows = lambda path: [json.loads(line) for line in path.read_text().splitlines()]
     # the abandoned row moved aside whole, and none of the new run's rows is it (a substring test
     # would match "9.0" inside a timing figure such as 129.08)
-    assert len(moved) == 1 and rows(moved[0]) == [{"step": 1, "train/loss": 9.0}]
-    assert all(row.get("train/loss") != 9.0 for row in rows(abandoned / "metrics.jsonl"))
+    assert len(moved) == 1 and run_metrics(abandoned, moved[0].name) == [{"step": 1, "train/loss": 9.0}]
+    assert all(row.get("train/loss") != 9.0 for row in run_metrics(abandoned))
 
 
 def test_interrupted_save_is_not_a_checkpoint(tmp_path):
